@@ -1,0 +1,66 @@
+"""Coordination: the branch graph and shared facts broadcast between running agents.
+
+:class:`BranchGraph` records how branches forked and merged; :class:`Coordinator` shares
+facts between the agents of those branches through a :class:`Transport`:
+:class:`InProcessTransport` (the default) or :class:`MqttTransport` (a real MQTT broker).
+"""
+
+from marsys_mem.coordination.coordinator import (
+    Coordinator,
+    FactCallback,
+    FactDelivery,
+    FactEnvelope,
+    MergeResult,
+    attach_memory,
+    inbox_key,
+)
+from marsys_mem.coordination.graph import (
+    BranchGraph,
+    BranchInfo,
+    BranchStatus,
+    GraphChange,
+    MergeStrategy,
+)
+from marsys_mem.coordination.mqtt import MqttTransport
+from marsys_mem.coordination.transport import (
+    DEFAULT_MAX_PAYLOAD,
+    AuthenticationError,
+    BranchError,
+    CoordinationError,
+    InProcessBroker,
+    InProcessTransport,
+    MergeCycleError,
+    Transport,
+    TransportError,
+    UnknownBranchError,
+    fact_topic,
+    facts_filter,
+)
+
+__all__ = [
+    "DEFAULT_MAX_PAYLOAD",
+    "AuthenticationError",
+    "BranchError",
+    "BranchGraph",
+    "BranchInfo",
+    "BranchStatus",
+    "CoordinationError",
+    "Coordinator",
+    "FactCallback",
+    "FactDelivery",
+    "FactEnvelope",
+    "GraphChange",
+    "InProcessBroker",
+    "InProcessTransport",
+    "MergeCycleError",
+    "MergeResult",
+    "MergeStrategy",
+    "MqttTransport",
+    "Transport",
+    "TransportError",
+    "UnknownBranchError",
+    "attach_memory",
+    "fact_topic",
+    "facts_filter",
+    "inbox_key",
+]

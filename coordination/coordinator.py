@@ -1,0 +1,842 @@
+"""Coordinator: shared facts pushed to running agents, per branch scope, exactly once, in order.
+
+``await coord.share(agent, text, branch=..., scope=...)`` wraps the fact in a
+:class:`FactEnvelope` (the fact, the sending coordinator, its sequence number, the
+namespace), delivers it at once to the local agents in scope and publishes it on the
+branch's topic. Every coordinator of the namespace (one per process or agent group)
+receives it and delivers it into the :class:`~marsys_mem.patterns.shared.SharedMemoryPool`
+inbox of every agent whose branch is in scope (see :class:`BranchGraph` for the scopes), so
+it shows up in that agent's ``pool.context_for(inbox_key(agent, branch))``.
+
+Guarantees:
+
+* **Exactly once per agent.** Envelopes are deduplicated by ``(sender, seq)`` and facts by
+  id in each inbox, so a transport that delivers twice changes nothing.
+* **Per-sender order.** Envelopes that arrive early are buffered until the missing ones
+  arrive; a gap that stays open ``gap_timeout`` seconds is skipped (counted in
+  ``stats["gaps"]``), and the skipped envelopes are still delivered if they turn up later.
+  A coordinator's first envelope from a sender starts that sender's sequence.
+* **Late joiners.** Each coordinator keeps a bounded log of the envelopes of its namespace;
+  agents added to the graph later (:meth:`Coordinator.join`, forks, new branches) receive
+  the facts already in their scope.
+* **Robust.** Payloads from the wire that are oversized or malformed (not a valid
+  envelope, wrong namespace, topic and envelope disagree) are dropped, counted in
+  :attr:`Coordinator.stats` and logged; the coordinator keeps working.
+* **Namespaces** isolate teams on one broker: a coordinator only subscribes to and
+  accepts its own namespace.
+
+Inbox keys: an agent on branch ``main`` uses its plain name; on any other branch
+``"agent@branch"`` (:func:`inbox_key`), so the same agent on two branches keeps two
+isolated inboxes.
+
+Merges (:meth:`Coordinator.merge`) re-share the child's facts on the target branch (scope
+``branch``), resolving facts on the same ``metadata["topic"]`` by the ``conflict`` rule:
+``newest`` (the later ``created_at`` wins), ``confidence`` (the higher confidence wins,
+ties to the newer) or ``keep_both`` (both stay, each with its provenance: source agent and
+branch, and ``metadata["merged_from"]``). By ``strategy`` it also brings a summary of the
+child's new messages (``summary``) or the messages themselves (``messages``) into the
+target's memories.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, Self, cast, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from marsys_mem.conversation import ConversationMemory
+from marsys_mem.coordination.graph import BranchGraph, BranchInfo, GraphChange, MergeStrategy
+from marsys_mem.coordination.transport import (
+    DEFAULT_MAX_PAYLOAD,
+    BranchError,
+    CoordinationError,
+    InProcessTransport,
+    Transport,
+    TransportError,
+    UnknownBranchError,
+    fact_topic,
+    facts_filter,
+    parse_fact_topic,
+)
+from marsys_mem.facts import FactScope, SharedFact
+from marsys_mem.messages import Message
+from marsys_mem.patterns.shared import ConflictRule, SharedMemoryPool, member_key
+from marsys_mem.summarize import ExtractiveSummarizer
+
+if TYPE_CHECKING:
+    from marsys_mem.manager import MemoryManager
+
+__all__ = [
+    "Coordinator",
+    "FactCallback",
+    "FactDelivery",
+    "FactEnvelope",
+    "MergeResult",
+    "attach_memory",
+    "inbox_key",
+]
+
+log = logging.getLogger("marsys_mem.coordination")
+
+_NAME_PATTERN = r"^[^/+#\x00]{1,256}$"
+_STRATEGIES: tuple[str, ...] = get_args(MergeStrategy)
+_RULES: tuple[str, ...] = get_args(ConflictRule)
+_STAT_KEYS = (
+    "received",
+    "delivered",
+    "duplicates",
+    "skipped",
+    "malformed",
+    "oversized",
+    "gaps",
+    "errors",
+)
+
+
+inbox_key = member_key
+"""The :class:`SharedMemoryPool` member name of an agent on a branch (``member_key``)."""
+
+
+class FactEnvelope(BaseModel):
+    """What a coordinator publishes: one fact, its sender and sequence number, its route.
+
+    ``branch`` and ``scope`` say where the fact goes (for a share: the fact's own
+    ``source_branch`` and ``scope``; for a merge: the target branch, scope ``branch``);
+    ``conflict``, when set, is the rule applied to facts on the same ``metadata["topic"]``
+    when this one is delivered. ``v`` is the wire-format version.
+
+    Example:
+        >>> fact = SharedFact.create("Q4 revenue grew 12%", agent="researcher")
+        >>> env = FactEnvelope(namespace="team", sender="c1", seq=1, branch="main",
+        ...                    scope="branch", fact=fact)
+        >>> FactEnvelope.model_validate_json(env.model_dump_json()) == env
+        True
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    v: Literal[1] = 1
+    namespace: str = Field(pattern=_NAME_PATTERN)
+    sender: str = Field(min_length=1, max_length=128)
+    seq: int = Field(ge=1, le=2**63 - 1)
+    branch: str = Field(pattern=_NAME_PATTERN)
+    scope: FactScope
+    conflict: ConflictRule | None = None
+    fact: SharedFact
+
+
+@dataclass(frozen=True, slots=True)
+class FactDelivery:
+    """A fact newly delivered to ``agent`` on ``branch`` (what ``on_fact`` callbacks get).
+
+    Example:
+        >>> fact = SharedFact.create("Budget is 4000 EUR", agent="planner")
+        >>> FactDelivery("writer", "r1", fact).key
+        'writer@r1'
+    """
+
+    agent: str
+    branch: str
+    fact: SharedFact
+
+    @property
+    def key(self) -> str:
+        """The agent's inbox key (:func:`inbox_key`)."""
+        return inbox_key(self.agent, self.branch)
+
+
+FactCallback = Callable[[FactDelivery], Any]
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    """What :meth:`Coordinator.merge` brought into the target branch.
+
+    Example:
+        >>> MergeResult("r1", "main", "facts", "newest").messages
+        0
+    """
+
+    child: str
+    into: str
+    strategy: MergeStrategy
+    conflict: ConflictRule
+    facts: tuple[SharedFact, ...] = ()
+    messages: int = 0  # messages appended to the target's memories
+    summary: str | None = None
+
+
+@dataclass
+class _Sender:
+    """Ordering state of one sender: next expected seq, early arrivals, skipped seqs."""
+
+    expected: int
+    base: int
+    buffer: dict[int, FactEnvelope] = field(default_factory=dict)
+    missing: set[int] = field(default_factory=set)
+    pre_seen: set[int] = field(default_factory=set)
+    timer: asyncio.TimerHandle | None = None
+
+
+def attach_memory(
+    manager: MemoryManager, agent: str, branch: str, memory: ConversationMemory
+) -> None:
+    """Give ``manager`` the memory of ``agent`` on ``branch`` (a fork's copy-on-write view).
+
+    A branch memory that already exists is left as it is (with a warning).
+    """
+    try:
+        manager.attach_memory(agent, branch, memory)
+    except ValueError:
+        log.warning("%s already has a memory on %s: fork not attached", agent, branch)
+
+
+class Coordinator:
+    """Shares facts between the agents of a :class:`BranchGraph`, in process or over MQTT.
+
+    Args:
+        graph: the branch graph (scopes and membership come from it).
+        manager: the :class:`~marsys_mem.MemoryManager` holding the agents' memories
+            (forks and merges of messages need it; facts only need a pool).
+        transport: a :class:`~marsys_mem.coordination.Transport`; default: an
+            :class:`InProcessTransport` on the process-wide broker.
+        namespace: the namespace (default: the transport's; must agree with it).
+        pool: where facts are delivered (default: ``manager.shared`` if the manager has
+            one, else a new :class:`SharedMemoryPool`).
+        max_payload: largest envelope sent or accepted (bytes).
+        sender_id: this coordinator's unique id on the wire (default: random).
+        max_log: envelopes kept for late joiners and merges.
+        gap_timeout: seconds an ordering gap may stay open before it is skipped.
+        max_pending: most early envelopes buffered per sender before a gap is skipped.
+
+    Example:
+        >>> import asyncio
+        >>> graph = BranchGraph()
+        >>> _ = graph.add_branch("main", agents=["planner", "writer"])
+        >>> _ = graph.fork("main", "research", agents=["researcher"])
+        >>> async def demo():
+        ...     async with Coordinator(graph, pool=SharedMemoryPool()) as coord:
+        ...         await coord.share("researcher", "Q4 revenue grew 12%",
+        ...                           branch="research", scope="lineage")
+        ...         return coord.facts_for("writer"), coord.facts_for("researcher", "research")
+        >>> writer, researcher = asyncio.run(demo())
+        >>> [f.text for f in writer], [f.source_branch for f in researcher]
+        (['Q4 revenue grew 12%'], ['research'])
+    """
+
+    def __init__(
+        self,
+        graph: BranchGraph,
+        manager: MemoryManager | None = None,
+        transport: Transport | None = None,
+        *,
+        namespace: str | None = None,
+        pool: SharedMemoryPool | None = None,
+        max_payload: int = DEFAULT_MAX_PAYLOAD,
+        sender_id: str | None = None,
+        max_log: int = 10_000,
+        gap_timeout: float = 10.0,
+        max_pending: int = 10_000,
+    ) -> None:
+        if not isinstance(graph, BranchGraph):
+            raise TypeError(f"graph must be a BranchGraph, got {type(graph).__name__}")
+        if max_payload < 1 or max_log < 1 or max_pending < 1 or gap_timeout <= 0:
+            raise ValueError("max_payload, max_log, max_pending and gap_timeout must be > 0")
+        if transport is None:
+            transport = InProcessTransport(
+                namespace=namespace or "default", max_payload=max_payload
+            )
+        if namespace is not None and namespace != transport.namespace:
+            raise ValueError(
+                f"namespace {namespace!r} differs from the transport's {transport.namespace!r}"
+            )
+        if pool is None:
+            shared = getattr(manager, "shared", None)
+            pool = shared if isinstance(shared, SharedMemoryPool) else SharedMemoryPool()
+        if not isinstance(pool, SharedMemoryPool):
+            raise TypeError(f"pool must be a SharedMemoryPool, got {type(pool).__name__}")
+        if sender_id is not None and not (isinstance(sender_id, str) and 0 < len(sender_id) <= 128):
+            raise ValueError(f"sender_id must be 1-128 characters, got {sender_id!r}")
+        self.graph = graph
+        self.manager = manager
+        self.transport = transport
+        self.namespace = transport.namespace
+        self.pool = pool
+        self.max_payload = min(max_payload, transport.max_payload)
+        self.sender_id = sender_id or f"coord-{uuid.uuid4().hex}"
+        self.max_log = max_log
+        self.gap_timeout = gap_timeout
+        self.max_pending = max_pending
+        self.error: BaseException | None = None  # why receiving stopped, if it did
+        self._stats = dict.fromkeys(_STAT_KEYS, 0)
+        self._seq = 0
+        self._log: OrderedDict[tuple[str, int], FactEnvelope] = OrderedDict()
+        self._senders: OrderedDict[str, _Sender] = OrderedDict()
+        self._callbacks: list[tuple[FactCallback, str | None, str | None]] = []
+        self._callback_agents: set[str] | None = set()  # None: some callback takes every agent
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._targets_cache: dict[tuple[str, str], tuple[tuple[str, str, str], ...]] = {}
+        self._cache_version = -1
+        self._entered = False
+        self._receiver: asyncio.Task[None] | None = None
+        self._unsubscribe_graph = graph.subscribe(self._on_graph_change)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def __aenter__(self) -> Self:
+        if self._entered:
+            raise CoordinationError("this Coordinator is already running (not re-entrant)")
+        self._entered = True
+        self.error = None
+        try:
+            await self.transport.__aenter__()
+        except BaseException:
+            self._entered = False
+            raise
+        try:
+            await self.transport.subscribe(facts_filter(self.namespace))
+        except BaseException:
+            self._entered = False
+            await self.transport.__aexit__(None, None, None)
+            raise
+        self._receiver = asyncio.get_running_loop().create_task(
+            self._receive(self.transport.messages()), name=f"coordinator-{self.sender_id}"
+        )
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the transport, deliver what it had already received, stop (idempotent).
+
+        Payloads the transport received (and, over MQTT, acknowledged) before closing are
+        still delivered, so nothing acknowledged is lost; async callbacks get a second to
+        finish.
+        """
+        if not self._entered:
+            return
+        self._entered = False
+        receiver, self._receiver = self._receiver, None
+        try:
+            await self.transport.__aexit__(None, None, None)
+        finally:
+            if receiver is not None:
+                # the transport's message iterator ends after what it already holds
+                _done, pending = await asyncio.wait({receiver}, timeout=5.0)
+                if pending:
+                    receiver.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await receiver
+            for state in self._senders.values():
+                if state.timer is not None:
+                    state.timer.cancel()
+                    state.timer = None
+            if self._tasks:
+                _done, pending = await asyncio.wait(set(self._tasks), timeout=1.0)
+                for task in pending:
+                    task.cancel()
+
+    @property
+    def running(self) -> bool:
+        """True inside ``async with``."""
+        return self._entered
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters: received, delivered, duplicates, skipped, malformed, oversized, gaps, errors.
+
+        ``received``: payloads from the wire; ``delivered``: facts put in an agent's inbox;
+        ``duplicates``: envelopes seen before (dropped); ``skipped``: deliveries an inbox
+        refused (it had the fact, or the fact lost a conflict); ``gaps``: ordering gaps
+        skipped after ``gap_timeout``; ``errors``: failing callbacks.
+        """
+        return dict(self._stats)
+
+    def _require_running(self) -> None:
+        if not self._entered:
+            raise CoordinationError("the Coordinator is not running: use 'async with coord:'")
+
+    # ------------------------------------------------------------------ callbacks
+    def on_fact(
+        self, callback: FactCallback, *, agent: str | None = None, branch: str | None = None
+    ) -> Callable[[], None]:
+        """Call ``callback(FactDelivery)`` whenever a fact reaches an agent.
+
+        Filtered by ``agent`` / ``branch`` if given; sync or async callbacks. Returns an
+        unsubscribe function. Exceptions in callbacks are logged and counted in ``stats["errors"]``.
+        """
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, got {type(callback).__name__}")
+        entry = (callback, agent, branch)
+        self._callbacks.append(entry)
+        self._index_callbacks()
+
+        def unsubscribe() -> None:
+            if entry in self._callbacks:
+                self._callbacks.remove(entry)
+                self._index_callbacks()
+
+        return unsubscribe
+
+    def _index_callbacks(self) -> None:
+        """Which agents have callbacks, so deliveries to the others skip ``_notify``."""
+        wanted = {agent for _cb, agent, _branch in self._callbacks}
+        self._callback_agents = None if None in wanted else cast("set[str]", wanted)
+
+    def _notify(self, agent: str, branch: str, fact: SharedFact) -> None:
+        delivery: FactDelivery | None = None
+        for callback, want_agent, want_branch in list(self._callbacks):
+            if (want_agent is not None and want_agent != agent) or (
+                want_branch is not None and want_branch != branch
+            ):
+                continue
+            if delivery is None:
+                delivery = FactDelivery(agent, branch, fact)
+            try:
+                result = callback(delivery)
+                if inspect.isawaitable(result):
+                    self._schedule(result)
+            except Exception:
+                self._stats["errors"] += 1
+                log.exception("on_fact callback %r failed", callback)
+
+    def _schedule(self, awaitable: Awaitable[Any]) -> None:
+        async def run() -> None:
+            try:
+                await awaitable
+            except Exception:
+                self._stats["errors"] += 1
+                log.exception("async on_fact callback failed")
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------------ reading
+    def facts_for(self, agent: str, branch: str = "main") -> list[SharedFact]:
+        """The facts delivered to ``agent`` on ``branch``, in delivery order."""
+        return self.pool.facts_for(inbox_key(agent, branch))
+
+    def context_for(self, agent: str, branch: str = "main") -> Message | None:
+        """``agent``'s facts on ``branch`` as one system message (``None`` if none)."""
+        return self.pool.context_for(inbox_key(agent, branch))
+
+    def facts(self, branch: str | None = None) -> list[SharedFact]:
+        """Facts in this coordinator's log (optionally only those routed to ``branch``)."""
+        return [e.fact for e in self._log.values() if branch is None or e.branch == branch]
+
+    # ------------------------------------------------------------------ routing
+    def _targets(self, branch: str, scope: str) -> tuple[tuple[str, str, str], ...]:
+        graph = self.graph
+        if graph.version != self._cache_version:
+            self._targets_cache.clear()
+            self._cache_version = graph.version
+        key = (branch, scope)
+        targets = self._targets_cache.get(key)
+        if targets is None:
+            try:
+                branches = graph.branches_in_scope(branch, scope)  # type: ignore[arg-type]
+            except UnknownBranchError:
+                # a branch this process does not know (yet): logged for when it does
+                branches = graph.branches if scope == "global" else []
+            targets = tuple(
+                (agent, b, inbox_key(agent, b)) for b in branches for agent in graph.agents(b)
+            )
+            self._targets_cache[key] = targets
+        return targets
+
+    def _deliver_to(self, env: FactEnvelope, members: Iterable[tuple[str, str, str]]) -> int:
+        pool, fact, stats = self.pool, env.fact, self._stats
+        members = members if isinstance(members, tuple) else tuple(members)
+        saved = pool.conflict
+        if env.conflict is not None:
+            pool.conflict = env.conflict
+        try:
+            results = pool.deliver_many([m[2] for m in members], fact)  # one lock for all
+        finally:
+            pool.conflict = saved
+        delivered = sum(1 for ok in results if ok)
+        stats["delivered"] += delivered
+        stats["skipped"] += len(members) - delivered
+        if self._callbacks and delivered:
+            wanted = self._callback_agents
+            for (agent, branch, _key), ok in zip(members, results, strict=True):
+                if ok and (wanted is None or agent in wanted):
+                    self._notify(agent, branch, fact)
+        return delivered
+
+    def _deliver(self, env: FactEnvelope) -> None:
+        log_ = self._log
+        log_[(env.sender, env.seq)] = env
+        if len(log_) > self.max_log:
+            log_.popitem(last=False)
+        self._deliver_to(env, self._targets(env.branch, env.scope))
+
+    def _on_graph_change(self, change: GraphChange) -> None:
+        """New members (a branch, a fork, a joining agent) receive the facts in their scope."""
+        if change.kind not in ("add_branch", "fork", "add_agent") or not change.agents:
+            return
+        members = {(a, change.branch) for a in change.agents}
+        for env in list(self._log.values()):
+            targets = self._targets(env.branch, env.scope)
+            mine = [t for t in targets if (t[0], t[1]) in members]
+            if mine:
+                self._deliver_to(env, mine)
+
+    # ------------------------------------------------------------------ ordering
+    def _accept(self, env: FactEnvelope) -> None:
+        """Deliver ``env`` once, in its sender's order (buffering early arrivals)."""
+        seq = env.seq
+        state = self._senders.get(env.sender)
+        if state is None:
+            state = self._senders[env.sender] = _Sender(expected=seq, base=seq)
+            if len(self._senders) > 10_000:
+                _, old = self._senders.popitem(last=False)
+                if old.timer is not None:
+                    old.timer.cancel()
+        if seq == state.expected:
+            self._deliver(env)
+            state.expected += 1
+            if state.buffer:
+                self._drain(env.sender, state)
+            return
+        if seq < state.expected:
+            if seq in state.missing:
+                state.missing.discard(seq)
+                self._deliver(env)  # late, after its gap was skipped
+            elif seq < state.base and seq not in state.pre_seen:
+                if len(state.pre_seen) < 100_000:
+                    state.pre_seen.add(seq)
+                self._deliver(env)  # sent before the first one this coordinator saw
+            else:
+                self._stats["duplicates"] += 1
+            return
+        if seq in state.buffer:
+            self._stats["duplicates"] += 1
+            return
+        state.buffer[seq] = env
+        if len(state.buffer) > self.max_pending:
+            self._skip_gap(env.sender)
+        elif state.timer is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # pragma: no cover - receiving always runs in a loop
+                return
+            state.timer = loop.call_later(self.gap_timeout, self._skip_gap, env.sender)
+
+    def _drain(self, sender: str, state: _Sender) -> None:
+        buffer = state.buffer
+        while state.expected in buffer:
+            self._deliver(buffer.pop(state.expected))
+            state.expected += 1
+        if not buffer and state.timer is not None:
+            state.timer.cancel()
+            state.timer = None
+
+    def _skip_gap(self, sender: str) -> None:
+        state = self._senders.get(sender)
+        if state is None:
+            return
+        if state.timer is not None:
+            state.timer.cancel()
+            state.timer = None
+        if not state.buffer:
+            return
+        first = min(state.buffer)
+        if first - state.expected <= 100_000:
+            state.missing.update(range(state.expected, first))
+        self._stats["gaps"] += 1
+        log.warning(
+            "facts %d..%d from %s did not arrive within %.1fs: delivering the later ones",
+            state.expected,
+            first - 1,
+            sender,
+            self.gap_timeout,
+        )
+        state.expected = first
+        self._drain(sender, state)
+        if state.buffer and state.timer is None:
+            state.timer = asyncio.get_running_loop().call_later(
+                self.gap_timeout, self._skip_gap, sender
+            )
+
+    # ------------------------------------------------------------------ receiving
+    async def _receive(self, messages: AsyncIterator[tuple[str, bytes]]) -> None:
+        try:
+            async for topic, payload in messages:
+                self._handle(topic, payload)
+        except asyncio.CancelledError:
+            raise
+        except TransportError as exc:
+            self.error = exc
+            log.error("coordinator %s stopped receiving: %s", self.sender_id, exc)
+        except Exception as exc:  # pragma: no cover - _handle never raises
+            self.error = exc
+            log.exception("coordinator %s stopped receiving", self.sender_id)
+
+    def _handle(self, topic: str, payload: bytes) -> None:
+        """One payload from the wire: validate, dedupe, order, deliver. Never raises."""
+        stats = self._stats
+        stats["received"] += 1
+        if len(payload) > self.max_payload:
+            stats["oversized"] += 1
+            log.warning(
+                "dropped an oversized payload on %r (%d bytes > %d)",
+                topic,
+                len(payload),
+                self.max_payload,
+            )
+            return
+        try:
+            env = FactEnvelope.model_validate_json(payload)
+        except ValueError as exc:  # pydantic's ValidationError is a ValueError
+            stats["malformed"] += 1
+            errors = exc.error_count() if isinstance(exc, ValidationError) else 1
+            log.warning("dropped a malformed payload on %r (%d errors): %.200s", topic, errors, exc)
+            return
+        if env.namespace != self.namespace or parse_fact_topic(topic) != (
+            self.namespace,
+            env.branch,
+        ):
+            stats["malformed"] += 1
+            log.warning("dropped an envelope whose namespace/branch do not match topic %r", topic)
+            return
+        if env.sender == self.sender_id:
+            return  # our own, delivered locally when it was shared
+        try:
+            self._accept(env)
+        except Exception:
+            stats["errors"] += 1
+            log.exception("delivering a fact from %s failed", env.sender)
+
+    # ------------------------------------------------------------------ sharing
+    def _envelope(
+        self,
+        fact: SharedFact,
+        branch: str,
+        scope: FactScope,
+        conflict: ConflictRule | None = None,
+    ) -> tuple[FactEnvelope, bytes]:
+        env = FactEnvelope(
+            namespace=self.namespace,
+            sender=self.sender_id,
+            seq=self._seq + 1,
+            branch=branch,
+            scope=scope,
+            conflict=conflict,
+            fact=fact,
+        )
+        payload = env.model_dump_json().encode("utf-8")
+        if len(payload) > self.max_payload:
+            raise ValueError(
+                f"the fact's envelope is {len(payload)} bytes, over max_payload "
+                f"{self.max_payload}: share a shorter fact"
+            )
+        return env, payload
+
+    def _check_branch(self, branch: str) -> None:
+        if branch not in self.graph:
+            self.graph.info(branch)  # raises UnknownBranchError with the known names
+        if self.graph.status(branch) == "closed":
+            raise BranchError(f"branch {branch!r} is closed")
+
+    async def _send(self, env: FactEnvelope, payload: bytes) -> None:
+        self._seq = env.seq
+        self._accept(env)  # local agents get it now
+        await self.transport.publish(fact_topic(self.namespace, env.branch), payload)
+
+    async def share(
+        self,
+        agent: str,
+        fact: str | SharedFact,
+        *,
+        branch: str | None = None,
+        scope: FactScope | None = None,
+        confidence: float = 1.0,
+        metadata: dict[str, Any] | None = None,
+    ) -> SharedFact:
+        """Share ``fact`` from ``agent``: every agent whose branch is in scope receives it.
+
+        ``fact`` is a text (made into a :class:`SharedFact` on ``branch``, default
+        ``"main"``, with ``scope``, default ``"branch"``) or a ready :class:`SharedFact`
+        (shared as it is; ``branch``/``scope`` must then match it or be left out). Local
+        agents have it when this returns; remote coordinators once the transport
+        delivered it (over MQTT: acknowledged by the broker when this returns).
+
+        Raises:
+            UnknownBranchError: the branch is not in the graph.
+            BranchError: the branch is closed.
+            ValueError: a bad fact, or an envelope over ``max_payload``.
+            TransportError: publishing failed.
+        """
+        self._require_running()
+        if isinstance(fact, SharedFact):
+            if (
+                agent != fact.source_agent
+                or (branch is not None and branch != fact.source_branch)
+                or (scope is not None and scope != fact.scope)
+            ):
+                raise ValueError(
+                    "a SharedFact is shared as it is: agent/branch/scope must match its "
+                    f"source_agent/source_branch/scope ({fact.source_agent!r}, "
+                    f"{fact.source_branch!r}, {fact.scope!r})"
+                )
+            shared = fact
+        elif isinstance(fact, str):
+            shared = SharedFact.create(
+                fact,
+                agent=agent,
+                branch=branch or "main",
+                scope=scope or "branch",
+                confidence=confidence,
+                metadata=metadata,
+            )
+        else:
+            raise TypeError(f"fact must be a str or a SharedFact, got {type(fact).__name__}")
+        self._check_branch(shared.source_branch)
+        env, payload = self._envelope(shared, shared.source_branch, shared.scope)
+        await self._send(env, payload)
+        return shared
+
+    # ------------------------------------------------------------------ membership
+    def join(self, agent: str, branch: str = "main") -> list[SharedFact]:
+        """Add ``agent`` to ``branch``; it receives the facts already in its scope.
+
+        Returns the agent's facts on that branch.
+        """
+        self.graph.add_agent(branch, agent)  # the graph listener delivers the backlog
+        return self.facts_for(agent, branch)
+
+    def leave(self, agent: str, branch: str = "main") -> None:
+        """Remove ``agent`` from ``branch`` and drop its inbox there."""
+        self.graph.remove_agent(branch, agent)
+        self.pool.forget(inbox_key(agent, branch))
+
+    def fork(self, parent: str, child: str, agents: Iterable[str] | None = None) -> BranchInfo:
+        """Fork ``child`` from ``parent`` (agents default to the parent's).
+
+        Each agent that is also on ``parent`` starts from a copy-on-write fork of its
+        parent-branch memory (``ConversationMemory.fork``): what it adds on ``child`` is
+        invisible to ``parent`` and to siblings. The child's agents receive the facts
+        already in their scope.
+        """
+        self.graph.info(parent)  # raises UnknownBranchError
+        members = self.graph.agents(parent) if agents is None else list(agents)
+        on_parent = set(self.graph.agents(parent))
+        parents: dict[str, ConversationMemory] = {}
+        if self.manager is not None:
+            parents = {a: self.manager.memory(a, parent) for a in members if a in on_parent}
+        info = self.graph.fork(parent, child, agents=members)
+        if self.manager is not None:
+            for agent, memory in parents.items():
+                attach_memory(self.manager, agent, child, memory.fork(agent=agent))
+        return info
+
+    # ------------------------------------------------------------------ merging
+    async def merge(
+        self,
+        child: str,
+        into: str,
+        *,
+        strategy: MergeStrategy = "facts",
+        conflict: ConflictRule = "newest",
+        summarizer: Callable[[list[Message]], Any] | None = None,
+    ) -> MergeResult:
+        """Merge branch ``child`` into ``into`` (then ``child`` is ``merged``).
+
+        * Facts (always): the facts routed to ``child`` (shared there or merged into it)
+          are re-shared on ``into`` with scope ``branch``, tagged
+          ``metadata["merged_from"]``; facts on the same ``metadata["topic"]`` are resolved
+          by ``conflict`` (``newest`` / ``confidence`` / ``keep_both``).
+        * ``strategy="summary"``: the child's agents' new messages (added since the fork)
+          are summarised (``summarizer``, sync or async; default
+          :class:`~marsys_mem.summarize.ExtractiveSummarizer`) into one system message
+          appended to the memory of every agent of ``into``.
+        * ``strategy="messages"``: each child agent's new messages are appended to the
+          same agent's memory on ``into`` (an agent not on ``into`` joins it).
+
+        Raises:
+            UnknownBranchError, BranchError, MergeCycleError: see
+                :meth:`BranchGraph.check_merge`.
+            ValueError: unknown strategy or rule; summary/messages without a manager.
+        """
+        self._require_running()
+        if strategy not in _STRATEGIES:
+            raise ValueError(f"strategy must be one of {_STRATEGIES}, got {strategy!r}")
+        if conflict not in _RULES:
+            raise ValueError(f"conflict must be one of {_RULES}, got {conflict!r}")
+        self.graph.check_merge(child, into)
+        manager = self.manager
+        if strategy != "facts" and manager is None:
+            raise ValueError(f"strategy {strategy!r} needs a manager (the agents' memories)")
+        # facts: one envelope per distinct fact routed to the child
+        chosen: dict[str, SharedFact] = {}
+        for env in self._log.values():
+            if env.branch == child:
+                chosen.pop(env.fact.id, None)
+                chosen[env.fact.id] = env.fact
+        merged = [
+            SharedFact.model_validate(
+                {**f.model_dump(), "metadata": {**f.metadata, "merged_from": child}}
+            )
+            for f in chosen.values()
+        ]
+        for fact in merged:
+            env, payload = self._envelope(fact, into, "branch", conflict)
+            await self._send(env, payload)
+        count = 0
+        summary: str | None = None
+        if manager is not None and strategy != "facts":
+            new = {a: manager.memory(a, child).appended() for a in self.graph.agents(child)}
+            if strategy == "summary":
+                # system prompts are instructions, not what the branch found out
+                messages = [m for msgs in new.values() for m in msgs if m.role != "system"]
+                if messages:
+                    summarise = summarizer or manager.summarizer or ExtractiveSummarizer()
+                    result = summarise(messages)
+                    if inspect.isawaitable(result):
+                        result = await result
+                    if not isinstance(result, str):
+                        raise TypeError(f"the summarizer returned {type(result).__name__}, not str")
+                    summary = result.strip()
+                if summary:
+                    note = Message.system(
+                        f"Merged from branch {child}:\n{summary}",
+                        name="merge_summary",
+                        metadata={"merged_from": child},
+                    )
+                    for agent in self.graph.agents(into):
+                        manager.memory(agent, into).add(note)
+                        count += 1
+            else:
+                for agent, msgs in new.items():
+                    target = manager.memory(agent, into)
+                    fresh = [m for m in msgs if m.message_id not in target]
+                    if fresh:
+                        target.add_many(fresh)
+                        count += len(fresh)
+                    if agent not in self.graph.agents(into):
+                        self.graph.add_agent(into, agent)
+        self.graph.merge(child, into, strategy=strategy, conflict=conflict)
+        return MergeResult(child, into, strategy, conflict, tuple(merged), count, summary)
+
+    def __repr__(self) -> str:
+        state = "running" if self._entered else "stopped"
+        return (
+            f"Coordinator(namespace={self.namespace!r}, transport={type(self.transport).__name__}, "
+            f"branches={len(self.graph)}, {state})"
+        )

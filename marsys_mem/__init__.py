@@ -1,0 +1,178 @@
+"""marsys-mem: memory for multi-agent LLM systems.
+
+Typed, immutable conversation histories; bounded context windows that never split a tool
+call from its results and always fit their budget; retention policies; shared facts.
+
+Example:
+    >>> from marsys_mem import ConversationMemory, ContextPolicy, Message
+    >>> mem = ConversationMemory([Message.system("You are terse.")])
+    >>> _ = mem.add(Message.user("Hi"))
+    >>> mem.context(ContextPolicy(max_tokens=100)).tokens <= 100
+    True
+"""
+
+from marsys_mem.context import (
+    ContextPolicy,
+    ContextWindow,
+    Strategy,
+    Summarizer,
+    abuild_context,
+    build_context,
+)
+from marsys_mem.conversation import ConversationMemory
+from marsys_mem.embeddings import (
+    Embedder,
+    EmbeddingQueue,
+    HashingEmbedder,
+    SentenceTransformerEmbedder,
+    default_embedder,
+)
+from marsys_mem.events import (
+    AddEvent,
+    ClearEvent,
+    EventBus,
+    ForkEvent,
+    MemoryEvent,
+    RemoveEvent,
+    SummarizeEvent,
+    TrimEvent,
+    WindowEvent,
+)
+from marsys_mem.exceptions import (
+    ConfigError,
+    ContextOverflowError,
+    DuplicateMessageError,
+    DuplicateToolCallError,
+    EmbeddingError,
+    IndexCorruptError,
+    MarsysMemError,
+    MessageFormatError,
+    MessageNotFoundError,
+    MissingDependencyError,
+    OrphanToolResultError,
+    StoreError,
+    StoreNotFoundError,
+    SummarizerError,
+    ToolSequenceError,
+    WorkflowError,
+    WorkflowRunError,
+)
+from marsys_mem.facts import SharedFact
+from marsys_mem.index import FaissIndex, VectorIndex
+from marsys_mem.manager import MemoryManager
+from marsys_mem.messages import (
+    MESSAGE_LIST_ADAPTER,
+    AgentCall,
+    ImagePart,
+    Message,
+    Role,
+    TextPart,
+    ToolCall,
+    to_llm_format,
+)
+from marsys_mem.retention import (
+    AgentConfig,
+    MemoryConfig,
+    RetentionPolicy,
+    StoreConfig,
+    load_config,
+    parse_duration,
+)
+from marsys_mem.runs import RunContext, RunSnapshot, history
+from marsys_mem.store import InMemoryStore, MemoryStore, SQLiteStore
+from marsys_mem.summarize import ExtractiveSummarizer
+from marsys_mem.tokens import (
+    CallableCounter,
+    HeuristicCounter,
+    TiktokenCounter,
+    TokenCounter,
+    count_message,
+    get_counter,
+)
+from marsys_mem.workflow import (
+    Workflow,
+    WorkflowReport,
+    arun_workflow,
+    load_workflow,
+    run_workflow,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "MESSAGE_LIST_ADAPTER",
+    "AddEvent",
+    "AgentCall",
+    "AgentConfig",
+    "CallableCounter",
+    "ClearEvent",
+    "ConfigError",
+    "ContextOverflowError",
+    "ContextPolicy",
+    "ContextWindow",
+    "ConversationMemory",
+    "DuplicateMessageError",
+    "DuplicateToolCallError",
+    "Embedder",
+    "EmbeddingError",
+    "EmbeddingQueue",
+    "EventBus",
+    "ExtractiveSummarizer",
+    "FaissIndex",
+    "ForkEvent",
+    "HashingEmbedder",
+    "HeuristicCounter",
+    "ImagePart",
+    "InMemoryStore",
+    "IndexCorruptError",
+    "MarsysMemError",
+    "MemoryConfig",
+    "MemoryEvent",
+    "MemoryManager",
+    "MemoryStore",
+    "Message",
+    "MessageFormatError",
+    "MessageNotFoundError",
+    "MissingDependencyError",
+    "OrphanToolResultError",
+    "RemoveEvent",
+    "RetentionPolicy",
+    "Role",
+    "RunContext",
+    "RunSnapshot",
+    "SQLiteStore",
+    "SentenceTransformerEmbedder",
+    "SharedFact",
+    "StoreConfig",
+    "StoreError",
+    "StoreNotFoundError",
+    "Strategy",
+    "SummarizeEvent",
+    "Summarizer",
+    "SummarizerError",
+    "TextPart",
+    "TiktokenCounter",
+    "TokenCounter",
+    "ToolCall",
+    "ToolSequenceError",
+    "TrimEvent",
+    "VectorIndex",
+    "WindowEvent",
+    "Workflow",
+    "WorkflowError",
+    "WorkflowReport",
+    "WorkflowRunError",
+    "__version__",
+    "abuild_context",
+    "arun_workflow",
+    "build_context",
+    "count_message",
+    "default_embedder",
+    "get_counter",
+    "history",
+    "load_config",
+    "load_workflow",
+    "parse_duration",
+    "run_workflow",
+    "to_llm_format",
+]

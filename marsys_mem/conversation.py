@@ -1,0 +1,628 @@
+"""ConversationMemory: one agent's typed, append-only conversation history.
+
+The history is kept in *segments*. A memory owns one segment it appends to, and may borrow
+prefixes of other segments: that is how :meth:`ConversationMemory.fork` shares a parent's
+history without copying it (copy-on-write). A borrowed segment is never changed in place:
+deleting messages builds a new segment, so forks never see each other's changes. Each
+segment indexes its messages (id, protected positions, tool-call links), so lookups and
+context windows cost O(1) / O(window), not O(history).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Protocol, overload, runtime_checkable
+
+from marsys_mem.context import (
+    ContextPolicy,
+    ContextWindow,
+    Summarizer,
+    _abuild,
+    _build,
+    _latest_before,
+    _Prepared,
+    _SummaryState,
+)
+from marsys_mem.events import (
+    AddEvent,
+    ClearEvent,
+    EventBus,
+    ForkEvent,
+    RemoveEvent,
+    SummarizeEvent,
+    TrimEvent,
+    WindowEvent,
+)
+from marsys_mem.exceptions import (
+    DuplicateMessageError,
+    DuplicateToolCallError,
+    MessageNotFoundError,
+    OrphanToolResultError,
+)
+from marsys_mem.messages import Message, Provider, to_llm_format
+from marsys_mem.tokens import TokenCounter, count_message, get_counter
+
+__all__ = ["ConversationMemory", "MemorySink"]
+
+
+@runtime_checkable
+class MemorySink(Protocol):
+    """Mirrors a memory's changes, e.g. into a store (write-through persistence).
+
+    Each method is called after validation and before the memory changes: if it raises,
+    the change does not happen, so memory and sink never disagree.
+    """
+
+    def on_append(self, memory: ConversationMemory, messages: Sequence[Message]) -> None:
+        """``messages`` are about to be appended."""
+
+    def on_remove(self, memory: ConversationMemory, messages: Sequence[Message]) -> None:
+        """``messages`` are about to be removed (remove, trim_oldest, clear(keep_system))."""
+
+    def on_clear(self, memory: ConversationMemory) -> None:
+        """Every message is about to be removed."""
+
+
+class _Segment:
+    """An indexed run of messages. Only its owner appends; nobody edits it in place."""
+
+    __slots__ = ("ids", "messages", "owners", "protected", "results")
+
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+        self.ids: dict[str, int] = {}
+        self.protected: list[int] = []
+        self.owners: dict[str, list[int]] = {}  # call id -> positions (ascending)
+        self.results: dict[str, list[int]] = {}
+
+    def append(self, m: Message) -> None:
+        pos = len(self.messages)
+        self.messages.append(m)
+        self.ids[m.message_id] = pos
+        if m.role == "system" or m.pinned or m.metadata.get("preserve") is True:
+            self.protected.append(pos)
+        for call in m.tool_calls:
+            self.owners.setdefault(call.id, []).append(pos)
+        if m.tool_call_id is not None:
+            self.results.setdefault(m.tool_call_id, []).append(pos)
+
+    @classmethod
+    def of(cls, messages: Iterable[Message]) -> _Segment:
+        seg = cls()
+        for m in messages:
+            seg.append(m)
+        return seg
+
+
+_NONE: frozenset[str] = frozenset()
+
+
+def _to_message(item: Message | Mapping[str, Any]) -> Message:
+    if isinstance(item, Message):
+        return item
+    if isinstance(item, Mapping):
+        return Message.model_validate(item)
+    raise TypeError(f"expected a Message or a message dict, got {type(item).__name__}")
+
+
+class ConversationMemory:
+    """An agent's conversation history, and the bounded window it sends to its LLM.
+
+    Messages are immutable and appended; ``read()`` returns all of them (initial and
+    appended), ``appended()`` only those added after construction (this run). Token totals
+    are kept incrementally. Not thread-safe: one writer at a time.
+
+    Args:
+        messages: the initial history (validated like :meth:`add_many`).
+        policy: the default :class:`ContextPolicy` for :meth:`context`.
+        counter: token counter (default :class:`~marsys_mem.tokens.HeuristicCounter`).
+        summarizer: default summariser for the ``summarize`` strategy.
+        strict_tools: reject tool results that answer no earlier tool call, and tool call
+            ids used twice.
+        events: an :class:`EventBus` to publish events to.
+        agent: label put on events.
+        sink: a :class:`MemorySink` that mirrors changes (e.g. to a store). It is called
+            before the memory changes, so if it raises the memory stays as it was. The
+            initial ``messages`` are not sent to it; forks do not inherit it.
+
+    Example:
+        >>> from marsys_mem import ToolCall
+        >>> mem = ConversationMemory([Message.system("You are terse."), Message.user("Hi")])
+        >>> mid = mem.add(Message.user("Weather in Tokyo?"))
+        >>> call = ToolCall(id="c1", name="weather", arguments={"city": "Tokyo"})
+        >>> _ = mem.add(Message.assistant("", tool_calls=[call]))
+        >>> _ = mem.add(Message.tool("72F", tool_call_id="c1", name="weather"))
+        >>> len(mem), len(mem.appended()), mem.get(mid).text
+        (5, 3, 'Weather in Tokyo?')
+        >>> win = mem.context(ContextPolicy(max_messages=3))
+        >>> [m.role for m in win.messages]
+        ['system', 'assistant', 'tool']
+    """
+
+    def __init__(
+        self,
+        messages: Iterable[Message | Mapping[str, Any]] | None = None,
+        *,
+        policy: ContextPolicy | None = None,
+        counter: TokenCounter | None = None,
+        summarizer: Summarizer | None = None,
+        strict_tools: bool = True,
+        events: EventBus | None = None,
+        agent: str | None = None,
+        sink: MemorySink | None = None,
+    ) -> None:
+        self.policy = policy or ContextPolicy()
+        self.counter = get_counter(counter)
+        self.summarizer = summarizer
+        self.strict_tools = strict_tools
+        self.events = events
+        self.agent = agent
+        self.sink: MemorySink | None = None
+        self._borrowed: list[tuple[_Segment, int]] = []
+        self._starts: list[int] = []  # global start position of each borrowed segment
+        self._own = _Segment()
+        self._offset = 0  # global position of the own segment's first message
+        self._total = 0
+        self._other_totals: dict[Hashable, list[Any]] = {}  # cache key -> [counter, total]
+        self._summary: _SummaryState | None = None
+        self._initial = 0
+        if messages is not None:
+            self.add_many(messages, _publish=False)
+        self._initial = len(self)
+        self.sink = sink
+
+    # ------------------------------------------------------------------ index protocol
+    def __len__(self) -> int:
+        return self._offset + len(self._own.messages)
+
+    @overload
+    def __getitem__(self, position: int) -> Message: ...
+
+    @overload
+    def __getitem__(self, position: slice) -> list[Message]: ...
+
+    def __getitem__(self, position: int | slice) -> Message | list[Message]:
+        if isinstance(position, slice):
+            return self.read()[position]
+        if position < 0:
+            position += len(self)
+        if position >= self._offset:
+            return self._own.messages[position - self._offset]
+        if position < 0:
+            raise IndexError("message position out of range")
+        i = bisect.bisect_right(self._starts, position) - 1
+        return self._borrowed[i][0].messages[position - self._starts[i]]
+
+    def __iter__(self) -> Iterator[Message]:
+        for seg, bound in self._borrowed:
+            yield from seg.messages[:bound]
+        yield from self._own.messages
+
+    def __contains__(self, message_id: object) -> bool:
+        return isinstance(message_id, str) and self._position(message_id) is not None
+
+    def _segments(self) -> Iterator[tuple[_Segment, int, int]]:
+        """(segment, bound, global start), newest first."""
+        yield self._own, len(self._own.messages), self._offset
+        for i in range(len(self._borrowed) - 1, -1, -1):
+            seg, bound = self._borrowed[i]
+            yield seg, bound, self._starts[i]
+
+    def _position(self, message_id: str) -> int | None:
+        if not self._borrowed:  # fast path: nothing forked (offset is 0)
+            return self._own.ids.get(message_id)
+        for seg, bound, start in self._segments():
+            local = seg.ids.get(message_id)
+            if local is not None and local < bound:
+                return start + local
+        return None
+
+    def protected_positions(self) -> list[int]:
+        """Global positions of system and pinned messages, ascending."""
+        out: list[int] = []
+        for i, (seg, bound) in enumerate(self._borrowed):
+            start = self._starts[i]
+            out.extend(start + p for p in seg.protected[: bisect.bisect_left(seg.protected, bound)])
+        out.extend(self._offset + p for p in self._own.protected)
+        return out
+
+    def call_owner(self, call_id: str, before: int | None = None) -> int | None:
+        """Position of the latest message (before ``before``) that made tool call ``call_id``."""
+        if not self._borrowed:
+            return _latest_before(self._own.owners.get(call_id), before)
+        for seg, bound, start in self._segments():
+            limit = bound if before is None else min(bound, before - start)
+            local = _latest_before(seg.owners.get(call_id), limit)
+            if local is not None:
+                return start + local
+        return None
+
+    def call_results(self, call_id: str) -> list[int]:
+        """Positions of the tool results answering ``call_id``."""
+        if not self._borrowed:
+            return list(self._own.results.get(call_id, ()))
+        out: list[int] = []
+        for seg, bound, start in self._segments():
+            out.extend(start + p for p in seg.results.get(call_id, ()) if p < bound)
+        out.sort()
+        return out
+
+    # ------------------------------------------------------------------ writing
+    def _check(
+        self,
+        m: Message,
+        pending_calls: Collection[str],
+        pending_results: Collection[str],
+        pending_ids: Collection[str],
+    ) -> None:
+        if m.message_id in pending_ids or self._position(m.message_id) is not None:
+            raise DuplicateMessageError(f"message_id {m.message_id!r} is already in this memory")
+        if not self.strict_tools:
+            return
+        for call in m.tool_calls:
+            if call.id in pending_calls or self.call_owner(call.id) is not None:
+                raise DuplicateToolCallError(
+                    f"tool call id {call.id!r} is already used by an earlier message "
+                    "(create the memory with strict_tools=False to allow it)"
+                )
+        if m.tool_call_id is not None:
+            cid = m.tool_call_id
+            if cid not in pending_calls and self.call_owner(cid) is None:
+                raise OrphanToolResultError(
+                    f"tool result {m.message_id!r} answers tool_call_id {cid!r}, but no earlier "
+                    "assistant message made that call (strict_tools=False allows it)"
+                )
+            if cid in pending_results or self.call_results(cid):
+                raise DuplicateToolCallError(f"tool call {cid!r} already has a result")
+
+    def add(self, message: Message | Mapping[str, Any]) -> str:
+        """Append one message and return its ``message_id``.
+
+        A dict is validated into a :class:`Message` first.
+
+        Raises:
+            pydantic.ValidationError: a malformed message dict.
+            DuplicateMessageError: the id is already in the memory.
+            OrphanToolResultError: (strict) a tool result answering no earlier call.
+            DuplicateToolCallError: (strict) a reused tool call id or a second result.
+        """
+        m = _to_message(message)
+        self._check(m, _NONE, _NONE, _NONE)
+        if self.sink is not None:
+            self.sink.on_append(self, (m,))
+        self._own.append(m)
+        self._total += count_message(self.counter, m)
+        if self._other_totals:
+            for entry in self._other_totals.values():
+                entry[1] += count_message(entry[0], m)
+        if self.events is not None and self.events.wants("add"):
+            self._publish_add(len(self) - 1, (m.message_id,))
+        return m.message_id
+
+    store = add
+
+    def add_many(
+        self, messages: Iterable[Message | Mapping[str, Any]], *, _publish: bool = True
+    ) -> list[str]:
+        """Append several messages atomically: all are validated before any is added.
+
+        Raises:
+            The errors of :meth:`add`; on error the memory is unchanged.
+        """
+        batch = [_to_message(m) for m in messages]
+        calls: set[str] = set()
+        results: set[str] = set()
+        ids: set[str] = set()
+        for m in batch:
+            self._check(m, calls, results, ids)
+            ids.add(m.message_id)
+            calls.update(c.id for c in m.tool_calls)
+            if m.tool_call_id is not None:
+                results.add(m.tool_call_id)
+        if _publish and batch and self.sink is not None:
+            self.sink.on_append(self, batch)
+        before = len(self)
+        for m in batch:
+            self._own.append(m)
+            self._total += count_message(self.counter, m)
+            for entry in self._other_totals.values():
+                entry[1] += count_message(entry[0], m)
+        if _publish and batch and self.events is not None and self.events.wants("add"):
+            self._publish_add(before, tuple(m.message_id for m in batch))
+        return [m.message_id for m in batch]
+
+    def _publish_add(self, before: int, ids: tuple[str, ...]) -> None:
+        assert self.events is not None
+        self.events.publish(
+            AddEvent(agent=self.agent, before=before, after=len(self), message_ids=ids)
+        )
+
+    def _rebuild(self, keep: Callable[[int, Message], bool]) -> list[Message]:
+        """Replace the history by the messages ``keep`` accepts; returns the removed ones."""
+        removed: list[Message] = []
+        kept: list[Message] = []
+        initial = self._initial
+        for pos, m in enumerate(self):
+            if keep(pos, m):
+                kept.append(m)
+            else:
+                removed.append(m)
+                if pos < self._initial:
+                    initial -= 1
+        if not removed:
+            return removed
+        if self.sink is not None:
+            self.sink.on_remove(self, removed)
+        self._borrowed, self._starts, self._offset = [], [], 0
+        self._own = _Segment.of(kept)  # a new segment: forks keep the old one
+        self._total -= sum(count_message(self.counter, m) for m in removed)
+        self._other_totals.clear()
+        self._initial = initial
+        self._summary = None
+        return removed
+
+    def remove(self, *message_ids: str) -> list[Message]:
+        """Remove messages by id; returns them.
+
+        Raises:
+            MessageNotFoundError: an id is not in the memory (nothing is removed).
+        """
+        missing = [i for i in message_ids if self._position(i) is None]
+        if missing:
+            raise MessageNotFoundError(f"no message with id {missing[0]!r} in this memory")
+        before = len(self)
+        targets = set(message_ids)
+        removed = self._rebuild(lambda _pos, m: m.message_id not in targets)
+        if self.events is not None and removed:
+            self.events.publish(
+                RemoveEvent(
+                    agent=self.agent,
+                    before=before,
+                    after=len(self),
+                    message_ids=tuple(m.message_id for m in removed),
+                )
+            )
+        return removed
+
+    def clear(self, *, keep_system: bool = False) -> None:
+        """Remove every message (``keep_system``: keep the system messages)."""
+        before = len(self)
+        if keep_system:
+            self._rebuild(lambda _pos, m: m.role == "system")
+        else:
+            if self.sink is not None:
+                self.sink.on_clear(self)
+            self._borrowed, self._starts, self._offset = [], [], 0
+            self._own, self._total, self._initial, self._summary = _Segment(), 0, 0, None
+            self._other_totals.clear()
+        if self.events is not None:
+            self.events.publish(ClearEvent(agent=self.agent, before=before, after=len(self)))
+
+    def fork(self, *, agent: str | None = None) -> ConversationMemory:
+        """A child memory that shares this history without copying it (copy-on-write).
+
+        The child sees everything up to now; what either side adds or removes afterwards
+        is invisible to the other. The child's ``appended()`` starts empty.
+
+        Example:
+            >>> parent = ConversationMemory([Message.user("shared")])
+            >>> child = parent.fork()
+            >>> _ = child.add(Message.user("child only"))
+            >>> len(parent), len(child)
+            (1, 2)
+        """
+        child = ConversationMemory.__new__(ConversationMemory)
+        child.policy, child.counter, child.summarizer = self.policy, self.counter, self.summarizer
+        child.strict_tools, child.events = self.strict_tools, self.events
+        child.sink = None
+        child.agent = agent if agent is not None else self.agent
+        child._borrowed = list(self._borrowed)
+        child._starts = list(self._starts)
+        if self._own.messages:
+            child._starts.append(self._offset)
+            child._borrowed.append((self._own, len(self._own.messages)))
+        child._own = _Segment()
+        child._offset = len(self)
+        child._total = self._total
+        child._other_totals = {k: list(v) for k, v in self._other_totals.items()}
+        child._summary = self._summary
+        child._initial = len(self)
+        if self.events is not None:
+            self.events.publish(
+                ForkEvent(agent=self.agent, before=len(self), after=len(self), child=child.agent)
+            )
+        return child
+
+    # ------------------------------------------------------------------ reading
+    def read(self) -> list[Message]:
+        """All messages, oldest first: the initial history and what was appended."""
+        return list(self)
+
+    def appended(self) -> list[Message]:
+        """Only the messages added after construction (or after the fork)."""
+        return self[self._initial :] if self._initial else self.read()
+
+    def get(self, message_id: str) -> Message | None:
+        """The message with this id, or ``None``."""
+        pos = self._position(message_id)
+        return None if pos is None else self[pos]
+
+    def get_recent(self, n: int) -> list[Message]:
+        """The ``n`` newest messages, oldest first."""
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        size = len(self)
+        return [self[p] for p in range(max(0, size - n), size)]
+
+    def filter(
+        self,
+        *,
+        role: str | Collection[str] | None = None,
+        since: datetime | None = None,
+        predicate: Callable[[Message], bool] | None = None,
+    ) -> list[Message]:
+        """Messages matching all the given conditions (role(s), at or after ``since``)."""
+        roles = {role} if isinstance(role, str) else set(role) if role is not None else None
+        if since is not None and since.tzinfo is None:
+            raise ValueError("since must be timezone-aware (e.g. datetime.now(UTC))")
+        return [
+            m
+            for m in self
+            if (roles is None or m.role in roles)
+            and (since is None or m.timestamp >= since)
+            and (predicate is None or predicate(m))
+        ]
+
+    @property
+    def total_tokens(self) -> int:
+        """Tokens of the whole history by this memory's counter (kept incrementally)."""
+        return self._total
+
+    def to_llm_format(self, provider: Provider = "openai") -> Any:
+        """The whole history in a provider's format (see ``messages.to_llm_format``)."""
+        return to_llm_format(self, provider)
+
+    # ------------------------------------------------------------------ context
+    def _resolve(
+        self, policy: ContextPolicy | None, counter: TokenCounter | None
+    ) -> tuple[ContextPolicy, TokenCounter]:
+        policy = policy or self.policy
+        if counter is None:
+            counter = get_counter(policy.token_counter) if policy.token_counter else self.counter
+        return policy, counter
+
+    def _history_tokens(self, counter: TokenCounter) -> int:
+        """History tokens by ``counter``: kept incrementally once a counter has been used."""
+        key = counter.cache_key
+        if key == self.counter.cache_key:
+            return self._total
+        entry = self._other_totals.get(key)
+        if entry is None:  # first window with this counter: one scan, then incremental
+            entry = self._other_totals[key] = [
+                counter,
+                sum(count_message(counter, m) for m in self),
+            ]
+        total: int = entry[1]
+        return total
+
+    def _after_window(
+        self,
+        win: ContextWindow,
+        state: _SummaryState | None,
+        prep: _Prepared,
+        counter: TokenCounter,
+    ) -> ContextWindow:
+        policy_strategy = win.strategy
+        if policy_strategy == "summarize" and prep.request is not None:
+            self._summary = state
+        if policy_strategy == "trim_oldest" and win.dropped:
+            keep = set(prep.plan.positions)
+            before, tokens_before = len(self), self._total
+            removed = self._rebuild(lambda pos, _m: pos in keep)
+            if self.events is not None:
+                self.events.publish(
+                    TrimEvent(
+                        agent=self.agent,
+                        before=before,
+                        after=len(self),
+                        strategy=policy_strategy,
+                        tokens_before=tokens_before,
+                        tokens_after=self._total,
+                        message_ids=tuple(m.message_id for m in removed),
+                    )
+                )
+            return ContextWindow(
+                messages=win.messages,
+                tokens=win.tokens,
+                dropped=win.dropped,
+                summary=None,
+                strategy=win.strategy,
+                history_messages=win.history_messages,
+                history_tokens=win.history_tokens,
+                dropped_ids=tuple(m.message_id for m in removed),
+            )
+        if self.events is not None:
+            if win.summarized:
+                self.events.publish(
+                    SummarizeEvent(
+                        agent=self.agent,
+                        before=win.history_messages,
+                        after=len(win),
+                        strategy=policy_strategy,
+                        summarized=win.summarized,
+                        tokens_before=win.history_tokens,
+                        tokens_after=win.tokens,
+                    )
+                )
+            if self.events.wants("window"):
+                self.events.publish(
+                    WindowEvent(
+                        agent=self.agent,
+                        before=win.history_messages,
+                        after=len(win),
+                        strategy=policy_strategy,
+                        tokens_before=win.history_tokens,
+                        tokens_after=win.tokens,
+                    )
+                )
+        return win
+
+    def context(
+        self,
+        policy: ContextPolicy | None = None,
+        *,
+        counter: TokenCounter | None = None,
+        summarizer: Summarizer | None = None,
+    ) -> ContextWindow:
+        """The window this agent would send under ``policy`` (default: the memory's).
+
+        ``trim_oldest`` deletes what falls out of the window from this memory;
+        ``summarize`` caches the summary and extends it on later calls.
+
+        Raises:
+            ContextOverflowError: what must be kept does not fit (memory unchanged).
+            SummarizerError: the summariser failed or is async (use :meth:`acontext`).
+        """
+        policy, counter = self._resolve(policy, counter)
+        win, state, prep = _build(
+            self,
+            policy,
+            counter,
+            summarizer or self.summarizer,
+            self._summary,
+            self._history_tokens(counter),
+        )
+        return self._after_window(win, state, prep, counter)
+
+    async def acontext(
+        self,
+        policy: ContextPolicy | None = None,
+        *,
+        counter: TokenCounter | None = None,
+        summarizer: Summarizer | None = None,
+    ) -> ContextWindow:
+        """Async twin of :meth:`context`; the summariser may be sync or async."""
+        policy, counter = self._resolve(policy, counter)
+        win, state, prep = await _abuild(
+            self,
+            policy,
+            counter,
+            summarizer or self.summarizer,
+            self._summary,
+            self._history_tokens(counter),
+        )
+        return self._after_window(win, state, prep, counter)
+
+    def _repr_html_(self) -> str:
+        from marsys_mem.display import memory_html
+
+        return memory_html(self)
+
+    def __repr__(self) -> str:
+        label = f"agent={self.agent!r}, " if self.agent else ""
+        return (
+            f"ConversationMemory({label}messages={len(self)}, appended={len(self) - self._initial}"
+            f", tokens={self._total})"
+        )

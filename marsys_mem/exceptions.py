@@ -1,0 +1,154 @@
+"""The one exception hierarchy of marsys-mem.
+
+Every error the library raises on purpose derives from :class:`MarsysMemError`, and
+subclasses the builtin that fits, so ``except ValueError`` keeps working::
+
+    MarsysMemError
+    ├── ContextOverflowError (ValueError)    the budget cannot hold what must be kept
+    ├── DuplicateMessageError (ValueError)   a message_id that is already in the memory
+    ├── MessageNotFoundError (KeyError)      no message with that id
+    ├── MessageFormatError (ValueError)      a provider dict that cannot become a Message
+    ├── ToolSequenceError (ValueError)       tool calls and results that do not match
+    │   ├── OrphanToolResultError            a tool result with no earlier tool call
+    │   └── DuplicateToolCallError           a tool call id used twice
+    ├── SummarizerError (RuntimeError)       the summariser failed or returned no text
+    ├── ConfigError (ValueError)             a bad retention-policy / config value
+    │   └── WorkflowError                    a workflow file that cannot run (file:line: field)
+    ├── WorkflowRunError (RuntimeError)      a workflow step failed while running
+    ├── StoreError (RuntimeError)            a storage backend failed
+    ├── StoreNotFoundError (FileNotFoundError) no store file at a path given to the CLI
+    │   └── IndexCorruptError                a vector index file is missing, stale or corrupt
+    ├── EmbeddingError (ValueError)          bad vectors (NaN, wrong dimension) or texts
+    └── MissingDependencyError (ImportError) an optional extra is not installed
+
+Pydantic's own ``ValidationError`` (a ``ValueError``) is raised unchanged for bad fields
+of a model: it already names the field and the value.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "ContextOverflowError",
+    "DuplicateMessageError",
+    "DuplicateToolCallError",
+    "EmbeddingError",
+    "IndexCorruptError",
+    "MarsysMemError",
+    "MessageFormatError",
+    "MessageNotFoundError",
+    "MissingDependencyError",
+    "OrphanToolResultError",
+    "StoreError",
+    "StoreNotFoundError",
+    "SummarizerError",
+    "ToolSequenceError",
+    "WorkflowError",
+    "WorkflowRunError",
+]
+
+
+class MarsysMemError(Exception):
+    """Root of every error raised on purpose by marsys-mem."""
+
+
+class ContextOverflowError(MarsysMemError, ValueError):
+    """The messages that must be kept do not fit the context budget.
+
+    Attributes:
+        required: what the messages that must be kept need (tokens or messages).
+        limit: the limit of the policy.
+        unit: ``"tokens"`` or ``"messages"``.
+        over: ``required - limit``.
+    """
+
+    def __init__(self, message: str, *, required: int, limit: int, unit: str) -> None:
+        super().__init__(message)
+        self.required = required
+        self.limit = limit
+        self.unit = unit
+        self.over = required - limit
+
+
+class DuplicateMessageError(MarsysMemError, ValueError):
+    """A message with the same ``message_id`` is already in the memory."""
+
+
+class MessageNotFoundError(MarsysMemError, KeyError):
+    """No message with the given id."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "message not found"
+
+
+class MessageFormatError(MarsysMemError, ValueError):
+    """A provider message dict that cannot be turned into a :class:`Message`."""
+
+
+class ToolSequenceError(MarsysMemError, ValueError):
+    """Tool calls and tool results that do not pair up."""
+
+
+class OrphanToolResultError(ToolSequenceError):
+    """A tool result whose ``tool_call_id`` matches no earlier tool call."""
+
+
+class DuplicateToolCallError(ToolSequenceError):
+    """A tool call id used by two calls, or answered twice."""
+
+
+class SummarizerError(MarsysMemError, RuntimeError):
+    """The summariser raised or returned something that is not text."""
+
+
+class ConfigError(MarsysMemError, ValueError):
+    """A configuration file or value is invalid; the message names file and field."""
+
+
+class StoreError(MarsysMemError, RuntimeError):
+    """A storage backend failed; the original error is chained as ``__cause__``."""
+
+
+class IndexCorruptError(StoreError):
+    """A saved vector index cannot be used (missing, stale or failing its checksum)."""
+
+
+class EmbeddingError(MarsysMemError, ValueError):
+    """Vectors or texts that cannot be embedded or indexed (NaN, wrong dimension, empty)."""
+
+
+class MissingDependencyError(MarsysMemError, ImportError):
+    """An optional dependency is missing; the message names the extra to install."""
+
+
+class WorkflowError(ConfigError):
+    """A workflow that cannot run: a bad field, an unknown agent or branch, a merge cycle.
+
+    The message names the file, the line and the field (when the workflow came from a
+    file). It is a :class:`ConfigError` (a ``ValueError``).
+
+    Example:
+        >>> err = WorkflowError("wf.yaml:14: steps[3].agent: unknown agent 'resercher'")
+        >>> isinstance(err, ConfigError), isinstance(err, ValueError)
+        (True, True)
+    """
+
+
+class WorkflowRunError(MarsysMemError, RuntimeError):
+    """A step failed while the workflow ran (the message names the file, line and step).
+
+    The cause (``__cause__``) is the original error.
+
+    Example:
+        >>> issubclass(WorkflowRunError, RuntimeError)
+        True
+    """
+
+
+class StoreNotFoundError(MarsysMemError, FileNotFoundError):
+    """The path is not a store file, nor a folder holding one.
+
+    Example:
+        >>> issubclass(StoreNotFoundError, FileNotFoundError)
+        True
+    """

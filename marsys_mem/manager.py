@@ -1,0 +1,678 @@
+"""MemoryManager: the composition root that applies retention policies.
+
+The manager owns a store and one :class:`ConversationMemory` per ``(agent, branch)``, each
+governed by the agent's :class:`~marsys_mem.retention.RetentionPolicy`:
+
+* ``persistent`` memories are loaded from the store on first use and written through
+  (every append is durable when ``add`` returns; or buffered until :meth:`flush` with
+  ``write_through=False``). A process that restarts with the same config sees them again.
+  ``ttl`` and ``max_stored_messages`` are enforced in the store (every
+  ``retention_every`` appends, on flush, at the end of runs and sessions) and mirrored in
+  memory.
+* ``session`` memories live in this process until :meth:`end_session`; they never reach
+  the store.
+* ``single_run`` memories are cleared when the agent's run ends (and at end_session).
+
+Runs (:meth:`run`) record what an agent did as a :class:`~marsys_mem.runs.RunSnapshot`:
+saved in the store for persistent agents, kept in process otherwise. A run started with
+``parent_id`` works on its own memory that continues the parent's chain
+(:func:`~marsys_mem.runs.history`), so sibling runs never see each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from marsys_mem.agent_patterns import AgentPatterns, resolve_embedder
+from marsys_mem.compose import Block, aassemble, assemble
+from marsys_mem.context import ContextPolicy, Summarizer
+from marsys_mem.conversation import ConversationMemory, MemorySink
+from marsys_mem.embeddings import Embedder, default_embedder
+from marsys_mem.events import EventBus
+from marsys_mem.exceptions import ContextOverflowError, MarsysMemError, MessageNotFoundError
+from marsys_mem.messages import Message, Provider, to_llm_format
+from marsys_mem.patterns.shared import SharedMemoryPool, member_key
+from marsys_mem.retention import MemoryConfig, RetentionPolicy, load_config
+from marsys_mem.runs import RunContext, RunSnapshot, history
+from marsys_mem.store.base import Append, EnforceRetention, Key, MemoryStore, Op
+from marsys_mem.store.memory import InMemoryStore
+from marsys_mem.tokens import TokenCounter, get_counter
+
+__all__ = ["MemoryManager"]
+
+
+log = logging.getLogger("marsys_mem.manager")
+
+
+class _PatternFeed:
+    """A memory sink that writes to the store (if any), then feeds the agent's patterns."""
+
+    def __init__(self, store: _StoreSink | None, patterns: AgentPatterns) -> None:
+        self.store = store
+        self.patterns = patterns
+
+    def on_append(self, memory: ConversationMemory, messages: Sequence[Message]) -> None:
+        if self.store is not None:
+            self.store.on_append(memory, messages)
+        self.patterns.ingest(messages)
+
+    def on_remove(self, memory: ConversationMemory, messages: Sequence[Message]) -> None:
+        if self.store is not None:  # patterns keep what the window trims: that is their job
+            self.store.on_remove(memory, messages)
+
+    def on_clear(self, memory: ConversationMemory) -> None:
+        if self.store is not None:
+            self.store.on_clear(memory)
+
+
+def _check_name(kind: str, value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{kind} must be a non-empty string, got {value!r}")
+    return value
+
+
+class _StoreSink:
+    """Writes a persistent memory's changes to the store (or buffers them).
+
+    ``max_stored_messages`` is enforced in the same store transaction as the append that
+    would exceed it, so the store never holds more; ``ttl`` every ``retention_every``
+    appends. The in-process memory is trimmed by the same rule, in amortised steps.
+    """
+
+    def __init__(
+        self, manager: MemoryManager, key: Key, policy: RetentionPolicy, stored: int
+    ) -> None:
+        self.manager = manager
+        self.key = key
+        self.policy = policy
+        self.pending: list[Message] = []
+        self.stored = stored  # messages in the store under key (this process's view)
+        self.since_retention = 0
+
+    def _write(self, messages: Sequence[Message], *, force_retention: bool = False) -> None:
+        policy = self.policy
+        ops: list[Op] = [Append(self.key, tuple(messages))] if messages else []
+        limit = policy.max_stored_messages
+        due = force_retention or (
+            policy.ttl is not None and self.since_retention >= self.manager.retention_every
+        )
+        if (limit is not None and self.stored + len(messages) > limit) or (
+            due and (policy.ttl is not None or limit is not None)
+        ):
+            now = datetime.now(UTC)
+            ops.append(EnforceRetention(self.key, policy.ttl, limit, now))
+        if not ops:
+            return
+        results = self.manager.store.batch(ops)
+        self.stored += len(messages)
+        if isinstance(ops[-1], EnforceRetention):
+            self.stored -= results[-1]
+            self.since_retention = 0
+
+    def on_append(self, memory: ConversationMemory, messages: Sequence[Message]) -> None:
+        self.since_retention += len(messages)
+        if self.manager.write_through:
+            self._write(messages)
+        else:
+            self.pending.extend(messages)
+        limit = self.policy.max_stored_messages
+        slack = self.manager.retention_every
+        if (limit is not None and len(memory) + len(messages) > limit + slack) or (
+            self.policy.ttl is not None and self.since_retention == 0
+        ):
+            self.manager._trim_memory(memory, self.policy, extra=len(messages))
+
+    def on_remove(self, memory: ConversationMemory, messages: Sequence[Message]) -> None:
+        ids = {m.message_id for m in messages}
+        self.pending = [m for m in self.pending if m.message_id not in ids]
+        self.stored -= self.manager.store.delete_messages(self.key, ids=ids)
+
+    def on_clear(self, memory: ConversationMemory) -> None:
+        self.pending.clear()
+        self.manager.store.delete_messages(self.key)
+        self.stored = 0
+
+    def flush(self, *, retention: bool = False) -> int:
+        before = self.stored + len(self.pending)
+        pending, self.pending = self.pending, []
+        if pending or retention:
+            self._write(pending, force_retention=retention)
+        return before - self.stored
+
+
+def _over_retention(
+    memory: ConversationMemory, policy: RetentionPolicy, now: datetime, extra: int = 0
+) -> list[str]:
+    """Ids the policy no longer allows, by the store's rule (protected: ttl-exempt, last)."""
+    drop: set[str] = set()
+    if policy.ttl is not None:
+        cutoff = now - policy.ttl
+        drop.update(m.message_id for m in memory if not m.is_protected and m.timestamp < cutoff)
+    limit = policy.max_stored_messages
+    if limit is not None and len(memory) + extra - len(drop) > limit:
+        excess = min(len(memory) + extra - len(drop) - limit, len(memory) - len(drop))
+        ordered = [m for m in memory if not m.is_protected] + [m for m in memory if m.is_protected]
+        for m in ordered:
+            if excess == 0:
+                break
+            if m.message_id not in drop:
+                drop.add(m.message_id)
+                excess -= 1
+    return [m.message_id for m in memory if m.message_id in drop]
+
+
+class _RunScope:
+    """``with manager.run(agent) as run`` / ``async with ...``."""
+
+    def __init__(self, manager: MemoryManager, run: RunContext) -> None:
+        self._manager = manager
+        self._run = run
+        self._entered = False
+
+    def __enter__(self) -> RunContext:
+        if self._entered:
+            raise RuntimeError("a run scope can be entered only once")
+        self._entered = True
+        self._manager._active_runs[self._run.agent] = (
+            self._manager._active_runs.get(self._run.agent, 0) + 1
+        )
+        return self._run
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._manager._end_run(self._run, exc)
+
+    async def __aenter__(self) -> RunContext:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await asyncio.to_thread(self._manager._end_run, self._run, exc)
+
+
+class MemoryManager:
+    """Owns the store and every agent's memory, and applies the retention policies.
+
+    Args:
+        config: the :class:`MemoryConfig` (default: in-memory store, session retention).
+        store: a store to use instead of the one the config describes (not closed by
+            :meth:`close` unless ``own_store``).
+        write_through: persist each append before ``add`` returns (default); ``False``
+            buffers persistent appends until :meth:`flush`, a run's end or :meth:`close`.
+        retention_every: enforce ttl / max_stored_messages after this many appends.
+        counter: token counter for every memory.
+        summarizer: summariser for the ``summarize`` strategy.
+        embedder: the embedder patterns with ``embedder: default`` use (default: the
+            packaged MiniLM, loaded once per manager, if the ``embeddings`` extra is
+            installed). Pass one to share a loaded model between managers.
+
+    Example:
+        >>> manager = MemoryManager()
+        >>> researcher = manager.memory("researcher")
+        >>> _ = researcher.add(Message.user("Q4 growth?"))
+        >>> with manager.run("researcher") as run:
+        ...     _ = run.output(Message.assistant("12%"))
+        >>> [m.text for m in manager.context_for("researcher").messages]
+        ['Q4 growth?', '12%']
+        >>> manager.close()
+    """
+
+    def __init__(
+        self,
+        config: MemoryConfig | None = None,
+        *,
+        store: MemoryStore | None = None,
+        own_store: bool | None = None,
+        write_through: bool = True,
+        retention_every: int = 100,
+        counter: TokenCounter | None = None,
+        summarizer: Summarizer | None = None,
+        embedder: Embedder | None = None,
+    ) -> None:
+        if retention_every < 1:
+            raise ValueError(f"retention_every must be >= 1, got {retention_every}")
+        self.config = config or MemoryConfig()
+        self.namespace = self.config.store.namespace
+        self.write_through = write_through
+        self.retention_every = retention_every
+        self.counter = counter
+        self.summarizer = summarizer
+        self.events = EventBus()
+        self.shared = SharedMemoryPool()
+        if store is None:
+            store, own = self._open_store(), True
+        else:
+            own = False
+        self.store = store
+        self._own_store = own if own_store is None else own_store
+        self._ephemeral_runs = InMemoryStore()  # snapshots of non-persistent agents
+        self._memories: dict[tuple[str, str], ConversationMemory] = {}
+        self._sinks: dict[tuple[str, str], _StoreSink] = {}
+        self._patterns: dict[tuple[str, str], AgentPatterns] = {}
+        self._embedders: dict[str, Embedder | None] = {}
+        if embedder is not None:
+            self._embedders["default"] = embedder
+        self._active_runs: dict[str, int] = {}
+        self._session_started = datetime.now(UTC)
+        self.closed = False
+
+    @classmethod
+    def from_config(cls, path: str | Path, **kwargs: Any) -> MemoryManager:
+        """Build a manager from a YAML / TOML / JSON config file (see ``load_config``)."""
+        return cls(load_config(path), **kwargs)
+
+    def _open_store(self) -> MemoryStore:
+        cfg = self.config.store
+        if cfg.backend == "sqlite":
+            from marsys_mem.store.sqlite import SQLiteStore
+
+            return SQLiteStore(cfg.resolved_path(self.config.base_dir))
+        return InMemoryStore()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise MarsysMemError("this MemoryManager is closed")
+
+    # ------------------------------------------------------------------ memories
+    def policy(self, agent: str) -> RetentionPolicy:
+        """The agent's effective retention policy."""
+        return self.config.policy_for(_check_name("agent", agent))
+
+    def key(self, agent: str, branch: str = "main") -> Key:
+        """The store key of an agent's memory on a branch."""
+        return (self.namespace, agent, branch)
+
+    def memory(self, agent: str, branch: str = "main") -> ConversationMemory:
+        """The agent's memory on ``branch`` (created, or loaded from the store, on first use)."""
+        self._check_open()
+        _check_name("agent", agent)
+        _check_name("branch", branch)
+        slot = (agent, branch)
+        mem = self._memories.get(slot)
+        if mem is not None:
+            return mem
+        policy = self.config.policy_for(agent)
+        initial: list[Message] = []
+        if policy.is_persistent:
+            initial = self.store.load_messages(self.key(agent, branch))
+        mem = ConversationMemory(
+            initial,
+            policy=policy.context,
+            counter=self.counter,
+            summarizer=self.summarizer,
+            strict_tools=False,  # stored history may hold results whose call expired
+            events=self.events,
+            agent=agent,
+        )
+        mem.strict_tools = True
+        store_sink = None
+        if policy.is_persistent:
+            store_sink = _StoreSink(self, self.key(agent, branch), policy, len(initial))
+            self._sinks[slot] = store_sink
+        mem.sink = self._feed(slot, policy, store_sink, initial)
+        self._memories[slot] = mem
+        self.shared.register(member_key(agent, branch), mem)
+        self._trim_memory(mem, policy)
+        return mem
+
+    def attach_memory(self, agent: str, branch: str, memory: ConversationMemory) -> None:
+        """Use ``memory`` as ``agent``'s memory on ``branch`` (e.g. a fork of another branch).
+
+        Raises:
+            ValueError: the agent already has a memory on that branch.
+        """
+        self._check_open()
+        _check_name("agent", agent)
+        _check_name("branch", branch)
+        if not isinstance(memory, ConversationMemory):
+            raise TypeError(f"expected a ConversationMemory, got {type(memory).__name__}")
+        slot = (agent, branch)
+        if slot in self._memories:
+            raise ValueError(f"{agent!r} already has a memory on branch {branch!r}")
+        policy = self.config.policy_for(agent)
+        memory.agent = memory.agent or agent
+        store_sink = None
+        if policy.is_persistent:
+            key = self.key(agent, branch)
+            store_sink = _StoreSink(self, key, policy, self.store.count_messages(key))
+            if store_sink.stored == 0 and len(memory):
+                store_sink._write(memory.read())
+            self._sinks[slot] = store_sink
+        memory.sink = self._feed(slot, policy, store_sink, memory.read())
+        self._memories[slot] = memory
+        self.shared.register(member_key(agent, branch), memory)
+
+    def _embedder(self, spelling: str) -> Embedder | None:
+        """One embedder per spelling for the whole manager (the model loads once)."""
+        if spelling not in self._embedders:
+            if spelling == "default":
+                found = default_embedder()
+                if found is None:
+                    log.warning(
+                        "marsys-mem: the embeddings extra is not installed; retrieval is "
+                        "BM25-only (pip install 'torch==2.13.0+cpu' 'marsys-mem[embeddings]')"
+                    )
+                self._embedders[spelling] = found
+            else:
+                resolved = resolve_embedder(spelling)  # type: ignore[arg-type]
+                self._embedders[spelling] = resolved if resolved != "default" else None
+        return self._embedders[spelling]
+
+    def _feed(
+        self,
+        slot: tuple[str, str],
+        policy: RetentionPolicy,
+        store_sink: _StoreSink | None,
+        existing: Sequence[Message],
+    ) -> MemorySink | None:
+        """The memory's sink: the store (persistent) and the patterns (if configured)."""
+        if not policy.patterns.any:
+            return store_sink
+        index_dir = None
+        if policy.is_persistent and self.config.store.backend == "sqlite":
+            index_dir = self.config.store.resolved_path(self.config.base_dir).parent / "indexes"
+            index_dir.mkdir(parents=True, exist_ok=True)
+        patterns = AgentPatterns(
+            policy.patterns,
+            self.key(*slot),
+            store=self.store if policy.is_persistent else None,
+            embedder=self._embedder(policy.patterns.embedder),
+            index_dir=index_dir,
+        )
+        if not policy.is_persistent:
+            patterns.ingest(existing)
+        self._patterns[slot] = patterns
+        return _PatternFeed(store_sink, patterns)
+
+    def patterns(self, agent: str, branch: str = "main") -> AgentPatterns | None:
+        """The agent's memory patterns on ``branch`` (``None`` if its policy enables none)."""
+        self.memory(agent, branch)
+        return self._patterns.get((agent, branch))
+
+    def memories(self) -> Iterator[tuple[str, str, ConversationMemory]]:
+        """``(agent, branch, memory)`` for every memory in use."""
+        for (agent, branch), mem in list(self._memories.items()):
+            yield agent, branch, mem
+
+    def _trim_memory(
+        self, mem: ConversationMemory, policy: RetentionPolicy, *, extra: int = 0
+    ) -> int:
+        """Remove what the policy no longer allows; ``extra``: messages about to arrive."""
+        if policy.ttl is None and policy.max_stored_messages is None:
+            return 0
+        ids = _over_retention(mem, policy, datetime.now(UTC), extra)
+        if ids:
+            sink, mem.sink = mem.sink, None  # the store already applied the same rule
+            try:
+                mem.remove(*ids)
+            finally:
+                mem.sink = sink
+        return len(ids)
+
+    def apply_retention(self, agent: str | None = None) -> int:
+        """Enforce ttl / max_stored_messages now, in the store and in memory.
+
+        Returns the number of messages deleted from the store (persistent memories) plus
+        those removed from non-persistent memories.
+        """
+        self._check_open()
+        removed = 0
+        for (name, branch), mem in list(self._memories.items()):
+            if agent is not None and name != agent:
+                continue
+            policy = self.config.policy_for(name)
+            sink = self._sinks.get((name, branch))
+            if sink is not None:
+                removed += sink.flush(retention=True)
+                self._trim_memory(mem, policy)
+            else:
+                removed += self._trim_memory(mem, policy)
+        return removed
+
+    def flush(self) -> None:
+        """Write buffered persistent appends to the store and enforce retention."""
+        self._check_open()
+        for sink in self._sinks.values():
+            sink.flush()
+        for patterns in self._patterns.values():
+            patterns.flush()
+        self.apply_retention()
+
+    async def aflush(self) -> None:
+        """Async twin of :meth:`flush`."""
+        await asyncio.to_thread(self.flush)
+
+    # ------------------------------------------------------------------ sessions
+    def start_session(self) -> None:
+        """Start a new session: clears what a previous session left (like end_session)."""
+        self.end_session()
+        self._session_started = datetime.now(UTC)
+
+    def end_session(self) -> None:
+        """End the session: persistent memories flushed, the others dropped."""
+        self._check_open()
+        self.flush()
+        for patterns in self._patterns.values():
+            patterns.end_episode()
+        for slot in list(self._memories):
+            if not self.config.policy_for(slot[0]).is_persistent:
+                self._drop(slot)
+
+    def _drop(self, slot: tuple[str, str]) -> None:
+        mem = self._memories.pop(slot, None)
+        self._sinks.pop(slot, None)
+        self.shared.forget(member_key(*slot))
+        patterns = self._patterns.pop(slot, None)
+        if patterns is not None:
+            patterns.close()
+        if mem is not None:
+            mem.clear()
+
+    # ------------------------------------------------------------------ runs
+    def run(
+        self,
+        agent: str,
+        *,
+        branch: str = "main",
+        parent_id: str | None = None,
+        run_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> _RunScope:
+        """A run of ``agent``: ``with manager.run("a") as run:`` (or ``async with``).
+
+        Without ``parent_id`` the run writes to the agent's memory on ``branch``. With
+        ``parent_id`` it gets its own memory holding the parent chain's history, so runs
+        forked from the same parent never see each other. When the run ends its snapshot
+        is saved, single_run memories are cleared and persistent ones flushed.
+
+        Raises:
+            MessageNotFoundError: ``parent_id`` is not a known run.
+        """
+        self._check_open()
+        _check_name("agent", agent)
+        if parent_id is not None:
+            memory = ConversationMemory(
+                self.history(parent_id),
+                policy=self.config.policy_for(agent).context,
+                counter=self.counter,
+                summarizer=self.summarizer,
+                strict_tools=False,
+                events=self.events,
+                agent=agent,
+            )
+            memory.strict_tools = True
+        else:
+            memory = self.memory(agent, branch)
+            patterns = self._patterns.get((agent, branch))
+            if patterns is not None and run_id is None:
+                run_id = "run_" + uuid.uuid4().hex
+            if patterns is not None:
+                patterns.start_episode({"run_id": run_id, "agent": agent})
+        ctx = RunContext(
+            agent=agent,
+            memory=memory,
+            parent_id=parent_id,
+            run_id=run_id,
+            namespace=self.namespace,
+            branch=branch,
+            metadata=metadata,
+        )
+        return _RunScope(self, ctx)
+
+    def _runs_store(self, agent: str) -> MemoryStore:
+        return self.store if self.config.policy_for(agent).is_persistent else self._ephemeral_runs
+
+    def _end_run(self, run: RunContext, error: BaseException | None) -> None:
+        run.finish(error)
+        count = self._active_runs.get(run.agent, 1) - 1
+        if count > 0:
+            self._active_runs[run.agent] = count
+        else:
+            self._active_runs.pop(run.agent, None)
+        if self.closed:
+            return
+        if run.parent_id is None:
+            patterns = self._patterns.get((run.agent, run.branch))
+            if patterns is not None:
+                patterns.end_episode()
+        self._runs_store(run.agent).save_run(run.snapshot())
+        policy = self.config.policy_for(run.agent)
+        if policy.retention == "single_run" and count <= 0 and run.parent_id is None:
+            self._drop((run.agent, run.branch))
+        elif policy.is_persistent:
+            sink = self._sinks.get((run.agent, run.branch))
+            if sink is not None:
+                sink.flush()
+            self.apply_retention(run.agent)
+
+    def load_run(self, run_id: str) -> RunSnapshot | None:
+        """A run's snapshot (persistent agents: from the store; others: this process)."""
+        return self.store.load_run(run_id) or self._ephemeral_runs.load_run(run_id)
+
+    def history(self, run_id: str) -> list[Message]:
+        """The conversation up to the end of ``run_id`` (its chain, root first)."""
+        if self.load_run(run_id) is None:
+            raise MessageNotFoundError(f"run {run_id!r} is not known")
+        return history(self, run_id)
+
+    # ------------------------------------------------------------------ context
+    def context_for(
+        self,
+        agent: str,
+        query: str | None = None,
+        *,
+        branch: str = "main",
+        provider: Provider | None = None,
+    ) -> Any:
+        """What ``agent`` would send to its LLM, under its policy.
+
+        Returns a :class:`ContextWindow`, or the provider's message format when
+        ``provider`` is given. ``query`` is used by retrieval patterns (later); it is
+        accepted now so call sites need not change.
+        """
+        mem, policy, blocks, counter = self._context_parts(agent, query, branch)
+        win = assemble(mem, policy, blocks, counter)
+        return win if provider is None else to_llm_format(win.messages, provider)
+
+    def _context_parts(
+        self, agent: str, query: str | None, branch: str
+    ) -> tuple[ConversationMemory, ContextPolicy, list[Block], TokenCounter]:
+        if query is not None and (not isinstance(query, str) or not query.strip()):
+            raise TypeError(f"query must be a non-empty string, got {query!r}")
+        mem = self.memory(agent, branch)
+        policy = mem.policy
+        counter = get_counter(policy.token_counter) if policy.token_counter else mem.counter
+        budget = self.config.policy_for(agent).patterns.budget
+        blocks: list[Block] = []
+        facts = self.shared.facts_for(member_key(agent, branch))
+        if facts:
+            blocks.append(
+                Block(
+                    name="shared_facts",
+                    header="Shared facts:",
+                    items=[
+                        f"{f.text} (from {f.source_agent}@{f.source_branch})"
+                        for f in reversed(facts[-self.shared.max_context_facts :])
+                    ],
+                    fraction=budget.shared,
+                    drop_order=0,
+                )
+            )
+        patterns = self._patterns.get((agent, branch))
+        if patterns is not None:
+            probe = ContextPolicy(
+                max_messages=policy.max_messages,
+                max_tokens=policy.max_tokens,
+                token_counter=policy.token_counter,
+            )
+            try:
+                in_window = {m.message_id for m in mem.context(probe, counter=counter)}
+            except ContextOverflowError:
+                in_window = set()
+            blocks.extend(patterns.blocks(query, in_window))
+        return mem, policy, blocks, counter
+
+    async def acontext_for(
+        self,
+        agent: str,
+        query: str | None = None,
+        *,
+        branch: str = "main",
+        provider: Provider | None = None,
+    ) -> Any:
+        """Async twin of :meth:`context_for` (async summarisers allowed)."""
+        mem, policy, blocks, counter = self._context_parts(agent, query, branch)
+        win = await aassemble(mem, policy, blocks, counter)
+        return win if provider is None else to_llm_format(win.messages, provider)
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        """Flush persistent memories and close the store. Idempotent."""
+        if self.closed:
+            return
+        try:
+            for sink in self._sinks.values():
+                sink.flush()
+        finally:
+            for patterns in self._patterns.values():
+                patterns.close()
+            self.closed = True
+            if self._own_store:
+                self.store.close()
+            self._ephemeral_runs.close()
+
+    async def aclose(self) -> None:
+        """Async twin of :meth:`close`."""
+        await asyncio.to_thread(self.close)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"MemoryManager(store={type(self.store).__name__}, namespace={self.namespace!r}, "
+            f"memories={len(self._memories)})"
+        )

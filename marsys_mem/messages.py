@@ -1,0 +1,633 @@
+"""Typed, immutable messages and their provider formats.
+
+A :class:`Message` is a frozen pydantic model. Its ``role`` is one of ``system``, ``user``,
+``assistant``, ``tool``, ``agent_call`` (a request from another agent) and ``agent_response``
+(an agent's answer to such a request). Messages go out to a provider with
+:func:`to_llm_format` (OpenAI or Anthropic shapes) and come back in with
+:meth:`Message.from_llm_dict`.
+
+Serialisation: ``Message.model_dump_json()`` / ``Message.model_validate_json()`` round-trip
+every field losslessly; :data:`MESSAGE_LIST_ADAPTER` does the same for lists.
+
+Backward compatibility: fields may be added with defaults; existing fields keep their names
+and JSON shapes. ``pinned`` and ``metadata["preserve"] = True`` mean the same thing.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal, overload
+
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from marsys_mem.exceptions import MessageFormatError
+
+__all__ = [
+    "MESSAGE_LIST_ADAPTER",
+    "AgentCall",
+    "ContentPart",
+    "FrozenDict",
+    "FrozenList",
+    "ImagePart",
+    "Message",
+    "Provider",
+    "Role",
+    "TextPart",
+    "ToolCall",
+    "to_llm_format",
+]
+
+Role = Literal["system", "user", "assistant", "tool", "agent_call", "agent_response"]
+Provider = Literal["openai", "anthropic"]
+
+_ROLES: frozenset[str] = frozenset(
+    ("system", "user", "assistant", "tool", "agent_call", "agent_response")
+)
+
+
+def _read_only(self: Any, *args: Any, **kwargs: Any) -> Any:
+    raise TypeError(
+        "messages are immutable: build a new one, e.g. message.model_copy(update={...})"
+    )
+
+
+class FrozenDict(dict[str, Any]):
+    """A read-only dict: what a message's dict fields hold (compares equal to a dict).
+
+    Example:
+        >>> d = FrozenDict({"a": 1})
+        >>> d == {"a": 1}, dict(d) | {"b": 2}
+        (True, {'a': 1, 'b': 2})
+    """
+
+    __slots__ = ()
+    __setitem__ = __delitem__ = __ior__ = _read_only
+    clear = pop = popitem = setdefault = update = _read_only
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrozenDict, (dict(self),))
+
+
+class FrozenList(list[Any]):
+    """A read-only list: what a message's list fields hold (compares equal to a list).
+
+    Example:
+        >>> FrozenList([1, 2]) == [1, 2]
+        True
+    """
+
+    __slots__ = ()
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _read_only
+    append = extend = insert = remove = pop = clear = sort = reverse = _read_only
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrozenList, (list(self),))
+
+
+def _freeze(value: Any) -> Any:
+    """Deep read-only copy of a JSON value; rejects NaN and Infinity (not JSON)."""
+    if isinstance(value, dict):
+        return FrozenDict({k: _freeze(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return FrozenList(_freeze(v) for v in value)
+    if isinstance(value, float) and (value != value or value in (_INF, -_INF)):
+        raise ValueError(f"{value} is not valid JSON (NaN and Infinity are not allowed)")
+    return value
+
+
+def _thaw(value: Any) -> Any:
+    """Deep mutable copy (for payloads handed to callers)."""
+    if isinstance(value, dict):
+        return {k: _thaw(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_thaw(v) for v in value]
+    return value
+
+
+_INF = float("inf")
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class TextPart(BaseModel):
+    """A text block inside a multi-part message content.
+
+    Example:
+        >>> TextPart(text="hello").text
+        'hello'
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ImagePart(BaseModel):
+    """An image inside a multi-part message content: an http(s) URL or a ``data:`` URI.
+
+    Example:
+        >>> ImagePart(url="https://example.com/cat.png").type
+        'image'
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["image"] = "image"
+    url: str = Field(min_length=1)
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
+class ToolCall(BaseModel):
+    """A tool (function) call requested by an assistant message.
+
+    Example:
+        >>> ToolCall(id="c1", name="weather", arguments={"city": "Tokyo"}).name
+        'weather'
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str = Field(default_factory=lambda: "call_" + _new_id(), min_length=1)
+    name: str = Field(min_length=1)
+    arguments: dict[str, JsonValue] = Field(default_factory=FrozenDict)
+
+    _freeze_arguments = field_validator("arguments")(lambda v: _freeze(v))
+
+
+class AgentCall(BaseModel):
+    """A request from one agent to another, carried by an assistant message.
+
+    Example:
+        >>> AgentCall(agent="researcher", request="Find Q4 numbers").agent
+        'researcher'
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str = Field(default_factory=lambda: "agent_" + _new_id(), min_length=1)
+    agent: str = Field(min_length=1)
+    request: str | dict[str, JsonValue]
+
+    _freeze_request = field_validator("request")(lambda v: _freeze(v))
+
+
+Content = str | dict[str, JsonValue] | list[ContentPart] | None
+
+
+class Message(BaseModel):
+    """One immutable conversation message.
+
+    Build messages with the role constructors; every other field may be given as a keyword.
+    ``pinned=True`` (or ``metadata={"preserve": True}``) keeps a message in every context
+    window. Two messages are equal when all their fields are equal; they hash by id.
+
+    Example:
+        >>> m = Message.user("Weather in Tokyo?", name="alice", pinned=True)
+        >>> m.role, m.is_protected
+        ('user', True)
+        >>> call = ToolCall(id="c1", name="weather", arguments={"city": "Tokyo"})
+        >>> a = Message.assistant("", tool_calls=[call])
+        >>> Message.tool("72F", tool_call_id="c1", name="weather").tool_call_id
+        'c1'
+        >>> Message.model_validate_json(m.model_dump_json()) == m
+        True
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    role: Role
+    content: Content = None
+    message_id: str = Field(default_factory=_new_id, min_length=1)
+    name: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    agent_calls: tuple[AgentCall, ...] = ()
+    structured_data: dict[str, JsonValue] | None = None
+    images: tuple[str, ...] = ()
+    metadata: dict[str, JsonValue] = Field(default_factory=FrozenDict)
+    timestamp: AwareDatetime = Field(default_factory=_utcnow)
+    pinned: bool = False
+
+    @field_validator("timestamp")
+    @classmethod
+    def _to_utc(cls, value: datetime) -> datetime:
+        return value.astimezone(UTC)
+
+    @field_validator("content", "metadata", "structured_data")
+    @classmethod
+    def _freeze_json(cls, value: Any) -> Any:
+        return _freeze(value)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Message:
+        """A copy; with ``update`` the copy is re-validated (and its cached counts reset)."""
+        if update:
+            return type(self).model_validate({**self.__dict__, **update})
+        return super().model_copy(deep=deep)
+
+    @model_validator(mode="after")
+    def _check_role_fields(self) -> Message:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError(f"tool_calls are only allowed on assistant messages, not {self.role}")
+        if self.role == "tool":
+            if not self.tool_call_id:
+                raise ValueError(
+                    "a tool message needs tool_call_id (the id of the call it answers)"
+                )
+        elif self.tool_call_id is not None:
+            raise ValueError(f"tool_call_id is only allowed on tool messages, not {self.role}")
+        if self.role == "agent_call" and not self.name:
+            raise ValueError("an agent_call message needs name= (the calling agent)")
+        ids = [c.id for c in self.tool_calls]
+        if len(ids) != len(set(ids)):
+            raise ValueError(f"tool call ids repeat within one message: {ids}")
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Message):
+            return NotImplemented
+        return self.__dict__ == other.__dict__
+
+    def __hash__(self) -> int:
+        return hash(self.message_id)
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def system(cls, content: Content, **fields: Any) -> Message:
+        """A system message (instructions); always kept in context windows."""
+        return cls(role="system", content=content, **fields)
+
+    @classmethod
+    def user(cls, content: Content, **fields: Any) -> Message:
+        """A user message."""
+        return cls(role="user", content=content, **fields)
+
+    @classmethod
+    def assistant(cls, content: Content = None, **fields: Any) -> Message:
+        """An assistant message, optionally with ``tool_calls`` or ``agent_calls``."""
+        return cls(role="assistant", content=content, **fields)
+
+    @classmethod
+    def tool(cls, content: Content, *, tool_call_id: str, **fields: Any) -> Message:
+        """A tool result answering the call ``tool_call_id``."""
+        return cls(role="tool", content=content, tool_call_id=tool_call_id, **fields)
+
+    @classmethod
+    def agent_call(cls, content: Content, *, name: str, **fields: Any) -> Message:
+        """A request from agent ``name`` to this agent."""
+        return cls(role="agent_call", content=content, name=name, **fields)
+
+    @classmethod
+    def agent_response(cls, content: Content, **fields: Any) -> Message:
+        """An agent's answer to another agent's request (``name``: the answering agent)."""
+        return cls(role="agent_response", content=content, **fields)
+
+    # ------------------------------------------------------------------ views
+    @property
+    def is_protected(self) -> bool:
+        """True for system and pinned messages: context windows always keep them."""
+        return self.role == "system" or self.pinned or self.metadata.get("preserve") is True
+
+    @property
+    def text(self) -> str:
+        """The content as plain text (parts joined, dicts as JSON, ``None`` as ``""``)."""
+        return _content_text(self.content)
+
+    # ------------------------------------------------------------------ input processor
+    @classmethod
+    def from_llm_dict(cls, data: Mapping[str, Any]) -> Message:
+        """Build a message from an OpenAI or Anthropic response or message dict.
+
+        Accepts an OpenAI chat-completion response (``{"choices": [...]}``), an OpenAI
+        message (``{"role": ..., "content": ..., "tool_calls": [...]}``), an Anthropic
+        response (``{"type": "message", "content": [blocks]}``) or an Anthropic message.
+        Model name, usage and stop reason go to ``metadata``.
+
+        Raises:
+            MessageFormatError: the dict has neither shape; the message names the field.
+        """
+        if not isinstance(data, Mapping):
+            raise MessageFormatError(f"expected a dict, got {type(data).__name__}")
+        try:
+            return _from_llm_dict(data)
+        except MessageFormatError:
+            raise
+        except ValidationError as exc:
+            raise MessageFormatError(f"invalid message dict: {exc}") from exc
+        except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
+            raise MessageFormatError(
+                f"cannot read message dict ({type(exc).__name__}: {exc}); keys: {sorted(data)}"
+            ) from exc
+
+
+MESSAGE_LIST_ADAPTER: TypeAdapter[list[Message]] = TypeAdapter(list[Message])
+"""(De)serialises lists of messages: ``MESSAGE_LIST_ADAPTER.dump_json(msgs)``."""
+
+
+# ---------------------------------------------------------------------- helpers
+def _content_text(content: Content) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, dict):
+        return json.dumps(content, ensure_ascii=False, sort_keys=True)
+    return "\n".join(p.text for p in content if isinstance(p, TextPart))
+
+
+def _image_urls(message: Message) -> list[str]:
+    urls = list(message.images)
+    if isinstance(message.content, list):
+        urls.extend(p.url for p in message.content if isinstance(p, ImagePart))
+    return urls
+
+
+def _body_text(message: Message) -> str:
+    """Text to send: content, then structured data / agent calls when there is no content."""
+    text = message.text
+    extra: list[str] = []
+    if message.structured_data is not None and not text:
+        extra.append(json.dumps(message.structured_data, ensure_ascii=False, sort_keys=True))
+    for call in message.agent_calls:
+        req = call.request if isinstance(call.request, str) else json.dumps(call.request)
+        extra.append(f"[Call to {call.agent}]: {req}")
+    if extra:
+        text = "\n".join([text, *extra]) if text else "\n".join(extra)
+    return text
+
+
+# ---------------------------------------------------------------------- OpenAI out
+def _openai_content(message: Message, text: str) -> str | list[dict[str, Any]]:
+    urls = _image_urls(message)
+    if not urls:
+        return text
+    parts: list[dict[str, Any]] = []
+    if text:
+        parts.append({"type": "text", "text": text})
+    parts.extend({"type": "image_url", "image_url": {"url": u}} for u in urls)
+    return parts
+
+
+def _to_openai(message: Message) -> dict[str, Any]:
+    role = message.role
+    if role == "agent_call":
+        text = f"[Request from {message.name}]: {_body_text(message)}"
+        return {"role": "user", "content": _openai_content(message, text)}
+    if role == "tool":
+        return {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.text}
+    out: dict[str, Any] = {"role": "assistant" if role == "agent_response" else role}
+    text = _body_text(message)
+    if role in ("assistant", "agent_response") and message.tool_calls:
+        out["content"] = text or None
+        out["tool_calls"] = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+            }
+            for c in message.tool_calls
+        ]
+    else:
+        out["content"] = _openai_content(message, text)
+    if message.name and role != "agent_response":
+        out["name"] = message.name
+    return out
+
+
+# ---------------------------------------------------------------------- Anthropic out
+def _anthropic_image(url: str) -> dict[str, Any]:
+    if url.startswith("data:") and ";base64," in url:
+        header, data = url[5:].split(";base64,", 1)
+        return {"type": "image", "source": {"type": "base64", "media_type": header, "data": data}}
+    return {"type": "image", "source": {"type": "url", "url": url}}
+
+
+def _to_anthropic_blocks(message: Message) -> tuple[str, list[dict[str, Any]]]:
+    role = message.role
+    if role == "tool":
+        block = {
+            "type": "tool_result",
+            "tool_use_id": message.tool_call_id,
+            "content": message.text,
+        }
+        return "user", [block]
+    text = _body_text(message)
+    if role == "agent_call":
+        text = f"[Request from {message.name}]: {text}"
+    blocks: list[dict[str, Any]] = []
+    if text:
+        blocks.append({"type": "text", "text": text})
+    blocks.extend(_anthropic_image(u) for u in _image_urls(message))
+    blocks.extend(
+        {"type": "tool_use", "id": c.id, "name": c.name, "input": _thaw(c.arguments)}
+        for c in message.tool_calls
+    )
+    return ("assistant" if role in ("assistant", "agent_response") else "user"), blocks
+
+
+def _to_anthropic(messages: Iterable[Message]) -> dict[str, Any]:
+    system: list[str] = []
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        if message.role == "system":
+            system.append(message.text)
+            continue
+        role, blocks = _to_anthropic_blocks(message)
+        if not blocks:
+            continue
+        if out and out[-1]["role"] == role:  # Anthropic wants alternating roles: merge.
+            out[-1]["content"].extend(blocks)
+        else:
+            out.append({"role": role, "content": blocks})
+    for entry in out:  # plain text stays a plain string, as people write it by hand
+        blocks = entry["content"]
+        if len(blocks) == 1 and blocks[0]["type"] == "text":
+            entry["content"] = blocks[0]["text"]
+    payload: dict[str, Any] = {"messages": out}
+    if system:
+        payload["system"] = "\n\n".join(system)
+    return payload
+
+
+@overload
+def to_llm_format(
+    messages: Iterable[Message], provider: Literal["openai"] = "openai"
+) -> list[dict[str, Any]]: ...
+
+
+@overload
+def to_llm_format(
+    messages: Iterable[Message], provider: Literal["anthropic"]
+) -> dict[str, Any]: ...
+
+
+def to_llm_format(
+    messages: Iterable[Message], provider: Provider = "openai"
+) -> list[dict[str, Any]] | dict[str, Any]:
+    """Convert messages to what a provider's chat API takes.
+
+    ``openai`` gives a list of message dicts. ``anthropic`` gives
+    ``{"system": str, "messages": [...]}``: system text in its own field, tool results as
+    ``tool_result`` blocks in user messages, consecutive same-role messages merged.
+    ``agent_call`` becomes a user message prefixed ``[Request from <caller>]:`` and
+    ``agent_response`` an assistant message.
+
+    Raises:
+        ValueError: an unknown provider.
+    """
+    if provider == "openai":
+        return [_to_openai(m) for m in messages]
+    if provider == "anthropic":
+        return _to_anthropic(messages)
+    raise ValueError(f"provider must be 'openai' or 'anthropic', got {provider!r}")
+
+
+# ---------------------------------------------------------------------- provider in
+def _parts_from_openai(content: Sequence[Mapping[str, Any]]) -> list[TextPart | ImagePart]:
+    parts: list[TextPart | ImagePart] = []
+    for i, part in enumerate(content):
+        kind = part.get("type")
+        if kind == "text":
+            parts.append(TextPart(text=part["text"]))
+        elif kind == "image_url":
+            image = part["image_url"]
+            url = image["url"] if isinstance(image, Mapping) else image
+            parts.append(ImagePart(url=url))
+        else:
+            raise MessageFormatError(f"content[{i}].type {kind!r} is not 'text' or 'image_url'")
+    return parts
+
+
+def _tool_calls_from_openai(raw: Sequence[Mapping[str, Any]]) -> list[ToolCall]:
+    calls = []
+    for i, call in enumerate(raw):
+        fn = call["function"]
+        args = fn.get("arguments") or "{}"
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError as exc:
+                raise MessageFormatError(
+                    f"tool_calls[{i}].function.arguments is not valid JSON: {args!r}"
+                ) from exc
+        calls.append(ToolCall(id=call["id"], name=fn["name"], arguments=args))
+    return calls
+
+
+def _from_openai(msg: Mapping[str, Any], metadata: dict[str, Any]) -> Message:
+    role = msg.get("role")
+    if role not in _ROLES:
+        raise MessageFormatError(f"role {role!r} is not one of {sorted(_ROLES)}")
+    content = msg.get("content")
+    if isinstance(content, list):
+        content = _parts_from_openai(content)
+    fields: dict[str, Any] = {"role": role, "content": content, "metadata": metadata}
+    if msg.get("name"):
+        fields["name"] = msg["name"]
+    if msg.get("tool_calls"):
+        fields["tool_calls"] = _tool_calls_from_openai(msg["tool_calls"])
+    if role == "tool":
+        fields["tool_call_id"] = msg.get("tool_call_id")
+    return Message(**fields)
+
+
+def _from_anthropic(msg: Mapping[str, Any], metadata: dict[str, Any]) -> Message:
+    role = msg.get("role", "assistant")
+    blocks = msg["content"]
+    if isinstance(blocks, str):
+        return Message(role=role, content=blocks, metadata=metadata)
+    results = [b for b in blocks if b.get("type") == "tool_result"]
+    if results:
+        if len(blocks) != 1:
+            raise MessageFormatError(
+                "an Anthropic message with tool_result blocks must hold exactly one block "
+                f"to become one Message; it has {len(blocks)}"
+            )
+        block = results[0]
+        inner = block.get("content", "")
+        if isinstance(inner, list):
+            inner = "\n".join(b.get("text", "") for b in inner if b.get("type") == "text")
+        if block.get("is_error"):
+            metadata["is_error"] = True
+        return Message.tool(inner, tool_call_id=block["tool_use_id"], metadata=metadata)
+    texts: list[str] = []
+    images: list[str] = []
+    calls: list[ToolCall] = []
+    for i, block in enumerate(blocks):
+        kind = block.get("type")
+        if kind == "text":
+            texts.append(block["text"])
+        elif kind == "tool_use":
+            calls.append(ToolCall(id=block["id"], name=block["name"], arguments=block["input"]))
+        elif kind == "image":
+            src = block["source"]
+            if src.get("type") == "base64":
+                images.append(f"data:{src['media_type']};base64,{src['data']}")
+            else:
+                images.append(src["url"])
+        elif kind == "thinking":
+            metadata.setdefault("thinking", []).append(block.get("thinking", ""))
+        else:
+            raise MessageFormatError(f"content[{i}].type {kind!r} is not a known Anthropic block")
+    return Message(
+        role=role,
+        content="\n".join(texts) if texts else None,
+        tool_calls=calls,
+        images=images,
+        metadata=metadata,
+    )
+
+
+def _from_llm_dict(data: Mapping[str, Any]) -> Message:
+    metadata: dict[str, Any] = {}
+    if "choices" in data:  # OpenAI chat completion response
+        choices = data["choices"]
+        if not choices:
+            raise MessageFormatError("choices is empty")
+        choice = choices[0]
+        for key in ("id", "model", "usage"):
+            if data.get(key) is not None:
+                metadata[key] = data[key]
+        if choice.get("finish_reason") is not None:
+            metadata["finish_reason"] = choice["finish_reason"]
+        return _from_openai(choice["message"], metadata)
+    if "role" not in data and data.get("type") != "message":
+        raise MessageFormatError(
+            f"not a provider message: no 'role', 'choices' or type='message' (keys: {sorted(data)})"
+        )
+    content = data.get("content")
+    is_anthropic = data.get("type") == "message" or (
+        isinstance(content, list)
+        and any(isinstance(b, Mapping) and b.get("type") in _ANTHROPIC_ONLY for b in content)
+    )
+    if is_anthropic:
+        for key in ("id", "model", "usage", "stop_reason"):
+            if data.get(key) is not None:
+                metadata[key] = data[key]
+        return _from_anthropic(data, metadata)
+    return _from_openai(data, metadata)
+
+
+_ANTHROPIC_ONLY = frozenset(("tool_use", "tool_result", "image", "thinking"))

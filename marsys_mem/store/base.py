@@ -1,0 +1,430 @@
+"""The storage contract: one ABC, a small core, friendly methods on top.
+
+A backend implements :meth:`MemoryStore._batch`: execute a list of operations in ONE
+transaction and return one result per operation. If any operation fails, none of them
+takes effect (no partial writes). Everything else (``append_messages``,
+``load_messages``, ..., and the async twins) is built on it here, after validating the
+arguments, so every backend behaves the same and passes the one conformance suite in
+:mod:`marsys_mem.testing`.
+
+Keys are ``(namespace, agent, branch)`` tuples of non-empty strings. Within a key,
+messages keep the order they were appended in and ``message_id`` is unique.
+
+Retention (``enforce_retention``): messages older than ``ttl`` (by their timestamp) are
+deleted, then the oldest beyond ``max_messages`` per key. System and pinned messages are
+exempt from ``ttl`` and are deleted last when over ``max_messages``.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from types import TracebackType
+from typing import Any, Self
+
+from marsys_mem.messages import Message
+from marsys_mem.runs import RunSnapshot
+
+__all__ = [
+    "Append",
+    "CountMessages",
+    "Delete",
+    "EnforceRetention",
+    "Key",
+    "ListKeys",
+    "ListRuns",
+    "Load",
+    "LoadRun",
+    "MemoryStore",
+    "Op",
+    "SaveRun",
+    "validate_key",
+]
+
+Key = tuple[str, str, str]
+"""``(namespace, agent, branch)``."""
+
+
+def validate_key(key: object) -> Key:
+    """Check that ``key`` is a ``(namespace, agent, branch)`` tuple of non-empty strings.
+
+    Raises:
+        ValueError: the key is malformed (the message shows it).
+    """
+    if (
+        not isinstance(key, tuple)
+        or len(key) != 3
+        or not all(isinstance(part, str) and part for part in key)
+    ):
+        raise ValueError(
+            f"a store key is a (namespace, agent, branch) tuple of non-empty strings, got {key!r}"
+        )
+    return key
+
+
+def _check_aware(name: str, value: datetime | None) -> None:
+    if value is not None and (not isinstance(value, datetime) or value.tzinfo is None):
+        raise ValueError(f"{name} must be a timezone-aware datetime, got {value!r}")
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if value is not None and (
+        not isinstance(value, int) or isinstance(value, bool) or value < minimum
+    ):
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def _check_str(name: str, value: object) -> None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    """Append ``messages`` to ``key`` (result: ``None``)."""
+
+    key: Key
+    messages: tuple[Message, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """Load a key's messages, oldest first (result: ``list[Message]``).
+
+    ``since``: only messages with timestamp >= since; ``last``: only the newest ``last``.
+    """
+
+    key: Key
+    since: datetime | None = None
+    last: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """Delete messages of ``key`` by id and/or older than ``before`` (result: count).
+
+    Both given: a message must match both. Neither given: delete all the key's messages.
+    """
+
+    key: Key
+    ids: tuple[str, ...] | None = None
+    before: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CountMessages:
+    """Number of messages stored under ``key`` (result: ``int``)."""
+
+    key: Key
+
+
+@dataclass(frozen=True, slots=True)
+class ListKeys:
+    """Keys that hold messages, sorted (result: ``list[Key]``); optionally one namespace."""
+
+    namespace: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SaveRun:
+    """Save (or replace) a run snapshot (result: ``None``)."""
+
+    snapshot: RunSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class LoadRun:
+    """Load a run snapshot (result: ``RunSnapshot | None``)."""
+
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ListRuns:
+    """Run ids filtered by the fields given (result: ``list[str]``).
+
+    Ordered by ``started_at``, ties in first-save order (re-saving keeps the place).
+    """
+
+    namespace: str | None = None
+    agent: str | None = None
+    parent_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EnforceRetention:
+    """Apply ``ttl`` / ``max_messages`` to ``key`` or to every key (result: deleted count)."""
+
+    key: Key | None
+    ttl: timedelta | None
+    max_messages: int | None
+    now: datetime
+
+
+Op = (
+    Append
+    | Load
+    | Delete
+    | CountMessages
+    | ListKeys
+    | SaveRun
+    | LoadRun
+    | ListRuns
+    | EnforceRetention
+)
+
+
+def _validate(op: Op) -> None:
+    """Boundary validation shared by every backend; raises ValueError/TypeError."""
+    if isinstance(op, Append):
+        validate_key(op.key)
+        seen: set[str] = set()
+        for i, m in enumerate(op.messages):
+            if not isinstance(m, Message):
+                raise TypeError(f"messages[{i}] must be a Message, got {type(m).__name__}")
+            if m.message_id in seen:
+                from marsys_mem.exceptions import DuplicateMessageError
+
+                raise DuplicateMessageError(
+                    f"message_id {m.message_id!r} appears twice in one append to {op.key}"
+                )
+            seen.add(m.message_id)
+    elif isinstance(op, Load):
+        validate_key(op.key)
+        _check_aware("since", op.since)
+        _check_int("last", op.last, 0)
+    elif isinstance(op, Delete):
+        validate_key(op.key)
+        _check_aware("before", op.before)
+        if op.ids is not None:
+            if not isinstance(op.ids, tuple):
+                raise TypeError(f"ids must be a tuple of strings, got {type(op.ids).__name__}")
+            for i, mid in enumerate(op.ids):
+                _check_str(f"ids[{i}]", mid)
+    elif isinstance(op, CountMessages):
+        validate_key(op.key)
+    elif isinstance(op, EnforceRetention):
+        if op.key is not None:
+            validate_key(op.key)
+        if op.now is None:
+            raise ValueError("now must be a timezone-aware datetime, got None")
+        _check_aware("now", op.now)
+        if op.ttl is not None and (not isinstance(op.ttl, timedelta) or op.ttl <= timedelta(0)):
+            raise ValueError(f"ttl must be a positive timedelta, got {op.ttl!r}")
+        _check_int("max_messages", op.max_messages, 1)
+    elif isinstance(op, SaveRun):
+        if not isinstance(op.snapshot, RunSnapshot):
+            raise TypeError(f"snapshot must be a RunSnapshot, got {type(op.snapshot).__name__}")
+    elif isinstance(op, LoadRun):
+        if not isinstance(op.run_id, str) or not op.run_id:
+            raise ValueError(f"run_id must be a non-empty string, got {op.run_id!r}")
+    elif isinstance(op, ListKeys):
+        _check_str("namespace", op.namespace)
+    elif isinstance(op, ListRuns):
+        for name in ("namespace", "agent", "parent_id"):
+            _check_str(name, getattr(op, name))
+    else:
+        raise TypeError(f"unknown store operation {op!r}")
+
+
+def _ids(ids: Iterable[str] | None) -> tuple[str, ...] | None:
+    if ids is None:
+        return None
+    if isinstance(ids, str | bytes):
+        raise TypeError(
+            f"ids must be an iterable of message ids, not a single {type(ids).__name__}"
+        )
+    return tuple(ids)
+
+
+class MemoryStore(abc.ABC):
+    """Durable storage for messages and run snapshots.
+
+    Subclasses implement :meth:`_batch` (and :meth:`close` if they hold resources).
+    :meth:`batch` checks ``closed`` before calling ``_batch`` but outside any lock, so a
+    backend must check it again under its own lock.
+    ``append_messages`` is durable when it returns. Async twins (``a``-prefixed) run the
+    work in a thread, so they never block the event loop.
+
+    Example:
+        >>> from marsys_mem.store import InMemoryStore
+        >>> store = InMemoryStore()
+        >>> key = ("default", "researcher", "main")
+        >>> store.append_messages(key, [Message.user("hi")])
+        >>> [m.text for m in store.load_messages(key)]
+        ['hi']
+    """
+
+    closed: bool = False
+
+    @abc.abstractmethod
+    def _batch(self, ops: Sequence[Op]) -> list[Any]:
+        """Execute validated ``ops`` in one transaction; all or nothing."""
+
+    # ------------------------------------------------------------------ core
+    def batch(self, ops: Iterable[Op]) -> list[Any]:
+        """Validate and execute ``ops`` in one transaction; one result per op.
+
+        Raises:
+            ValueError, TypeError: a malformed op (nothing executed).
+            DuplicateMessageError: an appended id is already stored under its key.
+            StoreError: the backend failed (nothing written).
+        """
+        ops = list(ops)
+        if self.closed:
+            from marsys_mem.exceptions import StoreError
+
+            raise StoreError(f"{type(self).__name__} is closed")
+        for op in ops:
+            _validate(op)
+        return self._batch(ops) if ops else []
+
+    async def abatch(self, ops: Iterable[Op]) -> list[Any]:
+        """Async twin of :meth:`batch` (runs in a worker thread)."""
+        ops = list(ops)
+        return await asyncio.to_thread(self.batch, ops)
+
+    # ------------------------------------------------------------------ friendly methods
+    def append_messages(self, key: Key, messages: Iterable[Message]) -> None:
+        """Append messages to ``key``, atomically; durable when it returns."""
+        self.batch([Append(key, tuple(messages))])
+
+    def load_messages(
+        self, key: Key, since: datetime | None = None, last: int | None = None
+    ) -> list[Message]:
+        """A key's messages, oldest first (``since``: timestamp >= since; ``last``: newest n)."""
+        result: list[Message] = self.batch([Load(key, since, last)])[0]
+        return result
+
+    def delete_messages(
+        self, key: Key, ids: Iterable[str] | None = None, before: datetime | None = None
+    ) -> int:
+        """Delete by ids and/or timestamp < ``before``; neither: the whole key. Returns count."""
+        result: int = self.batch([Delete(key, _ids(ids), before)])[0]
+        return result
+
+    def count_messages(self, key: Key) -> int:
+        """Messages stored under ``key``."""
+        result: int = self.batch([CountMessages(key)])[0]
+        return result
+
+    def list_keys(self, namespace: str | None = None) -> list[Key]:
+        """Keys that hold at least one message, sorted."""
+        result: list[Key] = self.batch([ListKeys(namespace)])[0]
+        return result
+
+    def save_run(self, snapshot: RunSnapshot) -> None:
+        """Save a run snapshot (replacing one with the same run_id)."""
+        self.batch([SaveRun(snapshot)])
+
+    def load_run(self, run_id: str) -> RunSnapshot | None:
+        """The snapshot of ``run_id``, or ``None``."""
+        result: RunSnapshot | None = self.batch([LoadRun(run_id)])[0]
+        return result
+
+    def list_runs(
+        self,
+        *,
+        namespace: str | None = None,
+        agent: str | None = None,
+        parent_id: str | None = None,
+    ) -> list[str]:
+        """Run ids matching the filters, oldest first."""
+        result: list[str] = self.batch([ListRuns(namespace, agent, parent_id)])[0]
+        return result
+
+    def enforce_retention(
+        self,
+        key: Key | None = None,
+        *,
+        ttl: timedelta | None = None,
+        max_messages: int | None = None,
+        now: datetime | None = None,
+    ) -> int:
+        """Delete what ``ttl`` / ``max_messages`` do not allow; returns the count deleted."""
+        from datetime import UTC
+
+        now = now or datetime.now(UTC)
+        result: int = self.batch([EnforceRetention(key, ttl, max_messages, now)])[0]
+        return result
+
+    # ------------------------------------------------------------------ async twins
+    async def aappend_messages(self, key: Key, messages: Iterable[Message]) -> None:
+        """Async twin of :meth:`append_messages`."""
+        await self.abatch([Append(key, tuple(messages))])
+
+    async def aload_messages(
+        self, key: Key, since: datetime | None = None, last: int | None = None
+    ) -> list[Message]:
+        """Async twin of :meth:`load_messages`."""
+        result: list[Message] = (await self.abatch([Load(key, since, last)]))[0]
+        return result
+
+    async def adelete_messages(
+        self, key: Key, ids: Iterable[str] | None = None, before: datetime | None = None
+    ) -> int:
+        """Async twin of :meth:`delete_messages`."""
+        result: int = (await self.abatch([Delete(key, _ids(ids), before)]))[0]
+        return result
+
+    async def acount_messages(self, key: Key) -> int:
+        """Async twin of :meth:`count_messages`."""
+        result: int = (await self.abatch([CountMessages(key)]))[0]
+        return result
+
+    async def alist_keys(self, namespace: str | None = None) -> list[Key]:
+        """Async twin of :meth:`list_keys`."""
+        result: list[Key] = (await self.abatch([ListKeys(namespace)]))[0]
+        return result
+
+    async def alist_runs(
+        self,
+        *,
+        namespace: str | None = None,
+        agent: str | None = None,
+        parent_id: str | None = None,
+    ) -> list[str]:
+        """Async twin of :meth:`list_runs`."""
+        result: list[str] = (await self.abatch([ListRuns(namespace, agent, parent_id)]))[0]
+        return result
+
+    async def asave_run(self, snapshot: RunSnapshot) -> None:
+        """Async twin of :meth:`save_run`."""
+        await self.abatch([SaveRun(snapshot)])
+
+    async def aload_run(self, run_id: str) -> RunSnapshot | None:
+        """Async twin of :meth:`load_run`."""
+        result: RunSnapshot | None = (await self.abatch([LoadRun(run_id)]))[0]
+        return result
+
+    async def aenforce_retention(
+        self,
+        key: Key | None = None,
+        *,
+        ttl: timedelta | None = None,
+        max_messages: int | None = None,
+        now: datetime | None = None,
+    ) -> int:
+        """Async twin of :meth:`enforce_retention`."""
+        return await asyncio.to_thread(
+            self.enforce_retention, key, ttl=ttl, max_messages=max_messages, now=now
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        """Release resources; further calls raise ``StoreError``. Idempotent."""
+        self.closed = True
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,515 @@
+"""SQLite store: one file, shared safely by threads and processes.
+
+:class:`SQLiteStore` uses the standard library's :mod:`sqlite3` only. Each batch is one
+transaction (``BEGIN IMMEDIATE`` when it writes, a plain ``BEGIN`` snapshot when it only
+reads) that commits or rolls back whole, so a failed batch leaves the file unchanged. The
+database runs in WAL mode with ``synchronous=FULL`` by default (every commit is on disk
+when ``append_messages`` returns; ``NORMAL`` trades the last commits on power loss, never
+on a process crash, for speed) and a busy timeout, so several processes can write to one
+file: they take turns, and each waits up to ``busy_timeout`` seconds for the others.
+
+Schema (version 2)::
+
+    messages(seq INTEGER PRIMARY KEY AUTOINCREMENT,       -- per-key order = seq order
+             namespace, agent, branch, message_id,        -- UNIQUE (key, message_id)
+             ts INTEGER,                                  -- timestamp, microseconds since 1970 UTC
+             protected INTEGER,                           -- system / pinned / preserve
+             data TEXT)                                   -- Message.model_dump_json()
+    runs(run_id PRIMARY KEY, parent_id, namespace, agent, started_at INTEGER, data TEXT)
+    schema_version(version INTEGER PRIMARY KEY, applied_at TEXT)   -- one row per migration
+
+``ts`` is an integer number of microseconds rather than a float: exact for every
+timestamp a message can carry, so ``since`` / ``before`` / ``ttl`` comparisons agree with
+the in-memory store to the microsecond.
+
+Migrations: :data:`MIGRATIONS` lists one function per schema version, applied in order
+inside one ``BEGIN IMMEDIATE`` transaction when a file with an older version is opened
+(version 0 is an empty file). A file written by a newer version of marsys-mem is refused
+with :class:`~marsys_mem.exceptions.StoreError`. History: version 1 created the tables;
+version 2 added ``protected`` (backfilled from the stored JSON) for retention.
+
+All SQL is parameterised; the only values formatted into statements are PRAGMA settings
+checked against a fixed set. Nothing is pickled: messages and run snapshots are stored as
+their pydantic JSON.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from marsys_mem.exceptions import DuplicateMessageError, StoreError
+from marsys_mem.messages import MESSAGE_LIST_ADAPTER, Message
+from marsys_mem.runs import RunSnapshot
+from marsys_mem.store.base import (
+    Append,
+    CountMessages,
+    Delete,
+    EnforceRetention,
+    ListKeys,
+    ListRuns,
+    Load,
+    LoadRun,
+    MemoryStore,
+    Op,
+    SaveRun,
+)
+
+__all__ = ["MIGRATIONS", "Migration", "SQLiteStore", "Synchronous"]
+
+Synchronous = Literal["FULL", "NORMAL"]
+"""The ``PRAGMA synchronous`` levels a :class:`SQLiteStore` accepts."""
+
+Migration = Callable[[sqlite3.Connection], None]
+"""A schema migration: runs inside the open transaction, must not commit."""
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+_KEY_WHERE = "namespace = ? AND agent = ? AND branch = ?"
+_WRITES = (Append, Delete, SaveRun, EnforceRetention)
+_INSERT = (
+    "INSERT INTO messages (namespace, agent, branch, message_id, ts, protected, data) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def _micros(value: datetime) -> int:
+    """Microseconds since 1970-01-01 UTC (exact)."""
+    return (value - _EPOCH) // _MICROSECOND
+
+
+# ---------------------------------------------------------------------- migrations
+def _v1_tables(conn: sqlite3.Connection) -> None:
+    """Version 1: messages, runs and the schema_version history."""
+    conn.execute(
+        "CREATE TABLE schema_version ( version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)"
+    )
+    conn.execute(
+        "CREATE TABLE messages ("
+        " seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+        " namespace TEXT NOT NULL,"
+        " agent TEXT NOT NULL,"
+        " branch TEXT NOT NULL,"
+        " message_id TEXT NOT NULL,"
+        " ts INTEGER NOT NULL,"
+        " data TEXT NOT NULL,"
+        " UNIQUE (namespace, agent, branch, message_id))"
+    )
+    # Index entries end with the rowid (seq), so this index yields a key's rows in order.
+    conn.execute("CREATE INDEX messages_by_key ON messages (namespace, agent, branch)")
+    conn.execute(
+        "CREATE TABLE runs ("
+        " run_id TEXT PRIMARY KEY,"
+        " parent_id TEXT,"
+        " namespace TEXT NOT NULL,"
+        " agent TEXT NOT NULL,"
+        " started_at INTEGER NOT NULL,"
+        " data TEXT NOT NULL)"
+    )
+    conn.execute("CREATE INDEX runs_by_agent ON runs (namespace, agent)")
+    conn.execute("CREATE INDEX runs_by_parent ON runs (parent_id)")
+
+
+def _v2_protected(conn: sqlite3.Connection) -> None:
+    """Version 2: the ``protected`` column that retention orders by, backfilled."""
+    conn.execute("ALTER TABLE messages ADD COLUMN protected INTEGER NOT NULL DEFAULT 0")
+    last = 0
+    while True:
+        rows = conn.execute(
+            "SELECT seq, data FROM messages WHERE seq > ? ORDER BY seq LIMIT 1000", (last,)
+        ).fetchall()
+        if not rows:
+            break
+        protected = [(seq,) for seq, data in rows if Message.model_validate_json(data).is_protected]
+        conn.executemany("UPDATE messages SET protected = 1 WHERE seq = ?", protected)
+        last = rows[-1][0]
+
+
+MIGRATIONS: tuple[Migration, ...] = (_v1_tables, _v2_protected)
+"""Schema migrations, in order: ``MIGRATIONS[i]`` takes a file from version i to i + 1."""
+
+
+def _schema_version(conn: sqlite3.Connection) -> int:
+    exists = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"
+    ).fetchone()
+    if exists is None:
+        return 0
+    row = conn.execute("SELECT max(version) FROM schema_version").fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
+def _migrate(conn: sqlite3.Connection, path: str) -> None:
+    migrations = MIGRATIONS
+    latest = len(migrations)
+    version = _schema_version(conn)
+    if version == latest:
+        return
+    if version > latest:
+        raise StoreError(
+            f"{path} has schema version {version}, newer than this marsys-mem knows "
+            f"({latest}): upgrade marsys-mem to open it"
+        )
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = _schema_version(conn)  # another process may have migrated meanwhile
+        if version > latest:
+            raise StoreError(
+                f"{path} has schema version {version}, newer than this marsys-mem knows "
+                f"({latest}): upgrade marsys-mem to open it"
+            )
+        for target in range(version + 1, latest + 1):
+            migrations[target - 1](conn)
+            conn.execute(
+                "INSERT INTO schema_version (version, applied_at) VALUES (?, ?)",
+                (target, datetime.now(UTC).isoformat()),
+            )
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _set_wal(conn: sqlite3.Connection, busy_timeout: float) -> str:
+    """Switch to WAL; the switch can report busy without waiting, so retry until timeout."""
+    deadline = time.monotonic() + busy_timeout
+    while True:
+        try:
+            row = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+            return str(row[0]) if row else ""
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
+
+
+# ---------------------------------------------------------------------- the store
+class SQLiteStore(MemoryStore):
+    """A :class:`~marsys_mem.store.base.MemoryStore` in one SQLite file.
+
+    Args:
+        path: the database file (``str`` or path; parent folders are created), or
+            ``":memory:"`` for a private in-memory database.
+        synchronous: ``"FULL"`` (default: a commit is on disk when it returns) or
+            ``"NORMAL"`` (faster; in WAL mode the last commits can be lost on power loss,
+            never on a process crash).
+        busy_timeout: seconds to wait for another connection's write lock before failing.
+
+    Attributes:
+        path: the database file, as given (``os.fspath``).
+        synchronous: the ``PRAGMA synchronous`` level in use.
+        busy_timeout: the busy timeout in seconds.
+        journal_mode: what SQLite reported after asking for WAL (``"wal"`` for a file,
+            ``"memory"`` for ``":memory:"``).
+
+    Raises:
+        StoreError: the file cannot be opened, is not a marsys-mem database, or has a
+            schema version newer than this code knows.
+        ValueError: ``synchronous`` or ``busy_timeout`` is invalid.
+
+    Example:
+        >>> from marsys_mem.messages import Message
+        >>> with SQLiteStore(":memory:") as store:
+        ...     key = ("default", "researcher", "main")
+        ...     store.append_messages(key, [Message.user("hi")])
+        ...     [m.text for m in store.load_messages(key)], store.integrity_check()
+        (['hi'], 'ok')
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: Synchronous = "FULL",
+        busy_timeout: float = 30.0,
+    ) -> None:
+        level = synchronous.upper() if isinstance(synchronous, str) else synchronous
+        if level not in ("FULL", "NORMAL"):
+            raise ValueError(f"synchronous must be 'FULL' or 'NORMAL', got {synchronous!r}")
+        if (
+            isinstance(busy_timeout, bool)
+            or not isinstance(busy_timeout, int | float)
+            or not 0 <= busy_timeout < 1e9  # also rules out nan and inf
+        ):
+            raise ValueError(
+                f"busy_timeout must be a finite number of seconds >= 0, got {busy_timeout!r}"
+            )
+        self.path = os.fspath(path)
+        self.synchronous: Synchronous = "FULL" if level == "FULL" else "NORMAL"
+        self.busy_timeout = float(busy_timeout)
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        if self.path != ":memory:":
+            try:
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"cannot create the folder of {self.path}: {exc}") from exc
+        try:
+            conn = sqlite3.connect(
+                self.path,
+                timeout=self.busy_timeout,
+                isolation_level=None,  # we issue BEGIN / COMMIT ourselves
+                check_same_thread=False,  # the lock serialises threads (async twins)
+            )
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open {self.path}: {exc}") from exc
+        try:
+            # PRAGMA values cannot be bound; both are checked above (int, fixed set).
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+            self.journal_mode = _set_wal(conn, self.busy_timeout)
+            conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+            _migrate(conn, self.path)
+        except sqlite3.Error as exc:
+            conn.close()
+            raise StoreError(f"cannot open {self.path} as a marsys-mem store: {exc}") from exc
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+
+    def __repr__(self) -> str:
+        state = ", closed" if self.closed else ""
+        return f"SQLiteStore({self.path!r}, synchronous={self.synchronous!r}{state})"
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        """Close the connection; further calls raise ``StoreError``. Idempotent."""
+        with self._lock:
+            self.closed = True
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                conn.close()
+
+    def integrity_check(self) -> str:
+        """``PRAGMA integrity_check``: ``"ok"``, or the problems found, one per line.
+
+        Raises:
+            StoreError: the store is closed or the check could not run.
+        """
+        with self._lock:
+            conn = self._open_conn()
+            try:
+                rows = conn.execute("PRAGMA integrity_check").fetchall()
+            except sqlite3.Error as exc:
+                raise StoreError(f"integrity_check failed on {self.path}: {exc}") from exc
+        return "\n".join(str(row[0]) for row in rows)
+
+    def _open_conn(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreError(f"SQLiteStore({self.path!r}) is closed")
+        return self._conn
+
+    # ------------------------------------------------------------------ core
+    def _batch(self, ops: Sequence[Op]) -> list[Any]:
+        # Serialise outside the lock: the transaction then holds the file only for SQL.
+        rows = {id(op): _rows(op) for op in ops if isinstance(op, Append)}
+        writes = any(isinstance(op, _WRITES) for op in ops)
+        with self._lock:
+            conn = self._open_conn()
+            try:
+                conn.execute("BEGIN IMMEDIATE" if writes else "BEGIN")
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot start a transaction on {self.path}: {exc}") from exc
+            try:
+                results = [_execute(conn, op, rows) for op in ops]
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                _rollback(conn)
+                if isinstance(exc, sqlite3.Error):
+                    raise StoreError(
+                        f"SQLite error on {self.path}, batch rolled back: {exc}"
+                    ) from exc
+                if isinstance(exc, ValidationError):
+                    raise StoreError(
+                        f"{self.path} holds data that does not validate: {exc}"
+                    ) from exc
+                raise
+        return results
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:  # pragma: no cover - the original error is what matters
+            pass
+
+
+Row = tuple[str, str, str, str, int, int, str]
+
+
+def _rows(op: Append) -> list[Row]:
+    ns, agent, branch = op.key
+    return [
+        (
+            ns,
+            agent,
+            branch,
+            m.message_id,
+            _micros(m.timestamp),
+            int(m.is_protected),
+            m.model_dump_json(),
+        )
+        for m in op.messages
+    ]
+
+
+def _execute(conn: sqlite3.Connection, op: Op, rows: dict[int, list[Row]]) -> Any:
+    if isinstance(op, Append):
+        return _append(conn, op, rows[id(op)])
+    if isinstance(op, Load):
+        return _load(conn, op)
+    if isinstance(op, Delete):
+        return _delete(conn, op)
+    if isinstance(op, CountMessages):
+        row = conn.execute(f"SELECT count(*) FROM messages WHERE {_KEY_WHERE}", op.key)
+        return int(row.fetchone()[0])
+    if isinstance(op, ListKeys):
+        if op.namespace is None:
+            cur = conn.execute("SELECT DISTINCT namespace, agent, branch FROM messages")
+        else:
+            cur = conn.execute(
+                "SELECT DISTINCT namespace, agent, branch FROM messages WHERE namespace = ?",
+                (op.namespace,),
+            )
+        return sorted((str(a), str(b), str(c)) for a, b, c in cur)
+    if isinstance(op, SaveRun):
+        s = op.snapshot
+        conn.execute(
+            "INSERT INTO runs (run_id, parent_id, namespace, agent, started_at, data) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run_id) DO UPDATE SET "
+            "parent_id = excluded.parent_id, namespace = excluded.namespace, "
+            "agent = excluded.agent, started_at = excluded.started_at, data = excluded.data",
+            (
+                s.run_id,
+                s.parent_id,
+                s.namespace,
+                s.agent,
+                _micros(s.started_at),
+                s.model_dump_json(),
+            ),
+        )
+        return None
+    if isinstance(op, LoadRun):
+        found = conn.execute("SELECT data FROM runs WHERE run_id = ?", (op.run_id,)).fetchone()
+        return RunSnapshot.model_validate_json(found[0]) if found else None
+    if isinstance(op, ListRuns):
+        return _list_runs(conn, op)
+    if isinstance(op, EnforceRetention):
+        return _retention(conn, op)
+    raise TypeError(f"unknown store operation {op!r}")  # pragma: no cover
+
+
+def _append(conn: sqlite3.Connection, op: Append, rows: list[Row]) -> None:
+    before = conn.total_changes
+    try:
+        conn.executemany(_INSERT, rows)
+    except sqlite3.IntegrityError as exc:
+        inserted = conn.total_changes - before  # rows of this op before the failing one
+        if "UNIQUE" not in str(exc) or not 0 <= inserted < len(op.messages):
+            raise
+        duplicate = op.messages[inserted].message_id
+        raise DuplicateMessageError(
+            f"message_id {duplicate!r} is already stored under {op.key}"
+        ) from exc
+
+
+def _load(conn: sqlite3.Connection, op: Load) -> list[Message]:
+    if op.last == 0:
+        return []
+    sql = f"SELECT seq, data FROM messages WHERE {_KEY_WHERE}"
+    params: list[Any] = list(op.key)
+    if op.since is not None:
+        sql += " AND ts >= ?"
+        params.append(_micros(op.since))
+    if op.last is not None:
+        sql = f"SELECT seq, data FROM ({sql} ORDER BY seq DESC LIMIT ?) ORDER BY seq"
+        params.append(op.last)
+    else:
+        sql += " ORDER BY seq"
+    data = [row[1] for row in conn.execute(sql, params)]
+    if not data:
+        return []
+    return MESSAGE_LIST_ADAPTER.validate_json("[" + ",".join(data) + "]")
+
+
+def _delete(conn: sqlite3.Connection, op: Delete) -> int:
+    before = conn.total_changes
+    if op.ids is not None:
+        if not op.ids:
+            return 0
+        sql = f"DELETE FROM messages WHERE {_KEY_WHERE} AND message_id = ?"
+        if op.before is None:
+            conn.executemany(sql, [(*op.key, i) for i in op.ids])
+        else:
+            cutoff = _micros(op.before)
+            conn.executemany(sql + " AND ts < ?", [(*op.key, i, cutoff) for i in op.ids])
+    elif op.before is not None:
+        conn.execute(
+            f"DELETE FROM messages WHERE {_KEY_WHERE} AND ts < ?",
+            (*op.key, _micros(op.before)),
+        )
+    else:
+        conn.execute(f"DELETE FROM messages WHERE {_KEY_WHERE}", op.key)
+    return conn.total_changes - before
+
+
+def _list_runs(conn: sqlite3.Connection, op: ListRuns) -> list[str]:
+    clauses: list[str] = []
+    params: list[str] = []
+    for column, value in (
+        ("namespace", op.namespace),
+        ("agent", op.agent),
+        ("parent_id", op.parent_id),
+    ):
+        if value is not None:
+            clauses.append(f"{column} = ?")  # column names from the fixed tuple above
+            params.append(value)
+    where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+    cur = conn.execute(f"SELECT run_id FROM runs{where} ORDER BY started_at, rowid", params)
+    return [str(row[0]) for row in cur]
+
+
+def _retention(conn: sqlite3.Connection, op: EnforceRetention) -> int:
+    before = conn.total_changes
+    where, key_params = (_KEY_WHERE, tuple(op.key)) if op.key is not None else ("1", ())
+    if op.ttl is not None:
+        try:
+            cutoff = _micros(op.now - op.ttl)
+        except OverflowError:  # a ttl reaching before year 1: nothing is that old
+            cutoff = None
+        if cutoff is not None:
+            conn.execute(
+                f"DELETE FROM messages WHERE {where} AND protected = 0 AND ts < ?",
+                (*key_params, cutoff),
+            )
+    if op.max_messages is not None:
+        if op.key is not None:
+            count = conn.execute(
+                f"SELECT count(*) FROM messages WHERE {_KEY_WHERE}", op.key
+            ).fetchone()[0]
+            over: list[tuple[str, str, str, int]] = [(*op.key, int(count))]
+        else:
+            over = conn.execute(
+                "SELECT namespace, agent, branch, count(*) FROM messages "
+                "GROUP BY namespace, agent, branch HAVING count(*) > ?",
+                (op.max_messages,),
+            ).fetchall()
+        for ns, agent, branch, count in over:
+            excess = count - op.max_messages
+            if excess > 0:
+                conn.execute(
+                    "DELETE FROM messages WHERE seq IN (SELECT seq FROM messages "
+                    f"WHERE {_KEY_WHERE} ORDER BY protected, seq LIMIT ?)",
+                    (ns, agent, branch, excess),
+                )
+    return conn.total_changes - before

@@ -1,0 +1,28 @@
+"""Memory patterns: episodic, shared, hierarchical and RAG memory (see DESIGN.md).
+
+Every pattern works with no arguments and composes on top of the conversation memory;
+``MemoryManager`` builds them per agent from the ``patterns:`` section of a config file.
+"""
+
+from marsys_mem.patterns.bm25 import BM25Index
+from marsys_mem.patterns.episodic import Episode, EpisodeMatch, EpisodicMemory
+from marsys_mem.patterns.hierarchical import HierarchicalMemory, Tier, default_importance
+from marsys_mem.patterns.rag import Fusion, RAGMemory, ScoredMessage, SearchMode
+from marsys_mem.patterns.shared import ConflictRule, SharedMemoryPool, member_key
+
+__all__ = [
+    "BM25Index",
+    "ConflictRule",
+    "Episode",
+    "EpisodeMatch",
+    "EpisodicMemory",
+    "Fusion",
+    "HierarchicalMemory",
+    "RAGMemory",
+    "ScoredMessage",
+    "SearchMode",
+    "SharedMemoryPool",
+    "Tier",
+    "default_importance",
+    "member_key",
+]

@@ -1,0 +1,395 @@
+"""Okapi BM25 keyword retrieval over an incremental inverted index.
+
+:class:`BM25Index` keeps, per term, a postings map ``{document slot: term frequency}``;
+a query scores only the postings of its own terms, so its cost grows with how common the
+query's terms are, not with the number of documents. Documents are added and removed one
+at a time, and the collection statistics (document count, average length, document
+frequencies) are always current: no rebuild step.
+
+The tokenizer (:func:`tokenize`) lower-cases, splits on non-word characters, drops English
+stop words and single letters, and applies a light suffix stemmer (plurals, ``-ing``,
+``-ed``, a final ``-e``), so ``parked``/``parking``/``park`` and ``cars``/``car`` match.
+
+Scoring is the Lucene variant of BM25: ``idf = ln(1 + (N - df + 0.5) / (df + 0.5))`` (never
+negative) times ``tf * (k1 + 1) / (tf + k1 * (1 - b + b * len / avglen))``, summed over the
+distinct query terms.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["STOP_WORDS", "BM25Index", "stem", "tokenize"]
+
+STOP_WORDS: frozenset[str] = frozenset(
+    """
+    a about above after again against all am an and any are aren't as at be because been
+    before being below between both but by can can't cannot could couldn't did didn't do does
+    doesn't doing don't down during each few for from further had hadn't has hasn't have
+    haven't having he he'd he'll he's her here here's hers herself him himself his how how's
+    i i'd i'll i'm i've if in into is isn't it it's its itself let's me more most mustn't my
+    myself no nor not of off on once only or other ought our ours ourselves out over own same
+    shan't she she'd she'll she's should shouldn't so some such than that that's the their
+    theirs them themselves then there there's these they they'd they'll they're they've this
+    those through to too under until up very was wasn't we we'd we'll we're we've were
+    weren't what what's when when's where where's which while who who's whom why why's will
+    with won't would wouldn't you you'd you'll you're you've your yours yourself yourselves
+    also just s t d ll m re ve
+    """.split()
+)
+"""English stop words (lower case) that :func:`tokenize` drops."""
+
+_WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
+_VOWELS = frozenset("aeiouy")
+
+
+def stem(word: str) -> str:
+    """Strip common English suffixes from a lower-case word (a light, fast stemmer).
+
+    Plurals (``-s``, ``-es``, ``-ies``), ``-ing`` and ``-ed`` (undoubling a final double
+    consonant), and a final ``-e`` are removed when enough of the word remains, so the
+    forms of a word mostly share one stem. It is not a linguistic stemmer: its only job is
+    to make keyword matching forgiving.
+
+    Example:
+        >>> [stem(w) for w in ["cars", "parked", "parking", "lives", "living", "cities"]]
+        ['car', 'park', 'park', 'liv', 'liv', 'city']
+    """
+    n = len(word)
+    if n <= 3 or not word.isalpha():
+        return word
+    if word.endswith("ies") and n > 4:
+        word = word[:-3] + "y"
+    elif word.endswith("sses"):
+        word = word[:-2]
+    elif word.endswith("s") and not word.endswith(("ss", "us", "is")):
+        word = word[:-1]
+    for suffix in ("ing", "ed"):
+        base = word[: -len(suffix)]
+        if word.endswith(suffix) and len(base) >= 3 and _VOWELS.intersection(base):
+            if len(base) >= 4 and base[-1] == base[-2] and base[-1] not in "lsz" + "aeiou":
+                base = base[:-1]
+            return base
+    if len(word) >= 4 and word.endswith("e") and not word.endswith("ee"):
+        word = word[:-1]
+    return word
+
+
+def tokenize(text: str) -> list[str]:
+    """Split ``text`` into stemmed, lower-case terms without stop words.
+
+    Words are runs of letters and digits (an inner apostrophe is kept: ``don't``). Single
+    letters are dropped, single digits kept (``level 4``). Possessive ``'s`` is removed.
+
+    Example:
+        >>> tokenize("I parked the car on level 4, near Clara's building.")
+        ['park', 'car', 'level', '4', 'near', 'clara', 'build']
+    """
+    out: list[str] = []
+    for raw in _WORD.findall(text.lower()):
+        word = raw[:-2] if raw.endswith("'s") else raw
+        if word in STOP_WORDS or (len(word) == 1 and not word.isdigit()):
+            continue
+        out.append(stem(word.replace("'", "")) if "'" in word else stem(word))
+    return out
+
+
+class BM25Index:
+    """An incremental Okapi BM25 index: add and remove documents, search by keywords.
+
+    Args:
+        k1: term-frequency saturation (``>= 0``; 1.2-2.0 is typical).
+        b: length normalisation (0 = none, 1 = full).
+
+    Not thread-safe: callers serialise access (``RAGMemory`` does).
+
+    Example:
+        >>> index = BM25Index()
+        >>> index.add("a", "My sister Clara lives in Lisbon")
+        >>> index.add("b", "I parked the car on level 4")
+        >>> index.add("c", "The weather is lovely today")
+        >>> [doc_id for doc_id, _ in index.search("where is the car parked?", k=2)]
+        ['b']
+        >>> index.remove("b"), len(index), "b" in index
+        (True, 2, False)
+    """
+
+    __slots__ = (
+        "_arrays",
+        "_doc_terms",
+        "_free",
+        "_ids",
+        "_len_array",
+        "_lengths",
+        "_postings",
+        "_slots",
+        "_total_length",
+        "b",
+        "k1",
+    )
+
+    def __init__(self, *, k1: float = 1.5, b: float = 0.75) -> None:
+        if not (isinstance(k1, int | float) and math.isfinite(k1) and k1 >= 0):
+            raise ValueError(f"k1 must be a finite number >= 0, got {k1!r}")
+        if not (isinstance(b, int | float) and 0 <= b <= 1):
+            raise ValueError(f"b must be a number between 0 and 1, got {b!r}")
+        self.k1 = float(k1)
+        self.b = float(b)
+        self._postings: dict[str, dict[int, int]] = {}
+        self._slots: dict[str, int] = {}  # document id -> slot
+        self._ids: list[str | None] = []  # slot -> document id (None: free)
+        self._lengths: list[int] = []  # slot -> number of terms
+        self._doc_terms: list[tuple[str, ...]] = []  # slot -> its distinct terms
+        self._free: list[int] = []
+        self._total_length = 0
+        # numpy mirrors for long postings lists: slot -> length, term -> (slots, tfs),
+        # the latter built lazily and dropped when the term's postings change
+        self._len_array: npt.NDArray[np.float64] = np.zeros(64)
+        self._arrays: dict[str, tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]] = {}
+
+    # ------------------------------------------------------------------ container protocol
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def __contains__(self, doc_id: object) -> bool:
+        return doc_id in self._slots
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._slots)
+
+    @property
+    def vocabulary_size(self) -> int:
+        """Number of distinct terms in the index."""
+        return len(self._postings)
+
+    @property
+    def average_length(self) -> float:
+        """Average document length in terms (0.0 when empty)."""
+        return self._total_length / len(self._slots) if self._slots else 0.0
+
+    # ------------------------------------------------------------------ writing
+    def add(self, doc_id: str, text: str) -> None:
+        """Index ``text`` under ``doc_id``.
+
+        A document with no terms left after tokenising (only stop words) is still counted,
+        but no query matches it.
+
+        Raises:
+            ValueError: ``doc_id`` is empty or already indexed.
+            TypeError: ``text`` is not a string.
+        """
+        if not isinstance(doc_id, str) or not doc_id:
+            raise ValueError(f"doc_id must be a non-empty string, got {doc_id!r}")
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a string, got {type(text).__name__}")
+        if doc_id in self._slots:
+            raise ValueError(f"document {doc_id!r} is already indexed")
+        self._add_terms(doc_id, tokenize(text))
+
+    def add_many(self, docs: Iterable[tuple[str, str]]) -> None:
+        """Index several ``(doc_id, text)`` pairs; all or nothing on a bad pair."""
+        docs = list(docs)
+        seen: set[str] = set()
+        for doc_id, text in docs:
+            if not isinstance(doc_id, str) or not doc_id:
+                raise ValueError(f"doc_id must be a non-empty string, got {doc_id!r}")
+            if not isinstance(text, str):
+                raise TypeError(f"text must be a string, got {type(text).__name__}")
+            if doc_id in self._slots or doc_id in seen:
+                raise ValueError(f"document {doc_id!r} is already indexed")
+            seen.add(doc_id)
+        for doc_id, text in docs:
+            self._add_terms(doc_id, tokenize(text))
+
+    def _add_terms(self, doc_id: str, terms: list[str]) -> None:
+        counts = Counter(terms)
+        if self._free:
+            slot = self._free.pop()
+            self._ids[slot] = doc_id
+            self._lengths[slot] = len(terms)
+            self._doc_terms[slot] = tuple(counts)
+        else:
+            slot = len(self._ids)
+            self._ids.append(doc_id)
+            self._lengths.append(len(terms))
+            self._doc_terms.append(tuple(counts))
+            if slot >= len(self._len_array):
+                self._len_array = np.concatenate([self._len_array, np.zeros(slot + 1)])
+        self._len_array[slot] = len(terms)
+        self._slots[doc_id] = slot
+        self._total_length += len(terms)
+        postings = self._postings
+        arrays = self._arrays
+        for term, tf in counts.items():
+            if arrays:
+                arrays.pop(term, None)
+            plist = postings.get(term)
+            if plist is None:
+                postings[term] = {slot: tf}
+            else:
+                plist[slot] = tf
+
+    def remove(self, doc_id: str) -> bool:
+        """Remove a document; returns False if it was not indexed."""
+        slot = self._slots.pop(doc_id, None)
+        if slot is None:
+            return False
+        postings = self._postings
+        arrays = self._arrays
+        for term in self._doc_terms[slot]:
+            if arrays:
+                arrays.pop(term, None)
+            plist = postings[term]
+            del plist[slot]
+            if not plist:
+                del postings[term]
+        self._total_length -= self._lengths[slot]
+        self._ids[slot] = None
+        self._lengths[slot] = 0
+        self._doc_terms[slot] = ()
+        self._free.append(slot)
+        return True
+
+    def clear(self) -> None:
+        """Remove every document."""
+        self._postings.clear()
+        self._slots.clear()
+        self._ids.clear()
+        self._lengths.clear()
+        self._doc_terms.clear()
+        self._free.clear()
+        self._total_length = 0
+        self._arrays.clear()
+        self._len_array = np.zeros(64)
+
+    # ------------------------------------------------------------------ reading
+    def search(self, query: str, k: int = 10) -> list[tuple[str, float]]:
+        """The ``k`` best ``(doc_id, score)`` pairs for ``query``, best first.
+
+        Only documents sharing at least one term with the query are returned (so possibly
+        fewer than ``k``). Ties are broken deterministically.
+
+        Raises:
+            ValueError: ``k`` is not a positive int.
+            TypeError: ``query`` is not a string.
+        """
+        if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
+            raise ValueError(f"k must be a positive int, got {k!r}")
+        terms = self._query_terms(query)
+        if not terms:
+            return []
+        ids = self._ids
+        if sum(len(self._postings[t]) for t in terms) <= _NUMPY_FROM:
+            scores = self._score_dict(terms)
+            best = heapq.nlargest(k, scores.items(), key=_by_score_then_slot)
+            return [(ids[slot], score) for slot, score in best]  # type: ignore[misc]
+        slots, values = self._score_arrays(terms)
+        if k < len(slots):  # keep everything tied with the k-th score, then cut exactly
+            kth = np.partition(values, len(values) - k)[len(values) - k]
+            keep = values >= kth
+            slots, values = slots[keep], values[keep]
+        order = np.lexsort((slots, -values))[:k]
+        pairs = zip(slots[order].tolist(), values[order].tolist(), strict=True)
+        return [(ids[s], v) for s, v in pairs]
+
+    def scores(self, query: str) -> dict[str, float]:
+        """BM25 score of every document matching ``query`` (doc_id -> score)."""
+        ids = self._ids
+        terms = self._query_terms(query)
+        return {ids[slot]: s for slot, s in self._score_dict(terms).items()}  # type: ignore[misc]
+
+    def score_docs(self, query: str, doc_ids: Iterable[str]) -> dict[str, float]:
+        """BM25 score of ``query`` for each of ``doc_ids`` that is indexed (0.0: no match).
+
+        Costs O(len(doc_ids) x query terms), whatever the size of the index.
+        """
+        terms = self._query_terms(query)
+        slots = [(d, self._slots[d]) for d in doc_ids if d in self._slots]
+        if not terms:
+            return {d: 0.0 for d, _ in slots}
+        k1p, base, slope = self._weights()
+        lengths = self._lengths
+        weighted = [(self._postings[t], self._idf(len(self._postings[t])) * k1p) for t in terms]
+        out: dict[str, float] = {}
+        for doc_id, slot in slots:
+            norm = base + slope * lengths[slot]
+            total = 0.0
+            for plist, w in weighted:
+                tf = plist.get(slot)
+                if tf:
+                    total += w * tf / (tf + norm)
+            out[doc_id] = total
+        return out
+
+    def _query_terms(self, query: str) -> list[str]:
+        if not isinstance(query, str):
+            raise TypeError(f"query must be a string, got {type(query).__name__}")
+        postings = self._postings
+        return [t for t in dict.fromkeys(tokenize(query)) if t in postings]
+
+    def _weights(self) -> tuple[float, float, float]:
+        """``(k1 + 1, base, slope)``: the length norm is ``base + slope * length``."""
+        k1, b = self.k1, self.b
+        avg = self._total_length / len(self._slots) or 1.0
+        return k1 + 1.0, k1 * (1.0 - b), k1 * b / avg
+
+    def _idf(self, df: int) -> float:
+        n = len(self._slots)
+        return math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+
+    def _score_dict(self, terms: list[str]) -> dict[int, float]:
+        """Scores by slot, in pure Python (short postings lists)."""
+        if not terms:
+            return {}
+        k1p, base, slope = self._weights()
+        lengths = self._lengths
+        scores: dict[int, float] = {}
+        get = scores.get
+        for term in terms:
+            plist = self._postings[term]
+            w = self._idf(len(plist)) * k1p
+            for slot, tf in plist.items():
+                scores[slot] = get(slot, 0.0) + w * tf / (tf + base + slope * lengths[slot])
+        return scores
+
+    def _score_arrays(
+        self, terms: list[str]
+    ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
+        """``(slots, scores)`` of the matching documents, vectorised (long postings)."""
+        k1p, base, slope = self._weights()
+        acc = np.zeros(len(self._ids))
+        hit = np.zeros(len(self._ids), dtype=bool)
+        for term in terms:
+            slots, tfs = self._term_arrays(term)
+            w = self._idf(len(slots)) * k1p
+            acc[slots] += w * tfs / (tfs + base + slope * self._len_array[slots])
+            hit[slots] = True
+        found = np.flatnonzero(hit)
+        return found, acc[found]
+
+    def _term_arrays(self, term: str) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
+        cached = self._arrays.get(term)
+        if cached is None:
+            plist = self._postings[term]
+            n = len(plist)
+            cached = (
+                np.fromiter(plist.keys(), dtype=np.intp, count=n),
+                np.fromiter(plist.values(), dtype=np.float64, count=n),
+            )
+            self._arrays[term] = cached
+        return cached
+
+
+_NUMPY_FROM = 256
+"""Total postings of a query above which scoring is vectorised."""
+
+
+def _by_score_then_slot(item: tuple[int, float]) -> tuple[float, int]:
+    return item[1], -item[0]

@@ -1,0 +1,379 @@
+import subprocess
+import sys
+import textwrap
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from marsys_mem import ContextWindow, MarsysMemError, Message, MessageNotFoundError, ToolCall
+from marsys_mem.manager import MemoryManager
+from marsys_mem.retention import MemoryConfig, load_config
+from marsys_mem.store import InMemoryStore, SQLiteStore
+
+
+def _config(tmp_path: Path, **agents: dict) -> Path:
+    import yaml
+
+    data = {
+        "version": 1,
+        "store": {"backend": "sqlite", "path": "mem.db"},
+        "defaults": {"retention": "session", "context": {"max_messages": 50}},
+        "agents": agents
+        or {
+            "researcher": {"retention": "persistent"},
+            "planner": {"retention": "session"},
+            "scratch": {"retention": "single_run"},
+        },
+    }
+    path = tmp_path / "team.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_defaults_work_with_no_arguments():
+    with MemoryManager() as manager:
+        mem = manager.memory("a")
+        assert manager.memory("a") is mem
+        assert manager.memory("a", branch="other") is not mem
+        mem.add(Message.user("hi"))
+        win = manager.context_for("a")
+        assert isinstance(win, ContextWindow)
+        assert [m.text for m in win.messages] == ["hi"]
+        assert manager.context_for("a", provider="openai") == [{"role": "user", "content": "hi"}]
+        assert isinstance(manager.store, InMemoryStore)
+
+
+def test_memory_uses_the_agents_context_policy(tmp_path):
+    path = _config(tmp_path, a={"context": {"max_messages": 2}})
+    with MemoryManager.from_config(path) as manager:
+        mem = manager.memory("a")
+        for i in range(5):
+            mem.add(Message.user(f"m{i}"))
+        assert [m.text for m in manager.context_for("a").messages] == ["m3", "m4"]
+
+
+def test_bad_names_are_rejected():
+    with MemoryManager() as manager:
+        for bad in ("", None, 3):
+            with pytest.raises(ValueError, match="agent"):
+                manager.memory(bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="branch"):
+            manager.memory("a", branch="")
+        with pytest.raises(TypeError, match="query"):
+            manager.context_for("a", query=5)  # type: ignore[arg-type]
+
+
+def test_persistent_survives_a_new_manager_session_and_single_run_do_not(tmp_path):
+    path = _config(tmp_path)
+    with MemoryManager.from_config(path) as manager:
+        manager.memory("researcher").add(Message.user("keep me"))
+        manager.memory("planner").add(Message.user("session only"))
+        manager.memory("scratch").add(Message.user("run only"))
+    with MemoryManager.from_config(path) as manager:
+        assert [m.text for m in manager.memory("researcher").read()] == ["keep me"]
+        assert manager.memory("planner").read() == []
+        assert manager.memory("scratch").read() == []
+        # only the persistent key ever reached the file
+        assert manager.store.list_keys() == [("default", "researcher", "main")]
+
+
+def test_restart_in_a_new_process_sees_exactly_the_persistent_memories(tmp_path):
+    path = _config(tmp_path)
+    writer = textwrap.dedent(
+        f"""
+        from marsys_mem import Message
+        from marsys_mem.manager import MemoryManager
+        manager = MemoryManager.from_config({str(path)!r})
+        for agent in ("researcher", "planner", "scratch"):
+            manager.memory(agent).add(Message.user(agent + " fact", message_id=agent + "-1"))
+        with manager.run("scratch") as run:
+            run.input(Message.user("scratch in run"))
+        with manager.run("researcher") as run:
+            run.output(Message.assistant("researcher answer", message_id="researcher-2"))
+        manager.close()
+        """
+    )
+    subprocess.run([sys.executable, "-c", writer], check=True, timeout=120)
+    reader = textwrap.dedent(
+        f"""
+        import json
+        from marsys_mem.manager import MemoryManager
+        manager = MemoryManager.from_config({str(path)!r})
+        out = {{a: [m.message_id for m in manager.memory(a).read()]
+               for a in ("researcher", "planner", "scratch")}}
+        out["keys"] = manager.store.list_keys()
+        print(json.dumps(out))
+        manager.close()
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", reader], check=True, capture_output=True, text=True, timeout=120
+    )
+    import json
+
+    seen = json.loads(result.stdout)
+    assert seen["researcher"] == ["researcher-1", "researcher-2"]
+    assert seen["planner"] == []
+    assert seen["scratch"] == []
+    assert seen["keys"] == [["default", "researcher", "main"]]
+    # and the raw file holds no session or single_run text at all
+    raw = (tmp_path / "mem.db").read_bytes()
+    wal = tmp_path / "mem.db-wal"
+    raw += wal.read_bytes() if wal.exists() else b""
+    assert b"planner fact" not in raw
+    assert b"scratch" not in raw
+
+
+def test_single_run_memory_is_cleared_when_the_run_ends(tmp_path):
+    with MemoryManager.from_config(_config(tmp_path)) as manager:
+        with manager.run("scratch") as run:
+            run.input(Message.user("temp"))
+            assert len(manager.memory("scratch")) == 1
+        assert manager.memory("scratch").read() == []
+        snap = manager.load_run(run.run_id)
+        assert snap is not None
+        assert [m.text for m in snap.messages] == ["temp"]
+        # the snapshot of a non-persistent agent stays in process
+        assert manager.store.load_run(run.run_id) is None
+
+
+def test_end_session_drops_session_memories_and_keeps_persistent(tmp_path):
+    with MemoryManager.from_config(_config(tmp_path)) as manager:
+        manager.memory("researcher").add(Message.user("r"))
+        planner = manager.memory("planner")
+        planner.add(Message.user("p"))
+        manager.end_session()
+        assert len(planner) == 0
+        assert manager.memory("planner").read() == []
+        assert [m.text for m in manager.memory("researcher").read()] == ["r"]
+        manager.start_session()
+        assert [m.text for m in manager.memory("researcher").read()] == ["r"]
+
+
+def test_write_through_is_durable_when_add_returns(tmp_path):
+    path = _config(tmp_path)
+    manager = MemoryManager.from_config(path)
+    manager.memory("researcher").add(Message.user("durable", message_id="d1"))
+    with SQLiteStore(tmp_path / "mem.db") as other:
+        assert [m.message_id for m in other.load_messages(("default", "researcher", "main"))] == [
+            "d1"
+        ]
+    manager.close()
+
+
+def test_buffered_writes_reach_the_store_on_flush_and_close(tmp_path):
+    path = _config(tmp_path)
+    key = ("default", "researcher", "main")
+    manager = MemoryManager.from_config(path, write_through=False)
+    mem = manager.memory("researcher")
+    mem.add_many([Message.user(f"m{i}") for i in range(5)])
+    with SQLiteStore(tmp_path / "mem.db") as other:
+        assert other.count_messages(key) == 0
+        manager.flush()
+        assert other.count_messages(key) == 5
+        mem.add(Message.user("late"))
+        manager.close()
+        assert other.count_messages(key) == 6
+
+
+def test_remove_trim_and_clear_are_mirrored_in_the_store(tmp_path):
+    path = _config(tmp_path, r={"retention": "persistent"})
+    key = ("default", "r", "main")
+    with MemoryManager.from_config(path) as manager:
+        mem = manager.memory("r")
+        ids = mem.add_many([Message.user(f"m{i}" * 20) for i in range(10)])
+        mem.remove(ids[0])
+        assert manager.store.count_messages(key) == 9
+        from marsys_mem import ContextPolicy
+
+        mem.context(ContextPolicy(max_messages=4, strategy="trim_oldest"))
+        assert [m.message_id for m in manager.store.load_messages(key)] == ids[-4:]
+        mem.clear()
+        assert manager.store.count_messages(key) == 0
+
+
+def test_a_failing_store_leaves_the_memory_unchanged(tmp_path):
+    path = _config(tmp_path, r={"retention": "persistent"})
+    manager = MemoryManager.from_config(path)
+    mem = manager.memory("r")
+    mem.add(Message.user("ok"))
+    manager.store.close()  # every later store call fails
+    with pytest.raises(MarsysMemError):
+        mem.add(Message.user("lost?"))
+    assert [m.text for m in mem.read()] == ["ok"]
+    manager.closed = True
+
+
+def test_storage_stays_at_the_bound_over_a_long_run(tmp_path):
+    path = _config(tmp_path, r={"retention": "persistent", "max_stored_messages": 50})
+    key = ("default", "r", "main")
+    with MemoryManager.from_config(path, retention_every=25) as manager:
+        mem = manager.memory("r")
+        mem.add(Message.system("rules"))
+        peak = 0
+        for i in range(600):
+            mem.add(Message.user(f"message {i}"))
+            if i % 10 == 0:
+                peak = max(peak, manager.store.count_messages(key))
+            assert len(mem) <= 50 + 25 + 1
+        assert peak <= 50
+        stored = manager.store.load_messages(key)
+        assert len(stored) == 50
+        assert stored[0].text == "rules"  # protected messages go last
+        assert stored[-1].text == "message 599"
+        manager.apply_retention()
+        assert [m.message_id for m in mem.read()] == [m.message_id for m in stored]
+
+
+def test_ttl_is_enforced_in_store_and_memory(tmp_path):
+    path = _config(tmp_path, r={"retention": "persistent", "ttl": "1d"})
+    key = ("default", "r", "main")
+    old = datetime.now(UTC) - timedelta(days=3)
+    with MemoryManager.from_config(path) as manager:
+        mem = manager.memory("r")
+        mem.add(Message.system("rules", timestamp=old))
+        mem.add_many([Message.user(f"old {i}", timestamp=old) for i in range(5)])
+        mem.add(Message.user("fresh"))
+        removed = manager.apply_retention("r")
+        assert removed == 5
+        assert [m.text for m in manager.store.load_messages(key)] == ["rules", "fresh"]
+        assert [m.text for m in mem.read()] == ["rules", "fresh"]
+
+
+def test_session_memories_are_bounded_too():
+    config = MemoryConfig.model_validate(
+        {"version": 1, "agents": {"a": {"max_stored_messages": 3}}}
+    )
+    with MemoryManager(config) as manager:
+        mem = manager.memory("a")
+        mem.add_many([Message.user(str(i)) for i in range(10)])
+        assert manager.apply_retention() == 7
+        assert [m.text for m in mem.read()] == ["7", "8", "9"]
+
+
+def test_run_snapshot_records_messages_usage_and_errors(tmp_path):
+    with MemoryManager.from_config(_config(tmp_path)) as manager:
+        with manager.run("researcher", metadata={"task": "q4"}) as run:
+            run.input(Message.user("Q4 growth?"))
+            call = ToolCall(id="c1", name="search", arguments={"q": "q4"})
+            run.output(Message.assistant(None, tool_calls=[call]))
+            run.input(Message.tool("12%", tool_call_id="c1"))
+            run.output(Message.assistant("12%"))
+            run.add_usage(prompt_tokens=100, completion_tokens=10)
+            run.add_usage(prompt_tokens=50)
+        snap = manager.store.load_run(run.run_id)
+        assert snap is not None
+        assert snap.status == "ok"
+        assert snap.usage == {"prompt_tokens": 150, "completion_tokens": 10}
+        assert [m.text for m in snap.input_messages] == ["Q4 growth?", "12%"]
+        assert [m.role for m in snap.output_messages] == ["assistant", "assistant"]
+        assert snap.ended_at is not None
+        assert snap.ended_at >= snap.started_at
+        assert snap.metadata == {"task": "q4"}
+
+        started = []
+
+        def failing_run() -> None:
+            with manager.run("researcher") as failed:
+                started.append(failed)
+                failed.input(Message.user("x"))
+                raise RuntimeError("boom")
+
+        with pytest.raises(RuntimeError, match="boom"):
+            failing_run()
+        bad = manager.load_run(started[0].run_id)
+        assert bad is not None
+        assert bad.status == "error"
+        assert bad.error == "RuntimeError: boom"
+        with pytest.raises(ValueError, match="usage"):
+            run.add_usage(prompt_tokens=-1)
+
+
+def test_run_chains_continue_and_branches_stay_apart(tmp_path):
+    with MemoryManager.from_config(_config(tmp_path)) as manager:
+        with manager.run("researcher") as root:
+            root.input(Message.user("root question"))
+            root.output(Message.assistant("root answer"))
+        with manager.run("researcher", parent_id=root.run_id) as left:
+            assert [m.text for m in left.memory.read()] == ["root question", "root answer"]
+            left.input(Message.user("left"))
+        with manager.run("researcher", parent_id=root.run_id) as right:
+            assert [m.text for m in right.memory.read()] == ["root question", "root answer"]
+            right.input(Message.user("right"))
+        with manager.run("researcher", parent_id=left.run_id) as deeper:
+            deeper.input(Message.user("deeper"))
+        texts = [m.text for m in manager.history(deeper.run_id)]
+        assert texts == ["root question", "root answer", "left", "deeper"]
+        assert "right" not in texts
+        assert [m.text for m in manager.history(right.run_id)][-1] == "right"
+        # the agent's own memory only saw the root run
+        assert [m.text for m in manager.memory("researcher").read()] == [
+            "root question",
+            "root answer",
+        ]
+        assert manager.store.list_runs(parent_id=root.run_id) == [left.run_id, right.run_id]
+        with pytest.raises(MessageNotFoundError):
+            manager.run("researcher", parent_id="nope")
+
+
+def test_run_chains_of_session_agents_work_in_process(tmp_path):
+    with MemoryManager.from_config(_config(tmp_path)) as manager:
+        with manager.run("planner") as root:
+            root.input(Message.user("plan"))
+        with manager.run("planner", parent_id=root.run_id) as child:
+            child.output(Message.assistant("done"))
+        assert [m.text for m in manager.history(child.run_id)] == ["plan", "done"]
+        assert manager.store.load_run(root.run_id) is None
+
+
+async def test_async_run_and_context(tmp_path):
+    async def summarise(messages):
+        return "summary of " + str(len(messages))
+
+    config = load_config(_config(tmp_path))
+    async with _amanager(config, summarise) as manager:
+        async with manager.run("scratch") as run:
+            for i in range(30):
+                run.input(Message.user(f"turn {i} " * 10))
+            from marsys_mem import ContextPolicy
+
+            win = await run.memory.acontext(
+                ContextPolicy(max_tokens=200, strategy="summarize", keep_recent=2)
+            )
+            assert win.summary is not None
+            assert win.summary.text.startswith("summary of")
+        assert manager.memory("scratch").read() == []
+        await manager.aflush()
+
+
+class _amanager:
+    def __init__(self, config, summarizer):
+        self.manager = MemoryManager(config, summarizer=summarizer)
+
+    async def __aenter__(self):
+        return self.manager
+
+    async def __aexit__(self, *exc):
+        await self.manager.aclose()
+
+
+def test_closed_manager_refuses_work():
+    manager = MemoryManager()
+    manager.close()
+    manager.close()  # idempotent
+    with pytest.raises(MarsysMemError, match="closed"):
+        manager.memory("a")
+
+
+def test_stored_tool_results_whose_call_expired_still_load(tmp_path):
+    path = _config(tmp_path, r={"retention": "persistent"})
+    key = ("default", "r", "main")
+    with SQLiteStore(tmp_path / "mem.db") as store:
+        store.append_messages(key, [Message.tool("orphaned", tool_call_id="gone")])
+    with MemoryManager.from_config(path) as manager:
+        mem = manager.memory("r")
+        assert len(mem) == 1
+        assert manager.context_for("r").messages == ()  # orphans are never sent
+        with pytest.raises(MarsysMemError):
+            mem.add(Message.tool("x", tool_call_id="also-gone"))  # strict again
