@@ -52,6 +52,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self, cast, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import to_json
 
 from marsys_mem.conversation import ConversationMemory
 from marsys_mem.coordination.graph import BranchGraph, BranchInfo, GraphChange, MergeStrategy
@@ -175,6 +176,21 @@ class MergeResult:
     summary: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class _Targets:
+    """The agents a (branch, scope) route reaches: ``(agent, branch)`` pairs and inbox keys."""
+
+    members: tuple[tuple[str, str], ...]
+    keys: tuple[str, ...]
+
+    def subset(self, positions: Iterable[int]) -> _Targets:
+        """The members at ``positions`` only."""
+        picked = list(positions)
+        return _Targets(
+            tuple(self.members[i] for i in picked), tuple(self.keys[i] for i in picked)
+        )
+
+
 @dataclass
 class _Sender:
     """Ordering state of one sender: next expected seq, early arrivals, skipped seqs."""
@@ -273,6 +289,13 @@ class Coordinator:
         self.pool = pool
         self.max_payload = min(max_payload, transport.max_payload)
         self.sender_id = sender_id or f"coord-{uuid.uuid4().hex}"
+        # How every envelope this coordinator sends begins (field order is the model's):
+        # our own facts echoed back by the broker (MQTT 3.1.1 has no "no local") are
+        # dropped on this prefix, before the JSON is parsed.
+        self._echo_prefix = (
+            b'{"v":1,"namespace":' + to_json(self.namespace) + b',"sender":'
+            + to_json(self.sender_id) + b","
+        )
         self.max_log = max_log
         self.gap_timeout = gap_timeout
         self.max_pending = max_pending
@@ -284,7 +307,7 @@ class Coordinator:
         self._callbacks: list[tuple[FactCallback, str | None, str | None]] = []
         self._callback_agents: set[str] | None = set()  # None: some callback takes every agent
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._targets_cache: dict[tuple[str, str], tuple[tuple[str, str, str], ...]] = {}
+        self._targets_cache: dict[tuple[str, str], _Targets] = {}
         self._cache_version = -1
         self._entered = False
         self._receiver: asyncio.Task[None] | None = None
@@ -440,7 +463,7 @@ class Coordinator:
         return [e.fact for e in self._log.values() if branch is None or e.branch == branch]
 
     # ------------------------------------------------------------------ routing
-    def _targets(self, branch: str, scope: str) -> tuple[tuple[str, str, str], ...]:
+    def _targets(self, branch: str, scope: str) -> _Targets:
         graph = self.graph
         if graph.version != self._cache_version:
             self._targets_cache.clear()
@@ -453,28 +476,26 @@ class Coordinator:
             except UnknownBranchError:
                 # a branch this process does not know (yet): logged for when it does
                 branches = graph.branches if scope == "global" else []
-            targets = tuple(
-                (agent, b, inbox_key(agent, b)) for b in branches for agent in graph.agents(b)
-            )
+            members = tuple((agent, b) for b in branches for agent in graph.agents(b))
+            targets = _Targets(members, tuple(inbox_key(a, b) for a, b in members))
             self._targets_cache[key] = targets
         return targets
 
-    def _deliver_to(self, env: FactEnvelope, members: Iterable[tuple[str, str, str]]) -> int:
+    def _deliver_to(self, env: FactEnvelope, targets: _Targets) -> int:
         pool, fact, stats = self.pool, env.fact, self._stats
-        members = members if isinstance(members, tuple) else tuple(members)
         saved = pool.conflict
         if env.conflict is not None:
             pool.conflict = env.conflict
         try:
-            results = pool.deliver_many([m[2] for m in members], fact)  # one lock for all
+            results = pool.deliver_many(targets.keys, fact)  # one lock for all
         finally:
             pool.conflict = saved
-        delivered = sum(1 for ok in results if ok)
+        delivered = results.count(True)
         stats["delivered"] += delivered
-        stats["skipped"] += len(members) - delivered
+        stats["skipped"] += len(results) - delivered
         if self._callbacks and delivered:
             wanted = self._callback_agents
-            for (agent, branch, _key), ok in zip(members, results, strict=True):
+            for (agent, branch), ok in zip(targets.members, results, strict=True):
                 if ok and (wanted is None or agent in wanted):
                     self._notify(agent, branch, fact)
         return delivered
@@ -493,9 +514,9 @@ class Coordinator:
         members = {(a, change.branch) for a in change.agents}
         for env in list(self._log.values()):
             targets = self._targets(env.branch, env.scope)
-            mine = [t for t in targets if (t[0], t[1]) in members]
+            mine = [i for i, m in enumerate(targets.members) if m in members]
             if mine:
-                self._deliver_to(env, mine)
+                self._deliver_to(env, targets.subset(mine))
 
     # ------------------------------------------------------------------ ordering
     def _accept(self, env: FactEnvelope) -> None:
@@ -592,6 +613,8 @@ class Coordinator:
         """One payload from the wire: validate, dedupe, order, deliver. Never raises."""
         stats = self._stats
         stats["received"] += 1
+        if payload.startswith(self._echo_prefix):
+            return  # our own, delivered locally when it was shared
         if len(payload) > self.max_payload:
             stats["oversized"] += 1
             log.warning(

@@ -85,7 +85,8 @@ class SharedMemoryPool:
         self.max_context_facts = max_context_facts
         self._lock = threading.RLock()
         self._facts: OrderedDict[str, SharedFact] = OrderedDict()  # every fact seen, by id
-        self._inboxes: dict[str, OrderedDict[str, SharedFact]] = {}
+        # plain dicts (insertion-ordered; cheaper to fill than OrderedDict on the hot path)
+        self._inboxes: dict[str, dict[str, SharedFact]] = {}
         self._memories: dict[str, ConversationMemory | None] = {}
         self._callbacks: list[Callable[[str, SharedFact], Any]] = []
 
@@ -95,7 +96,7 @@ class SharedMemoryPool:
         if not isinstance(agent, str) or not agent:
             raise ValueError(f"agent must be a non-empty string, got {agent!r}")
         with self._lock:
-            self._inboxes.setdefault(agent, OrderedDict())
+            self._inboxes.setdefault(agent, {})
             if memory is not None or agent not in self._memories:
                 self._memories[agent] = memory
 
@@ -161,7 +162,8 @@ class SharedMemoryPool:
         """:meth:`deliver` to each of ``agents`` under one lock; one result per agent."""
         if not isinstance(fact, SharedFact):
             raise TypeError(f"expected a SharedFact, got {type(fact).__name__}")
-        agents = list(agents)
+        if not isinstance(agents, list | tuple):
+            agents = list(agents)
         results: list[bool] = []
         with self._lock:
             if fact.id not in self._facts:
@@ -182,7 +184,7 @@ class SharedMemoryPool:
                 elif plain:
                     inbox[fid] = fact
                     if len(inbox) > limit:
-                        inbox.popitem(last=False)
+                        del inbox[next(iter(inbox))]  # the oldest
                     append(True)
                 else:
                     append(self._deliver_locked(inbox, fact, topic))
@@ -195,7 +197,7 @@ class SharedMemoryPool:
         return results
 
     def _deliver_locked(
-        self, inbox: OrderedDict[str, SharedFact], fact: SharedFact, topic: object
+        self, inbox: dict[str, SharedFact], fact: SharedFact, topic: object
     ) -> bool:
         if fact.id in inbox:
             return False
@@ -207,7 +209,7 @@ class SharedMemoryPool:
                 del inbox[old.id]
         inbox[fact.id] = fact
         if len(inbox) > self.max_facts:
-            inbox.popitem(last=False)
+            del inbox[next(iter(inbox))]  # the oldest
         return True
 
     def has(self, agent: str, fact_id: str) -> bool:

@@ -760,3 +760,24 @@ async def test_mqtt_3_1_1_works_and_own_echoes_are_ignored(mqtt_broker, ns):
         assert [f.text for f in pool_a.facts_for("writer")] == [f"v3 fact {i}" for i in range(5)]
         assert a.stats["duplicates"] == 0
         assert a.stats["delivered"] == 5 * len(ALL)
+
+
+@pytest.mark.parametrize("sender_id", ["coord-1", "planner \"é\" \\ ünïcode", "日本"])
+async def test_own_echo_prefix_matches_every_envelope_we_send(sender_id):
+    # the receive path drops our own echoes on a byte prefix, before parsing: that prefix
+    # must be exactly how our envelopes begin, whatever the id contains
+    broker = InProcessBroker()
+    graph = fork_tree()
+    pool = SharedMemoryPool()
+    coord = Coordinator(graph, transport=InProcessTransport(broker, namespace="n"), pool=pool,
+                        sender_id=sender_id)
+    _, payload = coord._envelope(SharedFact.create("x", agent="planner"), "main", "global")
+    assert payload.startswith(coord._echo_prefix)
+    other = Coordinator(graph, transport=InProcessTransport(broker, namespace="n"),
+                        pool=SharedMemoryPool(), sender_id=sender_id + "2")
+    assert not payload.startswith(other._echo_prefix)
+    async with coord:
+        coord._handle(fact_topic("n", "main"), payload)  # an echo: ignored, not delivered
+        assert coord.stats["received"] == 1
+        assert coord.stats["delivered"] == 0
+        assert pool.facts_for("writer") == []
