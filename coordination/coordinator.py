@@ -48,7 +48,6 @@ import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self, cast, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -69,6 +68,7 @@ from marsys_mem.coordination.transport import (
     parse_fact_topic,
 )
 from marsys_mem.facts import FactScope, SharedFact
+from marsys_mem.lifecycle import AsyncClosing
 from marsys_mem.messages import Message
 from marsys_mem.patterns.shared import ConflictRule, SharedMemoryPool, member_key
 from marsys_mem.summarize import ExtractiveSummarizer
@@ -216,7 +216,7 @@ def attach_memory(
         log.warning("%s already has a memory on %s: fork not attached", agent, branch)
 
 
-class Coordinator:
+class Coordinator(AsyncClosing):
     """Shares facts between the agents of a :class:`BranchGraph`, in process or over MQTT.
 
     Args:
@@ -334,14 +334,6 @@ class Coordinator:
             self._receive(self.transport.messages()), name=f"coordinator-{self.sender_id}"
         )
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         """Close the transport, deliver what it had already received, stop (idempotent).

@@ -35,7 +35,6 @@ import random
 import socket
 import ssl
 from collections.abc import AsyncIterator
-from types import TracebackType
 from typing import Final, Literal, Self, cast
 
 import aiomqtt
@@ -55,6 +54,7 @@ from marsys_mem.coordination.transport import (
     validate_name,
     validate_topic,
 )
+from marsys_mem.lifecycle import AsyncClosing
 
 __all__ = ["MqttTransport"]
 
@@ -82,7 +82,7 @@ class _Connection:
         self.waiting: set[asyncio.Timeout] = set()
 
 
-class MqttTransport:
+class MqttTransport(AsyncClosing):
     """A :class:`~marsys_mem.coordination.Transport` over MQTT (aiomqtt), QoS 1.
 
     Args:
@@ -329,14 +329,6 @@ class MqttTransport:
             self._supervise(), name=f"mqtt-supervisor-{self.client_id}"
         )
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     def _lost(self, conn: _Connection) -> None:
         """Mark ``conn`` dead: wake the publishes waiting on it (they publish again)."""

@@ -35,6 +35,7 @@ from types import TracebackType
 from typing import Final, Protocol, Self, cast, runtime_checkable
 
 from marsys_mem.exceptions import MarsysMemError
+from marsys_mem.lifecycle import AsyncClosing
 
 __all__ = [
     "DEFAULT_MAX_PAYLOAD",
@@ -373,7 +374,7 @@ class InProcessBroker:
 _ids = itertools.count(1)
 
 
-class InProcessTransport:
+class InProcessTransport(AsyncClosing):
     """The default transport: asyncio queues through an :class:`InProcessBroker`.
 
     Args:
@@ -435,14 +436,6 @@ class InProcessTransport:
         self._session = self.broker._connect(self.client_id, self.clean_session, self.no_local)
         self._queue = self._session.queue
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         """Disconnect (idempotent); a persistent session keeps collecting payloads."""

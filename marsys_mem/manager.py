@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from marsys_mem.agent_patterns import AgentPatterns, resolve_embedder
 from marsys_mem.compose import Block, aassemble, assemble
@@ -37,6 +37,7 @@ from marsys_mem.conversation import ConversationMemory, MemorySink
 from marsys_mem.embeddings import Embedder, default_embedder
 from marsys_mem.events import EventBus
 from marsys_mem.exceptions import ContextOverflowError, MarsysMemError, MessageNotFoundError
+from marsys_mem.lifecycle import Closing
 from marsys_mem.messages import Message, Provider, to_llm_format
 from marsys_mem.patterns.shared import SharedMemoryPool, member_key
 from marsys_mem.retention import MemoryConfig, RetentionPolicy, load_config
@@ -205,7 +206,7 @@ class _RunScope:
         await asyncio.to_thread(self._manager._end_run, self._run, exc)
 
 
-class MemoryManager:
+class MemoryManager(Closing):
     """Owns the store and every agent's memory, and applies the retention policies.
 
     Args:
@@ -659,17 +660,6 @@ class MemoryManager:
     async def aclose(self) -> None:
         """Async twin of :meth:`close`."""
         await asyncio.to_thread(self.close)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (

@@ -41,15 +41,16 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue
 
 from marsys_mem.embeddings import Embedder
 from marsys_mem.exceptions import StoreError, SummarizerError
+from marsys_mem.lifecycle import Closing
 from marsys_mem.messages import Message
-from marsys_mem.patterns.rag import RAGMemory, ScoredMessage
+from marsys_mem.patterns.rag import RAGMemory
+from marsys_mem.patterns.retrieval import ScoredMessage, check_query, positive_int
 from marsys_mem.runs import RunSnapshot
 from marsys_mem.store.base import Key, MemoryStore, SaveRun, validate_key
 from marsys_mem.store.memory import InMemoryStore
@@ -178,16 +179,6 @@ def _check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
     return copied
 
 
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
-def _check_query(query: object) -> str:
-    if not isinstance(query, str) or not query.strip():
-        raise ValueError(f"query must be a non-empty string, got {query!r}")
-    return query
 
 
 def _check_summary(result: object) -> str:
@@ -196,7 +187,7 @@ def _check_summary(result: object) -> str:
     return result
 
 
-class EpisodicMemory:
+class EpisodicMemory(Closing):
     """Messages grouped into episodes, recalled by meaning, summarised per episode.
 
     Args:
@@ -492,8 +483,8 @@ class EpisodicMemory:
             KeyError: an unknown ``episode_id``.
         """
         self._check_open()
-        _check_query(query)
-        _positive_int("k", k)
+        check_query(query)
+        positive_int("k", k)
         meta = self._recall_filter(episode_id)
         return self.rag.search(query, k, min_score, metadata=meta)
 
@@ -507,8 +498,8 @@ class EpisodicMemory:
     ) -> list[ScoredMessage]:
         """Async twin of :meth:`recall`."""
         self._check_open()
-        _check_query(query)
-        _positive_int("k", k)
+        check_query(query)
+        positive_int("k", k)
         meta = self._recall_filter(episode_id)
         return await self.rag.asearch(query, k, min_score, metadata=meta)
 
@@ -521,8 +512,8 @@ class EpisodicMemory:
             ValueError: an empty query or ``k <= 0``.
         """
         self._check_open()
-        _check_query(query)
-        _positive_int("k", k)
+        check_query(query)
+        positive_int("k", k)
         depth = max(4 * k, 20)
         while True:
             hits = self.rag.search(query, depth, min_score)
@@ -669,17 +660,6 @@ class EpisodicMemory:
     def closed(self) -> bool:
         """True after :meth:`close`."""
         return self._closed
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (

@@ -37,8 +37,7 @@ import re
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal
 
 from marsys_mem.context import ContextPolicy
 from marsys_mem.embeddings import Embedder
@@ -49,6 +48,7 @@ from marsys_mem.exceptions import (
     MessageNotFoundError,
     StoreError,
 )
+from marsys_mem.lifecycle import Closing
 from marsys_mem.messages import Message
 from marsys_mem.patterns.rag import RAGMemory, ScoredMessage
 from marsys_mem.store.base import Append, Delete, Key, MemoryStore, validate_key
@@ -209,7 +209,7 @@ def _snippet_message(hits: Sequence[ScoredMessage]) -> Message:
     )
 
 
-class HierarchicalMemory:
+class HierarchicalMemory(Closing):
     """Core, working and archival memory tiers, assembled into one context.
 
     Args:
@@ -756,17 +756,6 @@ class HierarchicalMemory:
     def closed(self) -> bool:
         """True after :meth:`close`."""
         return self._closed
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (

@@ -42,14 +42,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import math
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -63,17 +60,27 @@ from marsys_mem.exceptions import (
     StoreError,
 )
 from marsys_mem.index import FaissIndex
+from marsys_mem.lifecycle import Closing
 from marsys_mem.messages import Message
 from marsys_mem.patterns.bm25 import BM25Index
+from marsys_mem.patterns.retrieval import (
+    MODES,
+    Candidate,
+    Fusion,
+    MessageFilter,
+    ScoredMessage,
+    SearchMode,
+    check_query,
+    finite_number,
+    fuse_scores,
+    make_filter,
+    positive_int,
+)
 from marsys_mem.store.base import Key, MemoryStore, validate_key
 
 __all__ = ["Fusion", "RAGMemory", "ScoredMessage", "SearchMode"]
 
 log = logging.getLogger("marsys_mem.patterns.rag")
-
-SearchMode = Literal["hybrid", "dense", "bm25"]
-_MODES: frozenset[str] = frozenset(("hybrid", "dense", "bm25"))
-Fusion = Literal["rrf", "convex"]
 
 _notice_given = False
 _notice_lock = threading.Lock()
@@ -91,90 +98,7 @@ def _bm25_only_notice() -> None:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class ScoredMessage:
-    """One search hit.
-
-    Attributes:
-        message: the message found.
-        score: what the hits are ranked by: the cosine similarity (``dense``), the BM25
-            score (``bm25``) or the fused score, at most 1.0 (``hybrid``).
-        dense_score: cosine similarity to the query (``None`` in ``bm25`` mode, or when
-            the message has no vector yet).
-        bm25_score: BM25 score (``None`` in ``dense`` mode).
-        rank: 1 for the best hit.
-
-    Example:
-        >>> hit = ScoredMessage(Message.user("hi"), score=0.9, dense_score=0.9, rank=1)
-        >>> hit.text, hit.score, hit.bm25_score
-        ('hi', 0.9, None)
-    """
-
-    message: Message
-    score: float
-    dense_score: float | None = None
-    bm25_score: float | None = None
-    rank: int = 1
-
-    @property
-    def id(self) -> str:
-        """The message's ``message_id``."""
-        return self.message.message_id
-
-    @property
-    def text(self) -> str:
-        """The message's text."""
-        return self.message.text
-
-
-_Filter = Callable[[Message], bool]
-
-
-def _make_filter(
-    agent: str | None,
-    role: str | None,
-    since: datetime | None,
-    until: datetime | None,
-    metadata: Mapping[str, Any] | None,
-) -> _Filter | None:
-    for name, value in (("since", since), ("until", until)):
-        if value is not None and (not isinstance(value, datetime) or value.tzinfo is None):
-            raise ValueError(f"{name} must be a timezone-aware datetime, got {value!r}")
-    if metadata is not None and not isinstance(metadata, Mapping):
-        raise TypeError(f"metadata must be a mapping, got {type(metadata).__name__}")
-    if agent is None and role is None and since is None and until is None and not metadata:
-        return None
-    wanted = dict(metadata or {})
-
-    def keep(m: Message) -> bool:
-        if agent is not None and m.name != agent and m.metadata.get("agent") != agent:
-            return False
-        if role is not None and m.role != role:
-            return False
-        if since is not None and m.timestamp < since:
-            return False
-        if until is not None and m.timestamp >= until:
-            return False
-        return all(key in m.metadata and m.metadata[key] == v for key, v in wanted.items())
-
-    return keep
-
-
-def _finite_number(name: str, value: object, *, minimum: float | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
-    return float(value)
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
-class RAGMemory:
+class RAGMemory(Closing):
     """Searchable memory of messages: dense + BM25 hybrid retrieval, durable if asked.
 
     Args:
@@ -258,10 +182,10 @@ class RAGMemory:
         k1: float = 1.5,
         b: float = 0.75,
     ) -> None:
-        if mode not in _MODES:
-            raise ValueError(f"mode must be one of {sorted(_MODES)}, got {mode!r}")
-        self.dense_weight = _finite_number("dense_weight", dense_weight, minimum=0.0)
-        self.bm25_weight = _finite_number("bm25_weight", bm25_weight, minimum=0.0)
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {sorted(MODES)}, got {mode!r}")
+        self.dense_weight = finite_number("dense_weight", dense_weight, minimum=0.0)
+        self.bm25_weight = finite_number("bm25_weight", bm25_weight, minimum=0.0)
         if self.dense_weight == 0 and self.bm25_weight == 0:
             raise ValueError("dense_weight and bm25_weight cannot both be 0")
         if isinstance(rrf_k, bool) or not isinstance(rrf_k, int) or rrf_k < 0:
@@ -270,10 +194,10 @@ class RAGMemory:
         if fusion not in ("rrf", "convex"):
             raise ValueError(f"fusion must be 'rrf' or 'convex', got {fusion!r}")
         self.fusion: Fusion = fusion
-        self.candidates = _positive_int("candidates", candidates)
-        self.max_chars = _positive_int("max_chars", max_chars)
-        _positive_int("batch_size", batch_size)
-        _positive_int("max_pending", max_pending)
+        self.candidates = positive_int("candidates", candidates)
+        self.max_chars = positive_int("max_chars", max_chars)
+        positive_int("batch_size", batch_size)
+        positive_int("max_pending", max_pending)
         self.key: Key = validate_key(key)
         if store is not None and not isinstance(store, MemoryStore):
             raise TypeError(f"store must be a MemoryStore, got {type(store).__name__}")
@@ -777,13 +701,12 @@ class RAGMemory:
             EmbeddingError: the embedder failed on the query.
         """
         self._check_open()
-        if not isinstance(query, str) or not query.strip():
-            raise ValueError(f"query must be a non-empty string, got {query!r}")
-        k = _positive_int("k", k)
+        check_query(query)
+        k = positive_int("k", k)
         if min_score is not None:
-            min_score = _finite_number("min_score", min_score)
+            min_score = finite_number("min_score", min_score)
         resolved = self._resolve_mode(mode)
-        keep = _make_filter(agent, role, since, until, metadata)
+        keep = make_filter(agent, role, since, until, metadata)
         self._wait()
         qvec = self._embed([query]) if resolved != "bm25" else None
         with self._lock:
@@ -819,8 +742,8 @@ class RAGMemory:
     def _resolve_mode(self, mode: SearchMode | None) -> SearchMode:
         if mode is None:
             return self.mode
-        if mode not in _MODES:
-            raise ValueError(f"mode must be one of {sorted(_MODES)}, got {mode!r}")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {sorted(MODES)}, got {mode!r}")
         if mode != "bm25" and self.embedder is None:
             if mode == "dense":
                 raise ValueError("mode='dense' needs an embedder; this RAGMemory has none")
@@ -834,7 +757,7 @@ class RAGMemory:
         k: int,
         min_score: float | None,
         mode: SearchMode,
-        keep: _Filter | None,
+        keep: MessageFilter | None,
     ) -> list[ScoredMessage]:
         total = len(self._messages)
         if total == 0:
@@ -864,7 +787,7 @@ class RAGMemory:
         qvec: npt.NDArray[np.float32] | None,
         mode: SearchMode,
         depth: int,
-    ) -> tuple[list[tuple[str, float, float | None, float | None]], bool]:
+    ) -> tuple[list[Candidate], bool]:
         """Candidates ``(id, score, dense, bm25)`` best first, and whether none are left."""
         dense: list[tuple[str, float]] = []
         dense_done = True
@@ -891,7 +814,7 @@ class RAGMemory:
         qvec: npt.NDArray[np.float32] | None,
         dense: list[tuple[str, float]],
         bm25: list[tuple[str, float]],
-    ) -> list[tuple[str, float, float | None, float | None]]:
+    ) -> list[Candidate]:
         """Fuse the two candidate lists; every candidate gets both retrievers' scores."""
         dense_of = dict(dense)
         bm25_of = dict(bm25)
@@ -905,25 +828,16 @@ class RAGMemory:
         lacking = [i for i in ids if i not in bm25_of]
         if lacking:
             bm25_of.update(self._bm25.score_docs(query, lacking))
-        dw, bw = self.dense_weight, self.bm25_weight
-        fused: dict[str, float] = {}
-        if self.fusion == "rrf":
-            rrf = self.rrf_k
-            norm = (dw + bw) / (rrf + 1)
-            for rank, (mid, _) in enumerate(dense, 1):
-                fused[mid] = dw / (rrf + rank) / norm
-            for rank, (mid, _) in enumerate(bm25, 1):
-                fused[mid] = fused.get(mid, 0.0) + bw / (rrf + rank) / norm
-        else:
-            top = bm25[0][1] if bm25 else 0.0
-            scale = 1.0 / top if top > 0 else 0.0
-            total = dw + bw
-            for mid in ids:
-                fused[mid] = (
-                    dw * dense_of.get(mid, 0.0) + bw * bm25_of.get(mid, 0.0) * scale
-                ) / total
-        ranked = sorted(ids, key=lambda mid: -fused[mid])
-        return [(mid, fused[mid], dense_of.get(mid), bm25_of.get(mid)) for mid in ranked]
+        return fuse_scores(
+            dense,
+            bm25,
+            dense_of,
+            bm25_of,
+            fusion=self.fusion,
+            dense_weight=self.dense_weight,
+            bm25_weight=self.bm25_weight,
+            rrf_k=self.rrf_k,
+        )
 
     # ------------------------------------------------------------------ async twins
     async def aadd(self, message: Message | str, **fields: Any) -> str:
@@ -970,17 +884,6 @@ class RAGMemory:
                 len(self._unreported),
                 self._unreported[:5],
             )
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         name = self.embedder.name if self.embedder is not None else None

@@ -22,9 +22,9 @@ import asyncio
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
+from marsys_mem.lifecycle import Closing
 from marsys_mem.messages import Message
 from marsys_mem.runs import RunSnapshot
 
@@ -240,7 +240,7 @@ def _ids(ids: Iterable[str] | None) -> tuple[str, ...] | None:
     return tuple(ids)
 
 
-class MemoryStore(abc.ABC):
+class MemoryStore(Closing, abc.ABC):
     """Durable storage for messages and run snapshots.
 
     Subclasses implement :meth:`_batch` (and :meth:`close` if they hold resources).
@@ -417,14 +417,3 @@ class MemoryStore(abc.ABC):
     def close(self) -> None:
         """Release resources; further calls raise ``StoreError``. Idempotent."""
         self.closed = True
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
