@@ -403,7 +403,11 @@ def load_config(path: str | Path) -> MemoryConfig:
             file, the field path and the bad value.
 
     Example:
-        >>> cfg = load_config("examples/policies/team.yaml")  # doctest: +SKIP
+        >>> import pathlib, tempfile
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "team.json"
+        >>> _ = path.write_text('{"agents": {"researcher": {"retention": "persistent"}}}')
+        >>> load_config(path).agents["researcher"].retention
+        'persistent'
     """
     path = Path(path)
     if not path.is_file():
