@@ -22,7 +22,6 @@ from marsys_mem.context import (
 from marsys_mem.conversation import ConversationMemory
 from marsys_mem.embeddings import (
     Embedder,
-    EmbeddingQueue,
     HashingEmbedder,
     SentenceTransformerEmbedder,
     default_embedder,
@@ -59,6 +58,7 @@ from marsys_mem.exceptions import (
 )
 from marsys_mem.facts import SharedFact
 from marsys_mem.index import FaissIndex, VectorIndex
+from marsys_mem.ingest import EmbeddingQueue
 from marsys_mem.manager import MemoryManager
 from marsys_mem.messages import (
     MESSAGE_LIST_ADAPTER,

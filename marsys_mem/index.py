@@ -158,7 +158,7 @@ class FaissIndex:
 
     Vectors are stored as given (``float32``); the score is the inner product, i.e. the
     cosine similarity for unit vectors. Every method is thread-safe (one lock), so an
-    :class:`~marsys_mem.embeddings.EmbeddingQueue` callback may add while others search.
+    :class:`~marsys_mem.ingest.EmbeddingQueue` callback may add while others search.
     Bad input raises :class:`~marsys_mem.exceptions.EmbeddingError` (a ``ValueError``)
     naming the numbers, and leaves the index unchanged.
 

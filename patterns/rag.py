@@ -1,7 +1,7 @@
 """RAGMemory: retrieval over messages, dense (embeddings) + BM25 keywords, fused.
 
 Writes are fast and never wait for a model: :meth:`RAGMemory.add` indexes the text for
-BM25 at once and hands it to a background :class:`~marsys_mem.embeddings.EmbeddingQueue`
+BM25 at once and hands it to a background :class:`~marsys_mem.ingest.EmbeddingQueue`
 that embeds in batches; :meth:`RAGMemory.search` first waits for what is still pending, so
 a search always sees every message added before it.
 
@@ -51,7 +51,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from marsys_mem.embeddings import Embedder, EmbeddingQueue, check_vectors, default_embedder
+from marsys_mem.embeddings import Embedder, check_vectors, default_embedder
 from marsys_mem.exceptions import (
     DuplicateMessageError,
     EmbeddingError,
@@ -60,6 +60,7 @@ from marsys_mem.exceptions import (
     StoreError,
 )
 from marsys_mem.index import FaissIndex
+from marsys_mem.ingest import EmbeddingQueue
 from marsys_mem.lifecycle import Closing
 from marsys_mem.messages import Message
 from marsys_mem.patterns.bm25 import BM25Index

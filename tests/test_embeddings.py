@@ -11,7 +11,6 @@ import pytest
 from marsys_mem.embeddings import (
     PACKAGED_MODEL_NAME,
     Embedder,
-    EmbeddingQueue,
     HashingEmbedder,
     SentenceTransformerEmbedder,
     check_vectors,
@@ -19,6 +18,7 @@ from marsys_mem.embeddings import (
     embeddings_available,
 )
 from marsys_mem.exceptions import EmbeddingError, MissingDependencyError
+from marsys_mem.ingest import EmbeddingQueue
 
 QUEUE_THREAD = "marsys-mem-embedding-queue"
 
