@@ -47,7 +47,7 @@ import logging
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Self, cast, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -55,6 +55,7 @@ from pydantic_core import to_json
 
 from marsys_mem.conversation import ConversationMemory
 from marsys_mem.coordination.graph import BranchGraph, BranchInfo, GraphChange, MergeStrategy
+from marsys_mem.coordination.ordering import SenderOrdering
 from marsys_mem.coordination.transport import (
     DEFAULT_MAX_PAYLOAD,
     BranchError,
@@ -191,18 +192,6 @@ class _Targets:
         )
 
 
-@dataclass
-class _Sender:
-    """Ordering state of one sender: next expected seq, early arrivals, skipped seqs."""
-
-    expected: int
-    base: int
-    buffer: dict[int, FactEnvelope] = field(default_factory=dict)
-    missing: set[int] = field(default_factory=set)
-    pre_seen: set[int] = field(default_factory=set)
-    timer: asyncio.TimerHandle | None = None
-
-
 def attach_memory(
     manager: MemoryManager, agent: str, branch: str, memory: ConversationMemory
 ) -> None:
@@ -297,13 +286,13 @@ class Coordinator(AsyncClosing):
             + to_json(self.sender_id) + b","
         )
         self.max_log = max_log
-        self.gap_timeout = gap_timeout
-        self.max_pending = max_pending
         self.error: BaseException | None = None  # why receiving stopped, if it did
         self._stats = dict.fromkeys(_STAT_KEYS, 0)
         self._seq = 0
         self._log: OrderedDict[tuple[str, int], FactEnvelope] = OrderedDict()
-        self._senders: OrderedDict[str, _Sender] = OrderedDict()
+        self._order: SenderOrdering[FactEnvelope] = SenderOrdering(
+            self._deliver, gap_timeout=gap_timeout, max_pending=max_pending
+        )
         self._callbacks: list[tuple[FactCallback, str | None, str | None]] = []
         self._callback_agents: set[str] | None = set()  # None: some callback takes every agent
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -356,10 +345,7 @@ class Coordinator(AsyncClosing):
                     receiver.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await receiver
-            for state in self._senders.values():
-                if state.timer is not None:
-                    state.timer.cancel()
-                    state.timer = None
+            self._order.close()
             if self._tasks:
                 _done, pending = await asyncio.wait(set(self._tasks), timeout=1.0)
                 for task in pending:
@@ -371,6 +357,16 @@ class Coordinator(AsyncClosing):
         return self._entered
 
     @property
+    def gap_timeout(self) -> float:
+        """Seconds an ordering gap may stay open before it is skipped."""
+        return self._order.gap_timeout
+
+    @property
+    def max_pending(self) -> int:
+        """Most early envelopes buffered per sender before a gap is skipped."""
+        return self._order.max_pending
+
+    @property
     def stats(self) -> dict[str, int]:
         """Counters: received, delivered, duplicates, skipped, malformed, oversized, gaps, errors.
 
@@ -379,7 +375,11 @@ class Coordinator(AsyncClosing):
         refused (it had the fact, or the fact lost a conflict); ``gaps``: ordering gaps
         skipped after ``gap_timeout``; ``errors``: failing callbacks.
         """
-        return dict(self._stats)
+        return {
+            **self._stats,
+            "duplicates": self._order.duplicates,
+            "gaps": self._order.gaps,
+        }
 
     def _require_running(self) -> None:
         if not self._entered:
@@ -513,79 +513,7 @@ class Coordinator(AsyncClosing):
     # ------------------------------------------------------------------ ordering
     def _accept(self, env: FactEnvelope) -> None:
         """Deliver ``env`` once, in its sender's order (buffering early arrivals)."""
-        seq = env.seq
-        state = self._senders.get(env.sender)
-        if state is None:
-            state = self._senders[env.sender] = _Sender(expected=seq, base=seq)
-            if len(self._senders) > 10_000:
-                _, old = self._senders.popitem(last=False)
-                if old.timer is not None:
-                    old.timer.cancel()
-        if seq == state.expected:
-            self._deliver(env)
-            state.expected += 1
-            if state.buffer:
-                self._drain(env.sender, state)
-            return
-        if seq < state.expected:
-            if seq in state.missing:
-                state.missing.discard(seq)
-                self._deliver(env)  # late, after its gap was skipped
-            elif seq < state.base and seq not in state.pre_seen:
-                if len(state.pre_seen) < 100_000:
-                    state.pre_seen.add(seq)
-                self._deliver(env)  # sent before the first one this coordinator saw
-            else:
-                self._stats["duplicates"] += 1
-            return
-        if seq in state.buffer:
-            self._stats["duplicates"] += 1
-            return
-        state.buffer[seq] = env
-        if len(state.buffer) > self.max_pending:
-            self._skip_gap(env.sender)
-        elif state.timer is None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # pragma: no cover - receiving always runs in a loop
-                return
-            state.timer = loop.call_later(self.gap_timeout, self._skip_gap, env.sender)
-
-    def _drain(self, sender: str, state: _Sender) -> None:
-        buffer = state.buffer
-        while state.expected in buffer:
-            self._deliver(buffer.pop(state.expected))
-            state.expected += 1
-        if not buffer and state.timer is not None:
-            state.timer.cancel()
-            state.timer = None
-
-    def _skip_gap(self, sender: str) -> None:
-        state = self._senders.get(sender)
-        if state is None:
-            return
-        if state.timer is not None:
-            state.timer.cancel()
-            state.timer = None
-        if not state.buffer:
-            return
-        first = min(state.buffer)
-        if first - state.expected <= 100_000:
-            state.missing.update(range(state.expected, first))
-        self._stats["gaps"] += 1
-        log.warning(
-            "facts %d..%d from %s did not arrive within %.1fs: delivering the later ones",
-            state.expected,
-            first - 1,
-            sender,
-            self.gap_timeout,
-        )
-        state.expected = first
-        self._drain(sender, state)
-        if state.buffer and state.timer is None:
-            state.timer = asyncio.get_running_loop().call_later(
-                self.gap_timeout, self._skip_gap, sender
-            )
+        self._order.accept(env.sender, env.seq, env)
 
     # ------------------------------------------------------------------ receiving
     async def _receive(self, messages: AsyncIterator[tuple[str, bytes]]) -> None:
