@@ -9,9 +9,15 @@ from __future__ import annotations
 
 import json
 import textwrap
-from typing import Any, Literal
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from marsys_mem.context import ContextPolicy, ContextWindow
+    from marsys_mem.facts import SharedFact
+    from marsys_mem.messages import Message
 
 __all__ = [
     "AskReport",
@@ -26,6 +32,8 @@ __all__ = [
     "WindowMessage",
     "WindowReport",
     "WorkflowReport",
+    "clip",
+    "describe",
 ]
 
 WindowPart = Literal["message", "summary", "shared_facts", "core_memory", "retrieval"]
@@ -35,9 +43,22 @@ class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-def _clip(text: str, limit: int) -> str:
+_BLOCK_PARTS = {"shared_facts", "core_memory", "retrieval"}
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` on one line, cut to ``limit`` characters with an ellipsis."""
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def describe(m: Message) -> str:
+    """A one-line description of what a message without text does (its calls)."""
+    if m.tool_calls:
+        return "; ".join(f"{c.name}({json.dumps(c.arguments)})" for c in m.tool_calls)
+    if m.agent_calls:
+        return "; ".join(f"-> {c.agent}: {c.request}" for c in m.agent_calls)
+    return ""
 
 
 class FactRecord(_Model):
@@ -63,6 +84,23 @@ class FactRecord(_Model):
     def provenance(self) -> str:
         """``agent@branch`` of whoever shared it."""
         return f"{self.source_agent}@{self.source_branch}"
+
+    @classmethod
+    def of_fact(cls, fact: SharedFact, routed_to: str, reached: Iterable[str] = ()) -> FactRecord:
+        """The record of ``fact``, shared on (or merged into) ``routed_to``."""
+        topic = fact.metadata.get("topic")
+        merged = fact.metadata.get("merged_from")
+        return cls(
+            text=fact.text,
+            source_agent=fact.source_agent,
+            source_branch=fact.source_branch,
+            scope="branch" if merged else fact.scope,
+            routed_to=routed_to,
+            confidence=fact.confidence,
+            topic=str(topic) if topic is not None else None,
+            merged_from=str(merged) if merged is not None else None,
+            reached=list(reached),
+        )
 
 
 class WindowMessage(_Model):
@@ -99,6 +137,39 @@ class WindowReport(_Model):
     history_tokens: int
     summary: str | None = None
     preview: list[WindowMessage] = Field(default_factory=list)
+
+    @classmethod
+    def of_window(cls, win: ContextWindow, policy: ContextPolicy) -> WindowReport:
+        """Report ``win``, built under ``policy``, with a preview of each message."""
+        preview = []
+        for m in win.messages:
+            block = m.metadata.get("block")
+            part: WindowPart = "message"
+            if block in _BLOCK_PARTS:
+                part = cast("WindowPart", block)
+            elif win.summary is not None and m is win.summary:
+                part = "summary"
+            preview.append(
+                WindowMessage(
+                    role=m.role,
+                    text=clip(m.text or describe(m), 160),
+                    part=part,
+                    name=m.name,
+                    pinned=m.pinned,
+                )
+            )
+        return cls(
+            messages=len(win.messages),
+            tokens=win.tokens,
+            max_tokens=policy.max_tokens,
+            max_messages=policy.max_messages,
+            strategy=win.strategy,
+            dropped=win.dropped,
+            history_messages=win.history_messages,
+            history_tokens=win.history_tokens,
+            summary=win.summary.text if win.summary is not None else None,
+            preview=preview,
+        )
 
 
 class MemoryReport(_Model):
@@ -390,7 +461,7 @@ def _text_lines(r: WorkflowReport, width: int) -> list[str]:
                 summaries.append((m.key, w.summary))
         for key, summary in summaries:
             lines += textwrap.wrap(
-                f"summary in {key}: {_clip(summary, 3 * width)}",
+                f"summary in {key}: {clip(summary, 3 * width)}",
                 width,
                 initial_indent="   ",
                 subsequent_indent="      ",
@@ -408,11 +479,11 @@ def _text_lines(r: WorkflowReport, width: int) -> list[str]:
                 else (f"{f.scope} of {f.routed_to}")
             )
             lines.append(
-                f"   {f.provenance} -> {how}: {_clip(f.text, width - 30)}"
+                f"   {f.provenance} -> {how}: {clip(f.text, width - 30)}"
                 + (f" ({', '.join(extra)})" if extra else "")
             )
             if f.reached:
-                lines.append(f"      reached {_clip(', '.join(f.reached), width - 14)}")
+                lines.append(f"      reached {clip(', '.join(f.reached), width - 14)}")
 
     if r.merges:
         lines += ["", "== Merges"]
@@ -423,7 +494,7 @@ def _text_lines(r: WorkflowReport, width: int) -> list[str]:
                 f"{'s' if mg.messages != 1 else ''}"
             )
             if mg.summary:
-                lines.append(f"      summary: {_clip(mg.summary, width - 16)}")
+                lines.append(f"      summary: {clip(mg.summary, width - 16)}")
 
     if r.asks:
         lines += ["", f"== Questions ({len(r.asks)})"]
@@ -432,7 +503,7 @@ def _text_lines(r: WorkflowReport, width: int) -> list[str]:
             lines.append(f"   {a.agent}@{a.branch} [{where}]: {a.question}")
             if a.answer:
                 src = f"  ({a.answer_source})" if a.answer_source else ""
-                lines.append(f"      best match: {_clip(a.answer, width - 18)}{src}")
+                lines.append(f"      best match: {clip(a.answer, width - 18)}{src}")
             else:
                 lines.append("      best match: (nothing in memory matches)")
             lines.append(
@@ -440,7 +511,7 @@ def _text_lines(r: WorkflowReport, width: int) -> list[str]:
                 f"({a.facts} fact{'s' if a.facts != 1 else ''}, {a.retrieved} retrieved)"
             )
             for h in a.hits[:3]:
-                lines.append(f"      hit {h.rank}:  {h.score:.3f} {h.role}: {_clip(h.text, 70)}")
+                lines.append(f"      hit {h.rank}:  {h.score:.3f} {h.role}: {clip(h.text, 70)}")
             if a.expect:
                 marks = "  ".join(("✓ " if e in a.found else "✗ ") + repr(e) for e in a.expect)
                 lines.append(f"      expect: {marks}")
@@ -448,10 +519,10 @@ def _text_lines(r: WorkflowReport, width: int) -> list[str]:
     if t.by_kind:
         lines += ["", "== Timings"]
         kinds = ", ".join(f"{k.kind} {k.count}x {_seconds(k.seconds)}" for k in t.by_kind)
-        lines.append(f"   {_clip(kinds, width - 3)}")
+        lines.append(f"   {clip(kinds, width - 3)}")
         if t.slowest:
             slow = ", ".join(f"{s.label} {_seconds(s.seconds)}" for s in t.slowest)
-            lines.append(f"   slowest: {_clip(slow, width - 12)}")
+            lines.append(f"   slowest: {clip(slow, width - 12)}")
     failed = [a for a in r.asks if not a.ok]
     lines.append("")
     if failed:

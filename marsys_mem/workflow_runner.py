@@ -18,7 +18,6 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +52,9 @@ from marsys_mem.workflow_report import (
     MergeReport,
     SlowStep,
     Timings,
-    WindowMessage,
     WindowReport,
     WorkflowReport,
+    clip,
 )
 
 __all__ = ["FACTS_AGENT", "WorkflowRunner", "shared_default_embedder"]
@@ -66,7 +65,6 @@ FACTS_AGENT = "#facts"
 """The reserved agent name under which a run records its shared facts in the store."""
 
 _EMBEDDER: dict[str, Embedder | None] = {}
-_BLOCK_PARTS = {"shared_facts", "core_memory", "retrieval"}
 
 
 def shared_default_embedder() -> Embedder | None:
@@ -276,7 +274,7 @@ class WorkflowRunner:
 
     # ------------------------------------------------------------------ facts
     def _record_fact(self, fact: SharedFact, routed_to: str, scope: str) -> None:
-        self._facts.append(_fact_record(fact, routed_to, []))
+        self._facts.append(FactRecord.of_fact(fact, routed_to, []))
         self._fact_ids.append(fact.id)
         self._unsaved.append((routed_to, fact))
 
@@ -583,7 +581,7 @@ class WorkflowRunner:
                         rank=i,
                         score=round(h.score, 4),
                         role=h.message.role,
-                        text=_clip(h.message.text, 300),
+                        text=clip(h.message.text, 300),
                     )
                     for i, h in enumerate(hits, 1)
                 ],
@@ -659,7 +657,7 @@ class WorkflowRunner:
         if policy.is_persistent and self.config.store.backend == "sqlite":
             stored = manager.store.count_messages(manager.key(agent, branch))
         facts = [
-            _fact_record(f, branch if f.metadata.get("merged_from") else f.source_branch, [])
+            FactRecord.of_fact(f, branch if f.metadata.get("merged_from") else f.source_branch, [])
             for f in manager.shared.facts_for(inbox_key(agent, branch))
         ]
         window = None
@@ -669,37 +667,7 @@ class WorkflowRunner:
         except MarsysMemError as exc:
             error = str(exc)
         else:
-            preview = []
-            for m in win.messages:
-                block = m.metadata.get("block")
-                part = (
-                    str(block)
-                    if block in _BLOCK_PARTS
-                    else "summary"
-                    if win.summary is not None and m is win.summary
-                    else "message"
-                )
-                preview.append(
-                    WindowMessage(
-                        role=m.role,
-                        text=_clip(m.text or _describe(m), 160),
-                        part=part,
-                        name=m.name,
-                        pinned=m.pinned,
-                    )
-                )
-            window = WindowReport(
-                messages=len(win.messages),
-                tokens=win.tokens,
-                max_tokens=mem.policy.max_tokens,
-                max_messages=mem.policy.max_messages,
-                strategy=win.strategy,
-                dropped=win.dropped,
-                history_messages=win.history_messages,
-                history_tokens=win.history_tokens,
-                summary=win.summary.text if win.summary is not None else None,
-                preview=preview,
-            )
+            window = WindowReport.of_window(win, mem.policy)
         return MemoryReport(
             agent=agent,
             branch=branch,
@@ -733,35 +701,6 @@ class WorkflowRunner:
 
 
 # ---------------------------------------------------------------------------- helpers
-def _clip(text: str, limit: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
-
-
-def _describe(m: Message) -> str:
-    if m.tool_calls:
-        return "; ".join(f"{c.name}({json.dumps(c.arguments)})" for c in m.tool_calls)
-    if m.agent_calls:
-        return "; ".join(f"-> {c.agent}: {c.request}" for c in m.agent_calls)
-    return ""
-
-
-def _fact_record(fact: SharedFact, routed_to: str, reached: Iterable[str]) -> FactRecord:
-    topic = fact.metadata.get("topic")
-    merged = fact.metadata.get("merged_from")
-    return FactRecord(
-        text=fact.text,
-        source_agent=fact.source_agent,
-        source_branch=fact.source_branch,
-        scope="branch" if merged else fact.scope,
-        routed_to=routed_to,
-        confidence=fact.confidence,
-        topic=str(topic) if topic is not None else None,
-        merged_from=str(merged) if merged is not None else None,
-        reached=list(reached),
-    )
-
-
 def _best(
     question: str, candidates: list[tuple[str, str, str]], embedder: Embedder | None = None
 ) -> tuple[str | None, str | None]:
