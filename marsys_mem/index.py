@@ -9,28 +9,17 @@ similarities for the unit vectors an :class:`~marsys_mem.embeddings.Embedder` re
 to load a file that is truncated, corrupt or was built for another embedder, raising
 :class:`~marsys_mem.exceptions.IndexCorruptError`: rebuild it from the store then.
 
-File format (version 1)::
-
-    b"MARSYSVI" | u32 header length | u32 CRC-32 of the header | header (JSON, UTF-8) | payload
-
-The header holds the format version, ``dim``, ``kind``, ``count``, the caller's ``meta``
-(e.g. the embedder name), the byte ranges of the payload's sections (the serialised faiss
-index, the int64 labels, the ids as a JSON list) and the SHA-256 of the payload.
+The file format lives in :mod:`marsys_mem.index_file`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import os
-import struct
-import tempfile
 import threading
-import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any, Literal, Protocol, Self, runtime_checkable
 
 import faiss
@@ -38,6 +27,12 @@ import numpy as np
 
 from marsys_mem.embeddings import FloatArray, check_vectors
 from marsys_mem.exceptions import EmbeddingError, IndexCorruptError, StoreError
+from marsys_mem.index_file import (
+    FORMAT_VERSION,
+    read_index_file,
+    read_index_header,
+    write_index_file,
+)
 
 __all__ = [
     "FORMAT_VERSION",
@@ -49,14 +44,8 @@ __all__ = [
 
 IndexKind = Literal["flat", "hnsw", "auto"]
 
-FORMAT_VERSION = 1
-"""Version of the file written by :meth:`FaissIndex.save`."""
-
 _faiss_untyped: Any = faiss  # for the parts faiss's own type stubs leave out
 
-_MAGIC = b"MARSYSVI"
-_PREFIX = struct.Struct("<II")  # header length, CRC-32 of the header
-_FORMAT_NAME = "marsys-mem/faiss-index"
 _TOMBSTONE_RATIO = 0.2
 
 
@@ -478,7 +467,7 @@ class FaissIndex:
             labels = np.fromiter(
                 (self._label_of[i] for i in ids), dtype="<i8", count=len(ids)
             ).tobytes()
-            header_fields = {
+            fields = {
                 "dim": self._dim,
                 "kind": self._kind,
                 "requested_kind": self._requested,
@@ -488,54 +477,12 @@ class FaissIndex:
                 "hnsw_m": self._hnsw_m,
                 "ef_search": self._ef_search,
             }
-        ids_bytes = json.dumps(ids).encode()
-        sections: dict[str, list[int]] = {}
-        offset = 0
-        for name, size in (
-            ("index", index_bytes.size),
-            ("labels", len(labels)),
-            ("ids", len(ids_bytes)),
-        ):
-            sections[name] = [offset, size]
-            offset += size
-        digest = hashlib.sha256()
-        digest.update(index_bytes.data)
-        digest.update(labels)
-        digest.update(ids_bytes)
-        header = {
-            "format": _FORMAT_NAME,
-            "version": FORMAT_VERSION,
-            **header_fields,
-            "meta": meta_dict,
-            "sections": sections,
-            "payload_size": offset,
-            "sha256": digest.hexdigest(),
-        }
-        header_bytes = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
-        target = Path(path)
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp_name = tempfile.mkstemp(
-                prefix=f".{target.name}.", suffix=".tmp", dir=target.parent
-            )
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(_MAGIC)
-                    fh.write(_PREFIX.pack(len(header_bytes), zlib.crc32(header_bytes)))
-                    fh.write(header_bytes)
-                    fh.write(index_bytes.data)
-                    fh.write(labels)
-                    fh.write(ids_bytes)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                os.replace(tmp_name, target)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp_name)
-                raise
-            _fsync_dir(target.parent)
-        except OSError as exc:
-            raise StoreError(f"cannot save the index to {str(target)!r}: {exc}") from exc
+        sections = [
+            ("index", index_bytes.data),
+            ("labels", memoryview(labels)),
+            ("ids", memoryview(json.dumps(ids).encode())),
+        ]
+        write_index_file(path, fields, meta_dict, sections)
 
     async def asave(
         self, path: str | os.PathLike[str], *, meta: Mapping[str, Any] | None = None
@@ -550,13 +497,7 @@ class FaissIndex:
         Raises:
             IndexCorruptError: the file is missing or its header is unreadable.
         """
-        try:
-            with open(path, "rb") as fh:
-                head = fh.read(len(_MAGIC) + _PREFIX.size)
-                header, _ = _parse_header(path, head, fh.read)
-        except OSError as exc:
-            raise IndexCorruptError(f"cannot read the index file {str(path)!r}: {exc}") from exc
-        return header
+        return read_index_header(path)
 
     @staticmethod
     def read_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -588,49 +529,17 @@ class FaissIndex:
             IndexCorruptError: the file is missing, not an index file, truncated, fails its
                 checksum, or is stale (another ``dim`` or ``meta``): rebuild the index.
         """
+        header, sections = read_index_file(
+            path, expected_dim=expected_dim, expected_meta=expected_meta
+        )
         try:
-            with open(path, "rb") as fh:
-                data = fh.read()
-        except OSError as exc:
-            raise IndexCorruptError(f"cannot read the index file {str(path)!r}: {exc}") from exc
-        view = memoryview(data)
-        pos = len(_MAGIC) + _PREFIX.size
-
-        def take(n: int) -> bytes:
-            nonlocal pos
-            chunk = data[pos : pos + n]
-            pos += len(chunk)
-            return chunk
-
-        header, payload_start = _parse_header(path, data[:pos], take)
-        where = f"index file {str(path)!r}"
-        if expected_dim is not None and header["dim"] != expected_dim:
-            raise IndexCorruptError(
-                f"stale {where}: dimension {header['dim']}, expected {expected_dim}"
-            )
-        if expected_meta is not None:
-            saved = header["meta"]
-            diffs = [
-                f"{key}={saved.get(key)!r} (expected {value!r})"
-                for key, value in expected_meta.items()
-                if key not in saved or saved[key] != value
-            ]
-            if diffs:
-                raise IndexCorruptError(f"stale {where}: saved with {', '.join(diffs)}")
-        payload = view[payload_start:]
-        if len(payload) != header["payload_size"]:
-            raise IndexCorruptError(
-                f"truncated or padded {where}: payload of {len(payload)} bytes, "
-                f"expected {header['payload_size']}"
-            )
-        if hashlib.sha256(payload).hexdigest() != header["sha256"]:
-            raise IndexCorruptError(f"corrupt {where}: checksum mismatch")
-        try:
-            return cls._from_parts(header, payload)
+            return cls._from_parts(header, sections)
         except IndexCorruptError:
             raise
         except Exception as exc:
-            raise IndexCorruptError(f"corrupt {where}: {type(exc).__name__}: {exc}") from exc
+            raise IndexCorruptError(
+                f"corrupt index file {str(path)!r}: {type(exc).__name__}: {exc}"
+            ) from exc
 
     @classmethod
     async def aload(
@@ -646,12 +555,11 @@ class FaissIndex:
         )
 
     @classmethod
-    def _from_parts(cls, header: dict[str, Any], payload: memoryview) -> Self:
+    def _from_parts(cls, header: dict[str, Any], sections: Mapping[str, memoryview]) -> Self:
         def section(name: str) -> memoryview:
-            start, size = header["sections"][name]
-            if not (0 <= start and 0 <= size and start + size <= len(payload)):
-                raise IndexCorruptError(f"section {name!r} out of bounds")
-            return payload[start : start + size]
+            if name not in sections:
+                raise IndexCorruptError(f"section {name!r} is missing")
+            return sections[name]
 
         index = cls(
             header["dim"],
@@ -698,71 +606,3 @@ class FaissIndex:
         index._dead = stored_set.difference(labels)
         index._next_label = header["next_label"]
         return index
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Make a rename durable (POSIX); a no-op where folders cannot be opened."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-_HEADER_TYPES: dict[str, type | tuple[type, ...]] = {
-    "format": str,
-    "version": int,
-    "dim": int,
-    "kind": str,
-    "requested_kind": str,
-    "count": int,
-    "next_label": int,
-    "hnsw_threshold": int,
-    "hnsw_m": int,
-    "ef_search": int,
-    "meta": dict,
-    "sections": dict,
-    "payload_size": int,
-    "sha256": str,
-}
-
-
-def _parse_header(
-    path: str | os.PathLike[str], head: bytes, read: Any
-) -> tuple[dict[str, Any], int]:
-    """Parse magic, prefix and header; ``read(n)`` returns the next ``n`` bytes."""
-    where = f"index file {str(path)!r}"
-    if len(head) < len(_MAGIC) + _PREFIX.size or not head.startswith(_MAGIC):
-        raise IndexCorruptError(f"{where} is not a marsys-mem vector index (bad magic bytes)")
-    size, crc = _PREFIX.unpack_from(head, len(_MAGIC))
-    header_bytes = read(size)
-    if len(header_bytes) != size:
-        raise IndexCorruptError(f"truncated {where}: header cut short")
-    if zlib.crc32(header_bytes) != crc:
-        raise IndexCorruptError(f"corrupt {where}: header checksum mismatch")
-    try:
-        header = json.loads(header_bytes)
-    except ValueError as exc:
-        raise IndexCorruptError(f"corrupt {where}: header is not JSON") from exc
-    if not isinstance(header, dict) or header.get("format") != _FORMAT_NAME:
-        raise IndexCorruptError(f"{where} is not a marsys-mem vector index")
-    if header.get("version") != FORMAT_VERSION:
-        raise IndexCorruptError(
-            f"{where} has format version {header.get('version')!r}; this marsys-mem reads "
-            f"version {FORMAT_VERSION}: rebuild the index"
-        )
-    for key, typ in _HEADER_TYPES.items():
-        if not isinstance(header.get(key), typ) or isinstance(header.get(key), bool):
-            raise IndexCorruptError(f"corrupt {where}: header field {key!r} is missing or invalid")
-    if header["kind"] not in ("flat", "hnsw") or header["requested_kind"] not in (
-        "flat",
-        "hnsw",
-        "auto",
-    ):
-        raise IndexCorruptError(f"corrupt {where}: unknown kind {header['kind']!r}")
-    return header, len(_MAGIC) + _PREFIX.size + size
