@@ -5,13 +5,12 @@ facts between the agents of those branches through a :class:`Transport`:
 :class:`InProcessTransport` (the default) or :class:`MqttTransport` (a real MQTT broker).
 """
 
-from marsys_mem.coordination.coordinator import (
-    Coordinator,
+from marsys_mem.coordination.coordinator import Coordinator, attach_memory
+from marsys_mem.coordination.envelope import (
     FactCallback,
     FactDelivery,
     FactEnvelope,
     MergeResult,
-    attach_memory,
     inbox_key,
 )
 from marsys_mem.coordination.graph import (

@@ -30,7 +30,7 @@ from marsys_mem.coordination import (
     MqttTransport,
     Transport,
 )
-from marsys_mem.coordination.coordinator import inbox_key
+from marsys_mem.coordination.envelope import inbox_key
 from marsys_mem.embeddings import Embedder, default_embedder
 from marsys_mem.exceptions import MarsysMemError
 from marsys_mem.facts import SharedFact
