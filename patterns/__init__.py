@@ -6,7 +6,8 @@ Every pattern works with no arguments and composes on top of the conversation me
 
 from marsys_mem.patterns.bm25 import BM25Index
 from marsys_mem.patterns.episodic import Episode, EpisodeMatch, EpisodicMemory
-from marsys_mem.patterns.hierarchical import HierarchicalMemory, Tier, default_importance
+from marsys_mem.patterns.hierarchical import HierarchicalMemory, Tier
+from marsys_mem.patterns.importance import default_importance
 from marsys_mem.patterns.rag import Fusion, RAGMemory, ScoredMessage, SearchMode
 from marsys_mem.patterns.shared import ConflictRule, SharedMemoryPool, member_key
 
