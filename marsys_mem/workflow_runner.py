@@ -562,7 +562,7 @@ class WorkflowRunner:
         missing = [e for e in s.expect if e not in found]
         blocks = {m.metadata.get("block"): m for m in win.messages if m.metadata.get("block")}
         wf = self.workflow
-        line = wf._lines.line(_data_path(wf._raw, p.path)) if wf._lines is not None else None
+        line = locate(wf._raw, p.path, wf._lines, tags=_TAGS).line
         self._asks.append(
             AskReport(
                 step=format_path(p.path) + (f" #{p.iteration}" if p.iteration else ""),
@@ -736,21 +736,3 @@ def _best(
     if scores[best] <= 0:
         return None, None
     return pool[best][0], pool[best][1]
-
-
-def _data_path(data: Any, path: tuple[Any, ...]) -> tuple[Any, ...]:
-    """``path`` in the data as written (looking through ``- say: {...}`` wrappers)."""
-    node = data
-    out: list[Any] = []
-    for part in path:
-        if isinstance(node, dict) and part not in node and len(node) == 1:
-            (only,) = node
-            if only in _TAGS and isinstance(node[only], dict):
-                out.append(only)
-                node = node[only]
-        try:
-            node = node[part]
-        except (KeyError, IndexError, TypeError):
-            return tuple(out)
-        out.append(part)
-    return tuple(out)
