@@ -32,11 +32,11 @@ from marsys_mem.coordination import (
 )
 from marsys_mem.coordination.envelope import inbox_key
 from marsys_mem.embeddings import Embedder, default_embedder
+from marsys_mem.evidence import best_evidence, gather_evidence
 from marsys_mem.exceptions import MarsysMemError
 from marsys_mem.facts import SharedFact
 from marsys_mem.manager import MemoryManager
 from marsys_mem.messages import AgentCall, Message, ToolCall
-from marsys_mem.patterns.bm25 import BM25Index
 from marsys_mem.runs import RunContext
 from marsys_mem.sourcemap import format_path, locate
 from marsys_mem.store.base import Key
@@ -536,24 +536,9 @@ class WorkflowRunner:
             hits = patterns.search_all(s.question)
         win = await manager.acontext_for(agent, query=s.question, branch=branch)
         facts = manager.shared.facts_for(inbox_key(agent, branch))
-        candidates: list[tuple[str, str, str]] = []
-        for f in facts:
-            topic = f.metadata.get("topic")
-            candidates.append(
-                (
-                    f.text,
-                    f"fact from {f.source_agent}@{f.source_branch}",
-                    f"{topic}: {f.text}" if topic else f.text,
-                )
-            )
-        for h in hits:
-            text = h.message.text
-            candidates.append((text, f"retrieved {h.message.role} message", text))
-        for m in win.messages:
-            if m.role != "system" and m.text.strip():
-                candidates.append((m.text, f"{m.role} message in the window", m.text))
+        candidates = gather_evidence(facts, hits, win.messages)
         embedder = self._answer_embedder(agent)
-        answer, source = await asyncio.to_thread(_best, s.question, candidates, embedder)
+        answer, source = await asyncio.to_thread(best_evidence, s.question, candidates, embedder)
         if answer is None and hits:
             answer, source = hits[0].message.text, f"retrieved {hits[0].message.role} message"
         sent = "\n".join(m.text for m in win.messages)
@@ -701,38 +686,3 @@ class WorkflowRunner:
 
 
 # ---------------------------------------------------------------------------- helpers
-def _best(
-    question: str, candidates: list[tuple[str, str, str]], embedder: Embedder | None = None
-) -> tuple[str | None, str | None]:
-    """The candidate that best matches ``question``: ``(text, source)``.
-
-    ``candidates`` are ``(text, source, search_text)``; the score is BM25 (scaled to the
-    best hit) plus, with an embedder, the cosine similarity. Candidates that are questions
-    themselves are passed over unless nothing else is left. First wins ties.
-    """
-    unique: dict[str, tuple[str, str, str]] = {}
-    for cand in candidates:
-        key = " ".join(cand[0].split()).casefold()
-        if key and key not in unique:
-            unique[key] = cand
-    pool = [c for c in unique.values() if not c[0].rstrip().endswith("?")]
-    pool = pool or list(unique.values())
-    if not pool:
-        return None, None
-    scores = [0.0] * len(pool)
-    index = BM25Index()
-    for i, cand in enumerate(pool):
-        index.add(str(i), cand[2])
-    hits = index.search(question, k=len(pool))
-    if hits:
-        top = hits[0][1] or 1.0
-        for doc_id, score in hits:
-            scores[int(doc_id)] += score / top
-    if embedder is not None:
-        vectors = embedder.embed([question] + [cand[2] for cand in pool])
-        for i, sim in enumerate((vectors[1:] @ vectors[0]).tolist()):
-            scores[i] += max(0.0, float(sim))
-    best = max(range(len(pool)), key=lambda i: (scores[i], -i))
-    if scores[best] <= 0:
-        return None, None
-    return pool[best][0], pool[best][1]
