@@ -62,6 +62,7 @@ from marsys_mem.coordination.envelope import (
     inbox_key,
 )
 from marsys_mem.coordination.graph import BranchGraph, BranchInfo, GraphChange, MergeStrategy
+from marsys_mem.coordination.merging import merge_memories
 from marsys_mem.coordination.ordering import SenderOrdering
 from marsys_mem.coordination.transport import (
     DEFAULT_MAX_PAYLOAD,
@@ -79,7 +80,6 @@ from marsys_mem.facts import FactScope, SharedFact
 from marsys_mem.lifecycle import AsyncClosing
 from marsys_mem.messages import Message
 from marsys_mem.patterns.shared import ConflictRule, SharedMemoryPool
-from marsys_mem.summarize import ExtractiveSummarizer
 
 if TYPE_CHECKING:
     from marsys_mem.manager import MemoryManager
@@ -666,39 +666,11 @@ class Coordinator(AsyncClosing):
         for fact in merged:
             env, payload = self._envelope(fact, into, "branch", conflict)
             await self._send(env, payload)
-        count = 0
-        summary: str | None = None
+        count, summary = 0, None
         if manager is not None and strategy != "facts":
-            new = {a: manager.memory(a, child).appended() for a in self.graph.agents(child)}
-            if strategy == "summary":
-                # system prompts are instructions, not what the branch found out
-                messages = [m for msgs in new.values() for m in msgs if m.role != "system"]
-                if messages:
-                    summarise = summarizer or manager.summarizer or ExtractiveSummarizer()
-                    result = summarise(messages)
-                    if inspect.isawaitable(result):
-                        result = await result
-                    if not isinstance(result, str):
-                        raise TypeError(f"the summarizer returned {type(result).__name__}, not str")
-                    summary = result.strip()
-                if summary:
-                    note = Message.system(
-                        f"Merged from branch {child}:\n{summary}",
-                        name="merge_summary",
-                        metadata={"merged_from": child},
-                    )
-                    for agent in self.graph.agents(into):
-                        manager.memory(agent, into).add(note)
-                        count += 1
-            else:
-                for agent, msgs in new.items():
-                    target = manager.memory(agent, into)
-                    fresh = [m for m in msgs if m.message_id not in target]
-                    if fresh:
-                        target.add_many(fresh)
-                        count += len(fresh)
-                    if agent not in self.graph.agents(into):
-                        self.graph.add_agent(into, agent)
+            count, summary = await merge_memories(
+                manager, self.graph, child, into, strategy, summarizer
+            )
         self.graph.merge(child, into, strategy=strategy, conflict=conflict)
         return MergeResult(child, into, strategy, conflict, tuple(merged), count, summary)
 
