@@ -2,7 +2,8 @@
 
 :class:`BranchGraph` records how branches forked and merged; :class:`Coordinator` shares
 facts between the agents of those branches through a :class:`Transport`:
-:class:`InProcessTransport` (the default) or :class:`MqttTransport` (a real MQTT broker).
+:class:`InProcessTransport` (the default) or :class:`MqttTransport` (a real MQTT broker);
+either can sign what it sends with a namespace's key (:class:`EnvelopeSigner`).
 """
 
 from marsys_mem.coordination.coordinator import Coordinator, attach_memory
@@ -21,6 +22,7 @@ from marsys_mem.coordination.graph import (
     MergeStrategy,
 )
 from marsys_mem.coordination.mqtt import MqttTransport
+from marsys_mem.coordination.signing import SIGNING_KEY_ENV, EnvelopeSigner, SignatureError
 from marsys_mem.coordination.transport import (
     DEFAULT_MAX_PAYLOAD,
     AuthenticationError,
@@ -38,6 +40,7 @@ from marsys_mem.coordination.transport import (
 
 __all__ = [
     "DEFAULT_MAX_PAYLOAD",
+    "SIGNING_KEY_ENV",
     "AuthenticationError",
     "BranchError",
     "BranchGraph",
@@ -45,6 +48,7 @@ __all__ = [
     "BranchStatus",
     "CoordinationError",
     "Coordinator",
+    "EnvelopeSigner",
     "FactCallback",
     "FactDelivery",
     "FactEnvelope",
@@ -55,6 +59,7 @@ __all__ = [
     "MergeResult",
     "MergeStrategy",
     "MqttTransport",
+    "SignatureError",
     "Transport",
     "TransportError",
     "UnknownBranchError",

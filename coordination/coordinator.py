@@ -298,12 +298,18 @@ class Coordinator(AsyncClosing):
         ``received``: payloads from the wire; ``delivered``: facts put in an agent's inbox;
         ``duplicates``: envelopes seen before (dropped); ``skipped``: deliveries an inbox
         refused (it had the fact, or the fact lost a conflict); ``gaps``: ordering gaps
-        skipped after ``gap_timeout``; ``errors``: failing callbacks.
+        skipped after ``gap_timeout``; ``errors``: failing callbacks. With a signing
+        transport (``signing_key=``), ``unsigned`` and ``bad_signature`` count what it
+        dropped before ``received`` (and ``oversized`` includes what it dropped unverified).
         """
+        rejected: dict[str, int] = getattr(self.transport, "rejected", None) or {}
         return {
             **self._stats,
             "duplicates": self._order.duplicates,
             "gaps": self._order.gaps,
+            "oversized": self._stats["oversized"] + rejected.get("oversized", 0),
+            "unsigned": rejected.get("unsigned", 0),
+            "bad_signature": rejected.get("bad_signature", 0),
         }
 
     def _require_running(self) -> None:

@@ -23,6 +23,10 @@ must survive a broker restart):
   :class:`~marsys_mem.coordination.AuthenticationError`, also when they stop working on a
   reconnect (pending publishes then fail with it). A payload over ``max_payload`` raises
   ``ValueError`` before anything is sent; topics outside ``marsys/<namespace>/`` too.
+* **Optional signing.** With ``signing_key`` (the namespace's shared secret), every payload
+  is signed (HMAC-SHA256, :mod:`~marsys_mem.coordination.signing`) and received payloads
+  that are unsigned or badly signed are dropped before anything parses them, counted in
+  :attr:`MqttTransport.rejected`.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from marsys_mem.coordination.signing import EnvelopeSigner, SignedWire, as_signer
 from marsys_mem.coordination.transport import (
     DEFAULT_MAX_PAYLOAD,
     AuthenticationError,
@@ -110,6 +115,10 @@ class MqttTransport(AsyncClosing):
         protocol: ``"5"`` (default) or ``"3.1.1"``.
         session_expiry: MQTT 5: seconds the broker keeps a persistent session after a
             disconnect (default: one week).
+        signing_key: the namespace's shared key (bytes/str, or an
+            :class:`~marsys_mem.coordination.EnvelopeSigner`): every payload is signed,
+            and received payloads that are unsigned or badly signed are dropped and
+            counted in :attr:`rejected`. ``None`` (default): no signing.
 
     Example:
         >>> transport = MqttTransport("127.0.0.1", 1883, "team-a", client_id="planner-1")
@@ -141,6 +150,7 @@ class MqttTransport(AsyncClosing):
         max_inflight: int = 100,
         protocol: Literal["5", "3.1.1"] = "5",
         session_expiry: int = 7 * 24 * 3600,
+        signing_key: EnvelopeSigner | bytes | str | None = None,
     ) -> None:
         if not isinstance(host, str) or not host:
             raise ValueError(f"host must be a non-empty string, got {host!r}")
@@ -186,6 +196,8 @@ class MqttTransport(AsyncClosing):
         self.max_inflight = max_inflight
         self.protocol = protocol
         self.session_expiry = session_expiry
+        signer = as_signer(signing_key)
+        self._wire = None if signer is None else SignedWire(signer, max_payload=max_payload)
         self.reconnects = 0  # successful reconnects since entering
         self._filters: list[str] = []
         self._entered = False
@@ -208,9 +220,16 @@ class MqttTransport(AsyncClosing):
         """``host:port``."""
         return f"{self.host}:{self.port}"
 
+    @property
+    def rejected(self) -> dict[str, int]:
+        """Received payloads dropped by signing: ``unsigned``, ``bad_signature``, ``oversized``."""
+        return dict(self._wire.rejected) if self._wire is not None else dict.fromkeys(
+            ("unsigned", "bad_signature", "oversized"), 0
+        )
+
     # ------------------------------------------------------------------ connecting
     def _make_client(self) -> aiomqtt.Client:
-        incoming = self._incoming
+        incoming, wire = self._incoming, self._wire
 
         class _Forward(asyncio.Queue[aiomqtt.Message]):
             """aiomqtt's message queue, forwarding straight into this transport's queue.
@@ -220,7 +239,13 @@ class MqttTransport(AsyncClosing):
             """
 
             def put_nowait(self, item: aiomqtt.Message) -> None:
-                incoming.put_nowait((item.topic.value, bytes(item.payload)))
+                topic, payload = item.topic.value, bytes(item.payload)
+                if wire is not None:
+                    body = wire.open(topic, payload)  # never raises: bad ones are counted
+                    if body is None:
+                        return
+                    payload = body
+                incoming.put_nowait((topic, payload))
 
         v5 = self.protocol == "5"
         properties: Properties | None = None
@@ -433,6 +458,8 @@ class MqttTransport(AsyncClosing):
         validate_topic(topic)
         _check_in_namespace(self.namespace, topic, "topic")
         data = _check_payload(payload, self.max_payload)
+        if self._wire is not None:
+            data = self._wire.seal(topic, data)
         self._check_usable()
         if self.publish_timeout is None:
             await self._publish(topic, data)

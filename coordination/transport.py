@@ -18,6 +18,7 @@ Errors of the coordination layer::
         ├── BranchError (ValueError)              bad branch-graph operation
         │   ├── UnknownBranchError                no branch with that name
         │   └── MergeCycleError                   a merge that would close a cycle
+        ├── SignatureError (ValueError)           an unsigned or badly signed payload (signing.py)
         └── TransportError (ConnectionError)      connecting, publishing or receiving failed
             └── AuthenticationError (PermissionError)  the broker refused the credentials
 """
@@ -32,10 +33,13 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator
 from types import TracebackType
-from typing import Final, Protocol, Self, cast, runtime_checkable
+from typing import TYPE_CHECKING, Final, Protocol, Self, cast, runtime_checkable
 
 from marsys_mem.exceptions import MarsysMemError
 from marsys_mem.lifecycle import AsyncClosing
+
+if TYPE_CHECKING:
+    from marsys_mem.coordination.signing import EnvelopeSigner, SignedWire
 
 __all__ = [
     "DEFAULT_MAX_PAYLOAD",
@@ -386,6 +390,10 @@ class InProcessTransport(AsyncClosing):
         max_payload: largest payload :meth:`publish` accepts.
         no_local: do not deliver this transport's own publishes back to it (like MQTT 5's
             *No Local*; the default).
+        signing_key: the namespace's key (or an
+            :class:`~marsys_mem.coordination.EnvelopeSigner`): payloads are signed when
+            published, and received ones that are unsigned or badly signed are dropped
+            and counted in :attr:`rejected`. ``None`` (default): no signing.
 
     Example:
         >>> import asyncio
@@ -411,10 +419,15 @@ class InProcessTransport(AsyncClosing):
         clean_session: bool | None = None,
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         no_local: bool = True,
+        signing_key: EnvelopeSigner | bytes | str | None = None,
     ) -> None:
         self.namespace = validate_name("namespace", namespace)
         if max_payload < 1:
             raise ValueError(f"max_payload must be >= 1, got {max_payload}")
+        from marsys_mem.coordination.signing import SignedWire, as_signer  # (imports us)
+
+        signer = as_signer(signing_key)
+        self._wire = None if signer is None else SignedWire(signer, max_payload=max_payload)
         if client_id is not None and (not isinstance(client_id, str) or not client_id):
             raise ValueError(f"client_id must be a non-empty string, got {client_id!r}")
         self.broker = broker if broker is not None else InProcessBroker.default()
@@ -429,6 +442,13 @@ class InProcessTransport(AsyncClosing):
     def connected(self) -> bool:
         """True between entering and leaving the context."""
         return self._session is not None
+
+    @property
+    def rejected(self) -> dict[str, int]:
+        """Received payloads dropped by signing: ``unsigned``, ``bad_signature``, ``oversized``."""
+        return dict(self._wire.rejected) if self._wire is not None else dict.fromkeys(
+            ("unsigned", "bad_signature", "oversized"), 0
+        )
 
     async def __aenter__(self) -> Self:
         if self._session is not None:
@@ -453,6 +473,8 @@ class InProcessTransport(AsyncClosing):
         validate_topic(topic)
         _check_in_namespace(self.namespace, topic, "topic")
         data = _check_payload(payload, self.max_payload)
+        if self._wire is not None:
+            data = self._wire.seal(topic, data)
         self.broker._publish(topic, data, self._require())
 
     async def subscribe(self, topic_filter: str) -> None:
@@ -473,15 +495,23 @@ class InProcessTransport(AsyncClosing):
         queue = self._queue
         if queue is None or self._session is None:
             raise TransportError("the transport is not connected: use 'async with transport:'")
-        return self._iterate(queue)
+        return self._iterate(queue, self._wire)
 
     @staticmethod
-    async def _iterate(queue: asyncio.Queue[object]) -> AsyncIterator[tuple[str, bytes]]:
+    async def _iterate(
+        queue: asyncio.Queue[object], wire: SignedWire | None = None
+    ) -> AsyncIterator[tuple[str, bytes]]:
         while True:
             item = queue.get_nowait() if not queue.empty() else await queue.get()
             if item is _CLOSED:
                 return
-            yield cast("tuple[str, bytes]", item)
+            topic, payload = cast("tuple[str, bytes]", item)
+            if wire is not None:
+                body = wire.open(topic, payload)  # never raises: bad ones are counted
+                if body is None:
+                    continue
+                payload = body
+            yield topic, payload
 
     def __repr__(self) -> str:
         state = "connected" if self._session is not None else "closed"
