@@ -1,4 +1,4 @@
-"""Typed, immutable messages and their provider formats.
+r"""Typed, immutable messages and their provider formats.
 
 A :class:`Message` is a frozen pydantic model. Its ``role`` is one of ``system``, ``user``,
 ``assistant``, ``tool``, ``agent_call`` (a request from another agent) and ``agent_response``
@@ -9,19 +9,28 @@ A :class:`Message` is a frozen pydantic model. Its ``role`` is one of ``system``
 Serialisation: ``Message.model_dump_json()`` / ``Message.model_validate_json()`` round-trip
 every field losslessly; :data:`MESSAGE_LIST_ADAPTER` does the same for lists.
 
+Text: every string of a message and its parts (content, text parts, names, ids, image URLs,
+tool call arguments, metadata and structured data, keys and values at any depth) must encode
+as UTF-8. A lone surrogate such as ``"bad \\udc80"`` (what ``bytes.decode(errors=
+"surrogateescape")`` produces) is rejected at construction with a ``ValidationError`` naming
+the field and the path inside it, so it never reaches a store or a provider.
+
 Backward compatibility: fields may be added with defaults; existing fields keep their names
 and JSON shapes. ``pinned`` and ``metadata["preserve"] = True`` mean the same thing.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import reprlib
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, overload
 
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
     ConfigDict,
@@ -29,6 +38,7 @@ from pydantic import (
     JsonValue,
     TypeAdapter,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -97,15 +107,101 @@ class FrozenList(list[Any]):
         return (FrozenList, (list(self),))
 
 
+def _short(value: Any) -> str:
+    """A bounded, ASCII-safe repr for error messages (never the whole of a huge value)."""
+    return _REPR.repr(value)
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = 60
+_REPR.maxother = 60
+_REPR.maxlevel = 3
+
+
+class _NotUtf8(ValueError):
+    """Internal: a string that UTF-8 cannot encode (a lone surrogate) inside a JSON value."""
+
+
+def _bad_char(text: str) -> tuple[int, str] | None:
+    """Index and character of the first code point UTF-8 cannot encode, or ``None``."""
+    if text.isascii():  # the common case: no scan beyond a C loop, no allocation
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start, text[exc.start]
+    return None
+
+
+def _utf8_error(where: str, text: str, bad: tuple[int, str]) -> str:
+    return (
+        f"{where} is not valid UTF-8 text: lone surrogate {bad[1]!r} at index {bad[0]} "
+        f"(in {_short(text)}); decode bytes with errors='replace' or strip surrogates"
+    )
+
+
+def _check_text(text: str, info: ValidationInfo) -> str:
+    """AfterValidator of every plain str field: reject what UTF-8 cannot encode."""
+    if text.isascii():
+        return text
+    bad = _bad_char(text)
+    if bad is not None:
+        raise ValueError(_utf8_error(info.field_name or "text", text, bad))
+    return text
+
+
+_Text = Annotated[str, AfterValidator(_check_text)]
+"""A str that encodes as UTF-8 (no lone surrogates): what every text field of a message is."""
+
+
 def _freeze(value: Any) -> Any:
-    """Deep read-only copy of a JSON value; rejects NaN and Infinity (not JSON)."""
+    """Deep read-only copy of a JSON value; rejects NaN, Infinity and non-UTF-8 text."""
+    if isinstance(value, str):
+        if not value.isascii() and _bad_char(value) is not None:
+            raise _NotUtf8("text is not valid UTF-8 (it holds a lone surrogate)")
+        return value
     if isinstance(value, dict):
-        return FrozenDict({k: _freeze(v) for k, v in value.items()})
+        out = FrozenDict({k: _freeze(v) for k, v in value.items()})
+        for k in out:
+            if isinstance(k, str) and not k.isascii() and _bad_char(k) is not None:
+                raise _NotUtf8("a key is not valid UTF-8 (it holds a lone surrogate)")
+        return out
     if isinstance(value, list):
         return FrozenList(_freeze(v) for v in value)
     if isinstance(value, float) and (value != value or value in (_INF, -_INF)):
         raise ValueError(f"{value} is not valid JSON (NaN and Infinity are not allowed)")
     return value
+
+
+def _find_not_utf8(value: Any, path: str) -> tuple[str, str, tuple[int, str]] | None:
+    """(path, text, (index, char)) of the first non-UTF-8 string in a JSON value (slow path)."""
+    if isinstance(value, str):
+        bad = _bad_char(value)
+        return None if bad is None else (path, value, bad)
+    if isinstance(value, dict):
+        for k, v in value.items():
+            bad = _bad_char(k)
+            if bad is not None:
+                return f"{path} key", k, bad
+            found = _find_not_utf8(v, f"{path}[{_short(k)}]")
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            found = _find_not_utf8(v, f"{path}[{i}]")
+            if found is not None:
+                return found
+    return None
+
+
+def _freeze_field(value: Any, field: str) -> Any:
+    """:func:`_freeze`, with a non-UTF-8 string reported by its path inside ``field``."""
+    try:
+        return _freeze(value)
+    except _NotUtf8:
+        found = _find_not_utf8(value, field)
+        assert found is not None
+        raise ValueError(_utf8_error(*found)) from None
 
 
 def _thaw(value: Any) -> Any:
@@ -139,7 +235,7 @@ class TextPart(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     type: Literal["text"] = "text"
-    text: str
+    text: _Text
 
 
 class ImagePart(BaseModel):
@@ -153,7 +249,7 @@ class ImagePart(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     type: Literal["image"] = "image"
-    url: str = Field(min_length=1)
+    url: _Text = Field(min_length=1)
     detail: Literal["auto", "low", "high"] | None = None
 
 
@@ -170,11 +266,11 @@ class ToolCall(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    id: str = Field(default_factory=lambda: "call_" + _new_id(), min_length=1)
-    name: str = Field(min_length=1)
+    id: _Text = Field(default_factory=lambda: "call_" + _new_id(), min_length=1)
+    name: _Text = Field(min_length=1)
     arguments: dict[str, JsonValue] = Field(default_factory=FrozenDict)
 
-    _freeze_arguments = field_validator("arguments")(lambda v: _freeze(v))
+    _freeze_arguments = field_validator("arguments")(lambda v: _freeze_field(v, "arguments"))
 
 
 class AgentCall(BaseModel):
@@ -187,11 +283,11 @@ class AgentCall(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    id: str = Field(default_factory=lambda: "agent_" + _new_id(), min_length=1)
-    agent: str = Field(min_length=1)
+    id: _Text = Field(default_factory=lambda: "agent_" + _new_id(), min_length=1)
+    agent: _Text = Field(min_length=1)
     request: str | dict[str, JsonValue]
 
-    _freeze_request = field_validator("request")(lambda v: _freeze(v))
+    _freeze_request = field_validator("request")(lambda v: _freeze_field(v, "request"))
 
 
 Content = str | dict[str, JsonValue] | list[ContentPart] | None
@@ -220,13 +316,13 @@ class Message(BaseModel):
 
     role: Role
     content: Content = None
-    message_id: str = Field(default_factory=_new_id, min_length=1)
-    name: str | None = None
+    message_id: _Text = Field(default_factory=_new_id, min_length=1)
+    name: _Text | None = None
     tool_calls: tuple[ToolCall, ...] = ()
-    tool_call_id: str | None = None
+    tool_call_id: _Text | None = None
     agent_calls: tuple[AgentCall, ...] = ()
     structured_data: dict[str, JsonValue] | None = None
-    images: tuple[str, ...] = ()
+    images: tuple[_Text, ...] = ()
     metadata: dict[str, JsonValue] = Field(default_factory=FrozenDict)
     timestamp: AwareDatetime = Field(default_factory=_utcnow)
     pinned: bool = False
@@ -238,8 +334,8 @@ class Message(BaseModel):
 
     @field_validator("content", "metadata", "structured_data")
     @classmethod
-    def _freeze_json(cls, value: Any) -> Any:
-        return _freeze(value)
+    def _freeze_json(cls, value: Any, info: ValidationInfo) -> Any:
+        return _freeze_field(value, info.field_name or "value")
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Message:
         """A copy; with ``update`` the copy is re-validated (and its cached counts reset)."""
@@ -326,7 +422,10 @@ class Message(BaseModel):
         Model name, usage and stop reason go to ``metadata``.
 
         Raises:
-            MessageFormatError: the dict has neither shape; the message names the field.
+            MessageFormatError: any malformed input (not a dict, neither shape, a missing or
+                wrongly typed field, non-JSON or too deeply nested tool arguments, text that
+                is not UTF-8); the message names the field and shows at most a bounded repr
+                of the value.
         """
         if not isinstance(data, Mapping):
             raise MessageFormatError(f"expected a dict, got {type(data).__name__}")
@@ -335,10 +434,20 @@ class Message(BaseModel):
         except MessageFormatError:
             raise
         except ValidationError as exc:
-            raise MessageFormatError(f"invalid message dict: {exc}") from exc
-        except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
+            raise MessageFormatError(_safe(f"invalid message dict: {_errors(exc)}")) from exc
+        except RecursionError as exc:
+            raise MessageFormatError("message dict is nested too deeply") from exc
+        except KeyError as exc:
+            key = _short(exc.args[0]) if exc.args else "?"
             raise MessageFormatError(
-                f"cannot read message dict ({type(exc).__name__}: {exc}); keys: {sorted(data)}"
+                _safe(f"message dict is missing field {key} (top-level keys: {_keys(data)})")
+            ) from exc
+        except (IndexError, TypeError, AttributeError, ValueError) as exc:
+            raise MessageFormatError(
+                _safe(
+                    f"cannot read message dict ({type(exc).__name__}: {str(exc)[:200]}); "
+                    f"top-level keys: {_keys(data)}"
+                )
             ) from exc
 
 
@@ -347,6 +456,33 @@ MESSAGE_LIST_ADAPTER: TypeAdapter[list[Message]] = TypeAdapter(list[Message])
 
 
 # ---------------------------------------------------------------------- helpers
+def _safe(text: str, limit: int = 2000) -> str:
+    """An error message that any stream can print: UTF-8-encodable and bounded."""
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _keys(data: Mapping[Any, Any]) -> str:
+    """The keys of a dict for an error message: sorted by repr, bounded."""
+    shown = sorted(_short(k) for k in itertools.islice(data, 50))
+    more = f", ... ({len(data)} keys)" if len(data) > len(shown) else ""
+    return "[" + ", ".join(shown) + more + "]"
+
+
+def _errors(exc: ValidationError, limit: int = 3) -> str:
+    """The first ``limit`` errors of a ValidationError, one ``loc: message`` each."""
+    errors = exc.errors(include_url=False, include_context=False)
+    parts = [
+        f"{'.'.join(str(p) for p in e['loc']) or '(message)'}: {e['msg']} "
+        f"(got {_short(e.get('input'))})"
+        for e in errors[:limit]
+    ]
+    if len(errors) > limit:
+        parts.append(f"... and {len(errors) - limit} more")
+    return "; ".join(parts)
+
+
 def _content_text(content: Content) -> str:
     if content is None:
         return ""
@@ -516,7 +652,9 @@ def _parts_from_openai(content: Sequence[Mapping[str, Any]]) -> list[TextPart | 
             url = image["url"] if isinstance(image, Mapping) else image
             parts.append(ImagePart(url=url))
         else:
-            raise MessageFormatError(f"content[{i}].type {kind!r} is not 'text' or 'image_url'")
+            raise MessageFormatError(
+                f"content[{i}].type {_short(kind)} is not 'text' or 'image_url'"
+            )
     return parts
 
 
@@ -530,7 +668,7 @@ def _tool_calls_from_openai(raw: Sequence[Mapping[str, Any]]) -> list[ToolCall]:
                 args = json.loads(args)
             except json.JSONDecodeError as exc:
                 raise MessageFormatError(
-                    f"tool_calls[{i}].function.arguments is not valid JSON: {args!r}"
+                    f"tool_calls[{i}].function.arguments is not valid JSON: {_short(args)}"
                 ) from exc
         calls.append(ToolCall(id=call["id"], name=fn["name"], arguments=args))
     return calls
@@ -539,7 +677,7 @@ def _tool_calls_from_openai(raw: Sequence[Mapping[str, Any]]) -> list[ToolCall]:
 def _from_openai(msg: Mapping[str, Any], metadata: dict[str, Any]) -> Message:
     role = msg.get("role")
     if role not in _ROLES:
-        raise MessageFormatError(f"role {role!r} is not one of {sorted(_ROLES)}")
+        raise MessageFormatError(f"role {_short(role)} is not one of {sorted(_ROLES)}")
     content = msg.get("content")
     if isinstance(content, list):
         content = _parts_from_openai(content)
@@ -590,7 +728,9 @@ def _from_anthropic(msg: Mapping[str, Any], metadata: dict[str, Any]) -> Message
         elif kind == "thinking":
             metadata.setdefault("thinking", []).append(block.get("thinking", ""))
         else:
-            raise MessageFormatError(f"content[{i}].type {kind!r} is not a known Anthropic block")
+            raise MessageFormatError(
+                f"content[{i}].type {_short(kind)} is not a known Anthropic block"
+            )
     return Message(
         role=role,
         content="\n".join(texts) if texts else None,
@@ -615,7 +755,7 @@ def _from_llm_dict(data: Mapping[str, Any]) -> Message:
         return _from_openai(choice["message"], metadata)
     if "role" not in data and data.get("type") != "message":
         raise MessageFormatError(
-            f"not a provider message: no 'role', 'choices' or type='message' (keys: {sorted(data)})"
+            f"not a provider message: no 'role', 'choices' or type='message' (keys: {_keys(data)})"
         )
     content = data.get("content")
     is_anthropic = data.get("type") == "message" or (

@@ -1013,3 +1013,142 @@ def test_from_llm_dict_does_not_mutate_input():
     assert m.text == "ok"
     assert m.metadata["thinking"] == ["hmm"]
     assert json.dumps(resp, sort_keys=True) == snapshot
+
+
+# --------------------------------------------------------------------------- issue 9: hostile text
+BAD = "bad \udc80"  # a lone surrogate: a str Python accepts but UTF-8 cannot encode
+
+
+@pytest.mark.parametrize(
+    ("build", "field"),
+    [
+        (lambda: Message.user(BAD), "content"),
+        (lambda: Message.user({"a": [1, {"b": BAD}]}), "content['a'][1]['b']"),
+        (lambda: Message.user([TextPart(text=BAD)]), "text"),
+        (lambda: Message.user([{"type": "text", "text": BAD}]), "text"),
+        (lambda: Message.user([ImagePart(url="https://x/" + BAD)]), "url"),
+        (lambda: Message.user("hi", name=BAD), "name"),
+        (lambda: Message.user("hi", message_id="id " + BAD), "message_id"),
+        (lambda: Message.user("hi", images=["https://x/" + BAD]), "images"),
+        (lambda: Message.user("hi", metadata={"k": BAD}), "metadata['k']"),
+        (lambda: Message.user("hi", metadata={BAD: 1}), "metadata key"),
+        (lambda: Message.user("hi", metadata={"k": {"deep": [BAD]}}), "metadata['k']['deep'][0]"),
+        (lambda: Message.user("hi", structured_data={"s": BAD}), "structured_data['s']"),
+        (lambda: Message.tool("72F", tool_call_id=BAD), "tool_call_id"),
+        (lambda: ToolCall(id=BAD, name="f"), "id"),
+        (lambda: ToolCall(name=BAD), "name"),
+        (lambda: ToolCall(name="f", arguments={"q": [BAD]}), "arguments['q'][0]"),
+        (lambda: ToolCall(name="f", arguments={BAD: 1}), "arguments key"),
+        (lambda: AgentCall(agent=BAD, request="r"), "agent"),
+        (lambda: AgentCall(agent="a", request=BAD), "request"),
+        (lambda: AgentCall(agent="a", request={"r": BAD}), "request['r']"),
+    ],
+)
+def test_a_lone_surrogate_is_rejected_at_construction_naming_the_field(build, field):
+    with pytest.raises(ValidationError) as exc_info:
+        build()
+    text = str(exc_info.value)
+    text.encode("utf-8")  # the error itself prints on any stream
+    assert "UTF-8" in text or "unicode string" in text
+    assert field in text
+
+
+def test_a_message_dict_with_a_lone_surrogate_is_rejected_before_a_persistent_store(tmp_path):
+    from marsys_mem.manager import MemoryManager
+    from marsys_mem.retention import MemoryConfig
+
+    config = MemoryConfig.model_validate(
+        {
+            "store": {"backend": "sqlite", "path": str(tmp_path / "m.db")},
+            "agents": {"a": {"retention": "persistent"}},
+        }
+    )
+    with MemoryManager(config) as manager:
+        mem = manager.memory("a")
+        mem.add(Message.user("ok"))
+        with pytest.raises(ValidationError, match="content is not valid UTF-8"):
+            mem.add({"role": "user", "content": BAD})
+        with pytest.raises(ValidationError, match=r"metadata\['tags'\]\[0\]"):
+            mem.add({"role": "user", "content": "x", "metadata": {"tags": [BAD]}})
+        assert [m.text for m in mem.read()] == ["ok"]
+        assert [m.text for m in manager.store.load_messages(manager.key("a", "main"))] == ["ok"]
+
+
+def test_valid_non_ascii_text_is_accepted_and_round_trips():
+    m = Message.user(
+        "héllo 😀 ключ",
+        name="ü",
+        metadata={"ключ": ["日本語", "\U0001f600"]},
+        structured_data={"é": "ß"},
+        tool_call_id=None,
+    )
+    call = ToolCall(id="c-ü", name="wëather", arguments={"city": "東京"})
+    a = Message.assistant("", tool_calls=[call])
+    for msg in (m, a):
+        assert Message.model_validate_json(msg.model_dump_json()) == msg
+    # a surrogate *pair* escaped in JSON decodes to one valid code point
+    args = json.loads('{"q": "\\ud83d\\ude00"}')
+    assert ToolCall(name="f", arguments=args).arguments["q"] == "\U0001f600"
+
+
+@pytest.mark.parametrize(
+    ("data", "pattern"),
+    [
+        ({1: "a", "b": 2}, r"keys: \['b', 1\]"),
+        ({("t",): 1, None: 2}, "not a provider message"),
+        ({"choices": 5}, "choices"),
+        ({"choices": ["x"]}, "AttributeError"),
+        ({"role": "user", "content": [{"type": "text"}]}, "missing field 'text'"),
+        ({"role": "user", "content": BAD}, "content is not valid UTF-8"),
+        (
+            {"choices": [{"message": {"role": "user", "content": "x"}}], "usage": {"n": math.inf}},
+            "metadata: .*Infinity",
+        ),
+        ({"role": "user", "content": "x", "name": 5}, r"name: .*\(got 5\)"),
+        ({"role": "user", "content": [[[[[]]]]]}, "content"),
+        ({"role": "user", "content": [{"type": ["unhashable"]}]}, "content"),
+        (
+            {
+                "role": "assistant",
+                "tool_calls": [
+                    {"id": "c", "function": {"name": "f", "arguments": '{"q": "\\udc80"}'}}
+                ],
+            },
+            r"arguments\['q'\] is not valid UTF-8",
+        ),
+        (
+            {
+                "role": "assistant",
+                "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "[" * 50_000}}],
+            },
+            "nested too deeply",
+        ),
+        (
+            {"type": "message", "role": "assistant", "content": [{"type": "tool_use", "id": "c"}]},
+            "missing field 'name'",
+        ),
+    ],
+)
+def test_from_llm_dict_hostile_input_is_a_format_error(data, pattern):
+    with pytest.raises(MessageFormatError, match=pattern) as exc_info:
+        Message.from_llm_dict(data)
+    str(exc_info.value).encode("utf-8")
+
+
+def test_from_llm_dict_errors_never_repr_a_huge_value():
+    huge = "x" * 1_000_000
+    cases = [
+        {"role": huge},
+        {"role": "user", "content": [{"type": huge}]},
+        {
+            "role": "assistant",
+            "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": huge}}],
+        },
+        {huge: 1, "x" + huge: 2},
+        {"role": "assistant", "tool_calls": [{"id": str(i), "name": huge} for i in range(1000)]},
+        {str(i): i for i in range(100_000)},
+    ]
+    for data in cases:
+        with pytest.raises(MessageFormatError) as exc_info:
+            Message.from_llm_dict(data)
+        assert len(str(exc_info.value)) < 2000
