@@ -11,7 +11,7 @@ every field losslessly; :data:`MESSAGE_LIST_ADAPTER` does the same for lists.
 
 Text: every string of a message and its parts (content, text parts, names, ids, image URLs,
 tool call arguments, metadata and structured data, keys and values at any depth) must encode
-as UTF-8. A lone surrogate such as ``"bad \\udc80"`` (what ``bytes.decode(errors=
+as UTF-8. A lone surrogate such as ``"bad \udc80"`` (what ``bytes.decode(errors=
 "surrogateescape")`` produces) is rejected at construction with a ``ValidationError`` naming
 the field and the path inside it, so it never reaches a store or a provider.
 
