@@ -6,14 +6,35 @@ returns at once, embeds them in batches on a daemon thread with any
 :class:`~marsys_mem.embeddings.Embedder`, and hands the vectors to a callback;
 ``flush()`` waits for what was submitted. :class:`~marsys_mem.patterns.rag.RAGMemory`
 feeds its FAISS index this way.
+
+Interpreter exit: a program may end without closing its queues. A daemon worker that is
+still inside torch when the interpreter finalizes is killed mid-call, and the process
+aborts ("terminate called without an active exception", exit code 134). So every open
+queue is in one registry, and one :mod:`atexit` hook (registered when the first queue is
+made) stops them all before finalization: it **cancels** what is still pending, waits for
+the batches being embedded (at most :data:`EXIT_TIMEOUT` seconds for all queues together,
+so exit never hangs on a long backlog), then calls each queue's ``at_exit`` callback.
+The hook runs after the threading module has joined the program's non-daemon threads,
+so no thread of the program is cut off mid-``submit``; a ``submit`` that comes later
+(from another exit handler) is embedded inline, in the caller's thread.
+
+Why cancel rather than drain: draining a backlog of 100k texts would hold the exit for
+minutes. Nothing is lost by cancelling: an in-memory index dies with the process anyway,
+and :class:`~marsys_mem.patterns.rag.RAGMemory` with a store and an ``index_path`` keeps
+every message in the store (durable when ``add`` returned); its ``at_exit`` saves the
+vectors done so far (atomically: the old file or the new one, never a mix), and the next
+``RAGMemory`` on that store embeds only the messages the saved index lacks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
+import os
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from types import TracebackType
@@ -22,13 +43,49 @@ from typing import Self
 from marsys_mem.embeddings import Embedder, FloatArray, check_vectors
 from marsys_mem.exceptions import EmbeddingError
 
-__all__ = ["EmbeddingQueue", "OnVectors"]
+__all__ = ["EXIT_TIMEOUT", "EmbeddingQueue", "OnVectors"]
 
 log = logging.getLogger("marsys_mem.ingest")
 
 
 OnVectors = Callable[[list[str], FloatArray], None]
 """The :class:`EmbeddingQueue` callback: ``on_vectors(keys, vectors)``."""
+
+EXIT_TIMEOUT = 10.0
+"""Seconds the exit hook waits, for all open queues together, for the batches being embedded.
+
+A batch of 64 texts takes MiniLM well under a second on one core; a worker still busy when
+the time is up is left running (and the process may then abort as it finalizes)."""
+
+_live: weakref.WeakSet[EmbeddingQueue] = weakref.WeakSet()  # open queues
+_live_lock = threading.Lock()
+_hook_registered = False
+
+
+def _register(queue: EmbeddingQueue) -> None:
+    global _hook_registered
+    with _live_lock:
+        _live.add(queue)
+        if not _hook_registered:
+            atexit.register(_stop_open_queues)
+            _hook_registered = True
+
+
+def _unregister(queue: EmbeddingQueue) -> None:
+    with _live_lock:
+        _live.discard(queue)
+
+
+def _stop_open_queues() -> None:
+    """The exit hook: cancel every open queue of this process, wait, run ``at_exit``."""
+    pid = os.getpid()
+    with _live_lock:
+        queues = [q for q in _live if q._pid == pid]  # a forked child has no workers
+    deadline = time.monotonic() + EXIT_TIMEOUT
+    for q in queues:
+        q._begin_exit()
+    for q in queues:
+        q._finish_exit(deadline)
 
 
 class EmbeddingQueue:
@@ -48,12 +105,19 @@ class EmbeddingQueue:
     When ``max_pending`` items are waiting, :meth:`submit` blocks until the worker catches
     up (back-pressure; not from inside the callback, which never blocks).
 
+    A queue still open when the interpreter exits is cancelled (see the module docs): the
+    pending items are dropped (:attr:`cancelled` counts them), the batch being embedded
+    is finished, then ``at_exit`` is called, so the process exits cleanly.
+
     Args:
         embedder: any :class:`Embedder`.
         on_vectors: called as ``on_vectors(keys, vectors)`` with ``vectors.shape ==
             (len(keys), embedder.dim)``.
         batch_size: most texts per ``embed`` call.
         max_pending: most items waiting before :meth:`submit` blocks.
+        at_exit: called with no arguments if the queue is still open at interpreter exit,
+            after its worker stopped (e.g. to save what ``on_vectors`` built); an error it
+            raises is logged.
 
     Raises:
         ValueError: a bad ``batch_size`` or ``max_pending``.
@@ -75,14 +139,18 @@ class EmbeddingQueue:
         *,
         batch_size: int = 64,
         max_pending: int = 100_000,
+        at_exit: Callable[[], object] | None = None,
     ) -> None:
         for arg, value in (("batch_size", batch_size), ("max_pending", max_pending)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{arg} must be an int >= 1, got {value!r}")
         if not callable(on_vectors):
             raise ValueError(f"on_vectors must be callable, got {on_vectors!r}")
+        if at_exit is not None and not callable(at_exit):
+            raise ValueError(f"at_exit must be callable or None, got {at_exit!r}")
         self._embedder = embedder
         self._on_vectors = on_vectors
+        self._at_exit = at_exit
         self._batch_size = batch_size
         self._max_pending = max_pending
         lock = threading.Lock()
@@ -90,14 +158,18 @@ class EmbeddingQueue:
         self._progress = threading.Condition(lock)  # flush() and a blocked submit() wait on it
         self._items: OrderedDict[str, str] = OrderedDict()
         self._submitted = 0  # items enqueued (coalesced ones count once)
-        self._done = 0  # items delivered or dropped by an error
+        self._done = 0  # items delivered, dropped by an error, or cancelled
+        self._cancelled = 0  # items dropped unembedded by a cancel
         self._error: tuple[BaseException, list[str]] | None = None
         self._closing = False
         self._closed = False
+        self._exiting = False  # stopped by the exit hook: later submits run inline
+        self._pid = os.getpid()
         self._thread = threading.Thread(
             target=self._run, name="marsys-mem-embedding-queue", daemon=True
         )
         self._thread.start()
+        _register(self)
 
     @property
     def pending(self) -> int:
@@ -106,8 +178,14 @@ class EmbeddingQueue:
             return self._submitted - self._done
 
     @property
+    def cancelled(self) -> int:
+        """Items dropped without being embedded, by ``close(cancel=True)`` or at exit."""
+        with self._progress:
+            return self._cancelled
+
+    @property
     def closed(self) -> bool:
-        """Whether :meth:`close` has been called."""
+        """Whether :meth:`close` has been called (or the queue was stopped at exit)."""
         return self._closing
 
     def submit(self, key: str, text: str) -> None:
@@ -134,22 +212,38 @@ class EmbeddingQueue:
                 and isinstance(pair[1], str)
             ):
                 raise EmbeddingError(f"item {i} must be a (key: str, text: str) pair, got {pair!r}")
-        on_worker = threading.current_thread() is self._thread
         with self._has_items:
-            for key, text in batch:
+            inline = self._exiting
+            if not inline:
+                self._enqueue_locked(batch)
+        if inline:
+            self._embed_inline(batch)
+
+    def _enqueue_locked(self, batch: list[tuple[str, str]]) -> None:
+        on_worker = threading.current_thread() is self._thread
+        for key, text in batch:
+            if self._closing:
+                raise EmbeddingError("the embedding queue is closed")
+            while len(self._items) >= self._max_pending and not on_worker:
+                self._has_items.notify()  # the items added so far
+                self._progress.wait()
                 if self._closing:
                     raise EmbeddingError("the embedding queue is closed")
-                while len(self._items) >= self._max_pending and not on_worker:
-                    self._has_items.notify()  # the items added so far
-                    self._progress.wait()
-                    if self._closing:
-                        raise EmbeddingError("the embedding queue is closed")
-                if key in self._items:
-                    self._items[key] = text
-                else:
-                    self._items[key] = text
-                    self._submitted += 1
-            self._has_items.notify()
+            if key in self._items:
+                self._items[key] = text
+            else:
+                self._items[key] = text
+                self._submitted += 1
+        self._has_items.notify()
+
+    def _embed_inline(self, batch: list[tuple[str, str]]) -> None:
+        """After the exit hook stopped the worker: embed in the caller's thread."""
+        latest = list(OrderedDict(batch).items())  # coalesce, as the worker would
+        for start in range(0, len(latest), self._batch_size):
+            chunk = latest[start : start + self._batch_size]
+            with self._progress:
+                self._submitted += len(chunk)
+            self._deliver(chunk)
 
     def _run(self) -> None:
         while True:
@@ -161,23 +255,24 @@ class EmbeddingQueue:
                 n = min(self._batch_size, len(self._items))
                 batch = [self._items.popitem(last=False) for _ in range(n)]
                 self._progress.notify_all()  # room for blocked submitters
-            keys = [key for key, _ in batch]
-            try:
-                vectors = check_vectors(
-                    self._embedder.embed([t for _, t in batch]), self._embedder.dim
-                )
-                if vectors.shape[0] != n:
-                    raise EmbeddingError(
-                        f"the embedder returned {vectors.shape[0]} rows for {n} texts"
-                    )
-                self._on_vectors(keys, vectors)
-            except Exception as exc:
-                with self._progress:
-                    if self._error is None:
-                        self._error = (exc, keys)
+            self._deliver(batch)
+
+    def _deliver(self, batch: list[tuple[str, str]]) -> None:
+        """Embed one batch and hand it to ``on_vectors``; an error is kept for flush()."""
+        n = len(batch)
+        keys = [key for key, _ in batch]
+        try:
+            vectors = check_vectors(self._embedder.embed([t for _, t in batch]), self._embedder.dim)
+            if vectors.shape[0] != n:
+                raise EmbeddingError(f"the embedder returned {vectors.shape[0]} rows for {n} texts")
+            self._on_vectors(keys, vectors)
+        except Exception as exc:
             with self._progress:
-                self._done += n
-                self._progress.notify_all()
+                if self._error is None:
+                    self._error = (exc, keys)
+        with self._progress:
+            self._done += n
+            self._progress.notify_all()
 
     def _raise_error(self) -> None:
         with self._progress:
@@ -224,25 +319,40 @@ class EmbeddingQueue:
         """Async twin of :meth:`flush` (waits in a worker thread)."""
         await asyncio.to_thread(self.flush, timeout)
 
-    def close(self, timeout: float | None = None) -> None:
-        """Deliver what is pending, then stop the worker thread. Idempotent.
+    def close(self, timeout: float | None = None, *, cancel: bool = False) -> None:
+        """Deliver what is pending (or drop it), then stop the worker thread. Idempotent.
 
         Args:
             timeout: seconds to wait for the worker at most.
+            cancel: drop the pending items instead of embedding them (the batch being
+                embedded is still delivered); :attr:`cancelled` counts them.
 
         Raises:
             EmbeddingError: an error not yet reported by :meth:`flush`.
             TimeoutError: the worker did not finish within ``timeout``.
         """
-        self._close(timeout)
+        self._close(timeout, cancel=cancel)
         self._raise_error()
 
-    def _close(self, timeout: float | None) -> None:
+    def _cancel_locked(self) -> int:
+        """Drop the pending items and tell the worker to stop; returns how many."""
+        n = len(self._items)
+        self._items.clear()
+        self._cancelled += n
+        self._done += n  # flush() does not wait for them
+        self._closing = True
+        self._has_items.notify_all()
+        self._progress.notify_all()
+        return n
+
+    def _close(self, timeout: float | None, *, cancel: bool = False) -> None:
         if threading.current_thread() is self._thread:
             raise RuntimeError("close() called from the on_vectors callback would deadlock")
         with self._has_items:
             if self._closed:
                 return
+            if cancel:
+                self._cancel_locked()
             self._closing = True
             self._has_items.notify_all()
             self._progress.notify_all()
@@ -251,6 +361,34 @@ class EmbeddingQueue:
             raise TimeoutError(f"the embedding worker did not stop within {timeout}s")
         with self._has_items:
             self._closed = True
+        _unregister(self)
+
+    def _begin_exit(self) -> None:
+        """Exit hook, step 1 (all queues first): cancel, so every worker winds down at once."""
+        with self._has_items:
+            self._exiting = True
+            n = self._cancel_locked()
+        if n:
+            log.info("interpreter exit: %d texts not embedded yet were cancelled", n)
+
+    def _finish_exit(self, deadline: float) -> None:
+        """Exit hook, step 2: wait for the batch in flight until ``deadline``, run ``at_exit``."""
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+        if self._thread.is_alive():
+            log.warning(
+                "interpreter exit: the embedding worker is still busy after %ss "
+                "(marsys_mem.ingest.EXIT_TIMEOUT); the process may abort",
+                EXIT_TIMEOUT,
+            )
+        else:
+            with self._has_items:
+                self._closed = True
+        _unregister(self)
+        if self._at_exit is not None:
+            try:
+                self._at_exit()
+            except Exception:
+                log.exception("interpreter exit: the embedding queue's at_exit callback failed")
 
     def __enter__(self) -> Self:
         return self

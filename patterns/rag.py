@@ -27,11 +27,12 @@ Ranking (``mode``):
 Persistence: with a ``store`` the store is the source of truth. Every add and remove is
 written through to it under ``key`` before memory changes, and a new ``RAGMemory`` loads
 the key's messages back. With ``index_path`` the vector index is saved there (atomically,
-with a checksum) by :meth:`~RAGMemory.flush` and :meth:`~RAGMemory.close`; on open it is
-loaded and checked against the store: a missing or corrupt file is rebuilt by re-embedding
-the messages, a stale one (messages added or removed by another process) is repaired by
-embedding only what it lacks and dropping what the store no longer has. Search results are
-always checked against the live messages, so a removed message is never returned.
+with a checksum) by :meth:`~RAGMemory.flush` and :meth:`~RAGMemory.close` (a memory never
+closed: at interpreter exit, with the vectors done by then; see :mod:`marsys_mem.ingest`);
+on open it is loaded and checked against the store: a missing or corrupt file is rebuilt
+by re-embedding the messages, a stale one (messages added or removed by another process)
+is repaired by embedding only what it lacks and dropping what the store no longer has.
+Search results are always checked against the live messages, so a removed message is never returned.
 
 Without the ``embeddings`` extra, ``RAGMemory()`` falls back to BM25 only and logs one
 notice (logger ``marsys_mem.patterns.rag``).
@@ -244,6 +245,7 @@ class RAGMemory(VectorSync, Closing):
                     on_vectors=self._on_vectors,
                     batch_size=batch_size,
                     max_pending=max_pending,
+                    at_exit=self._save,  # never closed: keep the vectors done so far
                 )
         self._batch_size = batch_size
         try:
