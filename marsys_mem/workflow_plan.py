@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from marsys_mem.config_files import read_text
 from marsys_mem.coordination.graph import BranchGraph
 from marsys_mem.coordination.transport import BranchError
 from marsys_mem.exceptions import ConfigError
@@ -44,14 +45,10 @@ it ends)."""
 
 
 def _read_text(path: Path, what: str) -> str:
-    if not path.exists():
-        raise WorkflowError(f"{path}: {what} not found")
-    if not path.is_file():
-        raise WorkflowError(f"{path}: {what} is not a file")
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise WorkflowError(f"{path}: cannot read the {what}: {exc}") from None
+    try:  # bounded size, UTF-8 checked (bad bytes reported with their offset)
+        return read_text(path, what=what)
+    except ConfigError as exc:
+        raise WorkflowError(str(exc)) from None
 
 
 def _parse(path: Path, what: str) -> tuple[Any, SourceMap]:
