@@ -33,14 +33,12 @@ the bad value. ``MemoryConfig.model_json_schema()`` gives the JSON Schema for ed
 
 from __future__ import annotations
 
-import json
+import math
 import re
-import tomllib
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -48,12 +46,19 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from marsys_mem.compose import BudgetSplit
+from marsys_mem.config_files import DEFAULT_LIMITS, FileLimits, load_file, short_repr
 from marsys_mem.context import ContextPolicy
 from marsys_mem.exceptions import ConfigError
+from marsys_mem.names import NAME_PATTERN
+from marsys_mem.schema_forms import AlsoAccepts, SchemaAs, SchemaOf
 
 __all__ = [
     "AgentConfig",
@@ -81,14 +86,15 @@ def parse_duration(value: object) -> timedelta:
     """Parse ``30d``, ``12h``, ``1d12h``, ``90m``, ``45s``, ``2w``, seconds, or a timedelta.
 
     Raises:
-        ValueError: anything else, or a duration that is not positive.
+        ValueError: anything else, a duration that is not positive, not finite, or longer
+            than ``timedelta`` can hold (999,999,999 days).
     """
     if isinstance(value, timedelta):
         result = value
     elif isinstance(value, bool):
-        raise ValueError(f"invalid duration {value!r}")
+        raise ValueError(f"invalid duration {short_repr(value)}")
     elif isinstance(value, int | float):
-        result = timedelta(seconds=value)
+        result = _from_seconds(value, value)
     elif isinstance(value, str):
         text = value.strip().lower().replace(" ", "")
         pos, seconds = 0, 0.0
@@ -99,18 +105,49 @@ def parse_duration(value: object) -> timedelta:
             pos = match.end()
         if not text or pos != len(text):
             raise ValueError(
-                f"invalid duration {value!r}: use a number and a unit s/m/h/d/w, "
+                f"invalid duration {short_repr(value)}: use a number and a unit s/m/h/d/w, "
                 "e.g. 30d, 12h, 1d12h"
             )
-        result = timedelta(seconds=seconds)
+        result = _from_seconds(seconds, value)
     else:
-        raise ValueError(f"invalid duration {value!r}: expected a string like '30d' or seconds")
+        raise ValueError(
+            f"invalid duration {short_repr(value)}: expected a string like '30d' or seconds"
+        )
     if result <= timedelta(0):
-        raise ValueError(f"duration must be positive, got {value!r}")
+        raise ValueError(f"duration must be positive, got {short_repr(value)}")
     return result
 
 
-Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
+_MAX_SECONDS = timedelta.max.total_seconds()
+
+
+def _from_seconds(seconds: float, value: object) -> timedelta:
+    """``timedelta(seconds=...)`` with NaN, infinity and overflow as ``ValueError``."""
+    if isinstance(seconds, float) and math.isnan(seconds):
+        raise ValueError(f"invalid duration {short_repr(value)}: not a number")
+    if abs(seconds) > _MAX_SECONDS:  # also infinity; an int is compared exactly
+        raise ValueError(
+            f"duration {short_repr(value)} is too long: at most 999999999 days "
+            "(leave ttl unset to keep messages forever)"
+        )
+    try:
+        return timedelta(seconds=seconds)
+    except OverflowError:  # rounding at the very edge of the range
+        raise ValueError(f"duration {short_repr(value)} is too long") from None
+
+
+Duration = Annotated[
+    timedelta,
+    BeforeValidator(parse_duration),
+    SchemaAs(
+        {
+            "anyOf": [
+                {"type": "string", "pattern": r"^\s*(\d+(\.\d+)?\s*[smhdwSMHDW]\s*)+$"},
+                {"type": "number", "exclusiveMinimum": 0},
+            ]
+        }
+    ),
+]
 """A positive duration, written ``30d``, ``12h``, ``1d12h`` or as seconds."""
 
 
@@ -121,6 +158,9 @@ def _enabled(value: object) -> object:
     if value is False:
         return None
     return value
+
+
+_OR_BOOL = AlsoAccepts({"type": "boolean"})
 
 
 class RagPatternConfig(BaseModel):
@@ -184,9 +224,11 @@ class PatternsConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     embedder: Literal["default", "hashing", "none"] = "default"
-    rag: Annotated[RagPatternConfig | None, BeforeValidator(_enabled)] = None
-    episodic: Annotated[EpisodicPatternConfig | None, BeforeValidator(_enabled)] = None
-    hierarchical: Annotated[HierarchicalPatternConfig | None, BeforeValidator(_enabled)] = None
+    rag: Annotated[RagPatternConfig | None, BeforeValidator(_enabled), _OR_BOOL] = None
+    episodic: Annotated[EpisodicPatternConfig | None, BeforeValidator(_enabled), _OR_BOOL] = None
+    hierarchical: Annotated[
+        HierarchicalPatternConfig | None, BeforeValidator(_enabled), _OR_BOOL
+    ] = None
     budget: BudgetSplit = Field(default_factory=BudgetSplit)
 
     @property
@@ -231,8 +273,8 @@ class AgentConfig(BaseModel):
     retention: RetentionKind | None = None
     ttl: Duration | None = None
     max_stored_messages: int | None = Field(default=None, ge=1)
-    context: dict[str, Any] | None = None
-    patterns: dict[str, Any] | None = None
+    context: Annotated[dict[str, Any], SchemaOf(ContextPolicy)] | None = None
+    patterns: Annotated[dict[str, Any], SchemaOf(PatternsConfig)] | None = None
 
 
 class StoreConfig(BaseModel):
@@ -250,7 +292,7 @@ class StoreConfig(BaseModel):
 
     backend: Literal["memory", "sqlite"] = "memory"
     path: Path | None = None
-    namespace: str = Field(default="default", min_length=1)
+    namespace: str = Field(default="default", pattern=NAME_PATTERN)  # marsys_mem.names
 
     @model_validator(mode="after")
     def _check(self) -> StoreConfig:
@@ -280,6 +322,49 @@ def _merge_context(defaults: dict[str, Any], override: dict[str, Any] | None) ->
     return merged
 
 
+def _error_details(
+    exc: ValidationError, prefix: tuple[str, ...] = (), *, fields_only: bool = False
+) -> list[InitErrorDetails]:
+    """``exc``'s errors, under ``prefix``, to raise again as part of a larger error."""
+    return [
+        InitErrorDetails(
+            type=PydanticCustomError(err["type"], err["msg"]),
+            loc=(*prefix, *err["loc"]),
+            input=err["input"],
+        )
+        for err in exc.errors(include_url=False)
+        if err["loc"] or not fields_only
+    ]
+
+
+def _merge_errors(name: str, raw: object, defaults: object) -> list[InitErrorDetails]:
+    """Errors of an agent's context and patterns merged over the defaults (as ``policy_for``).
+
+    With invalid defaults only the override's own fields are checked.
+    """
+    if isinstance(raw, AgentConfig):
+        context, patterns = raw.context, raw.patterns
+    elif isinstance(raw, dict):
+        context, patterns = raw.get("context"), raw.get("patterns")
+    else:
+        return []
+    base = defaults if isinstance(defaults, RetentionPolicy) else None
+    out: list[InitErrorDetails] = []
+    if isinstance(context, dict):
+        ctx = base.context.model_dump(exclude_unset=True) if base is not None else {}
+        try:
+            ContextPolicy.model_validate(_merge_context(ctx, context))
+        except ValidationError as exc:
+            out += _error_details(exc, (name, "context"), fields_only=base is None)
+    if isinstance(patterns, dict):
+        pat = base.patterns.model_dump(exclude_unset=True) if base is not None else {}
+        try:
+            PatternsConfig.model_validate({**pat, **patterns})
+        except ValidationError as exc:
+            out += _error_details(exc, (name, "patterns"), fields_only=base is None)
+    return out
+
+
 class MemoryConfig(BaseModel):
     """A whole config file: store, defaults and per-agent policies.
 
@@ -303,13 +388,33 @@ class MemoryConfig(BaseModel):
     agents: dict[str, AgentConfig] = Field(default_factory=dict)
     _source: Path | None = PrivateAttr(default=None)
 
-    @model_validator(mode="after")
-    def _resolve_agents(self) -> MemoryConfig:
-        for name in self.agents:
-            if not name:
-                raise ValueError("agent names must be non-empty")
-            self.policy_for(name)  # merged policies must validate too
-        return self
+    @field_validator("agents", mode="wrap")
+    @classmethod
+    def _check_agents(
+        cls, value: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo
+    ) -> dict[str, AgentConfig]:
+        """Merged policies must validate too; every error is reported, each at its field."""
+        errors: list[InitErrorDetails] = []
+        agents: dict[str, AgentConfig] = {}
+        try:
+            agents = handler(value)
+        except ValidationError as exc:
+            errors.extend(_error_details(exc))
+        defaults = info.data.get("defaults")
+        for name, raw in value.items() if isinstance(value, dict) else ():
+            if name == "":
+                errors.append(
+                    InitErrorDetails(
+                        type=PydanticCustomError("value_error", "agent names must be non-empty"),
+                        loc=(),
+                        input=value,
+                    )
+                )
+            elif isinstance(name, str):
+                errors.extend(_merge_errors(name, raw, defaults))
+        if errors:
+            raise ValidationError.from_exception_data("agents", errors)
+        return agents
 
     def policy_for(self, agent: str) -> RetentionPolicy:
         """The agent's effective policy (defaults for an agent not listed)."""
@@ -355,52 +460,47 @@ class MemoryConfig(BaseModel):
         return self._source.parent if self._source is not None else None
 
 
+_MAX_ERRORS = 20
+
+
 def format_validation_error(exc: ValidationError, *, prefix: str = "") -> str:
-    """One line per error: ``field.path: message (got value)``."""
+    """One line per error: ``field.path: message (got value)``.
+
+    Values and long keys are shortened (:func:`~marsys_mem.config_files.short_repr`) and
+    at most 20 errors are listed, so a message stays readable whatever the file holds.
+    """
+    errors = exc.errors(include_url=False)
     lines = []
-    for err in exc.errors(include_url=False):
-        loc = ".".join(str(p) for p in err["loc"])
+    for err in errors[:_MAX_ERRORS]:
+        loc = ".".join(_short_part(p) for p in err["loc"])
         msg = err["msg"]
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
         got = err.get("input")
-        shown = "" if isinstance(got, dict) or err["type"] == "missing" else f" (got {got!r})"
+        shown = (
+            "" if isinstance(got, dict) or err["type"] == "missing" else f" (got {short_repr(got)})"
+        )
         lines.append(f"{prefix}{loc}: {msg}{shown}" if loc else f"{prefix}{msg}")
+    if len(errors) > _MAX_ERRORS:
+        lines.append(f"{prefix}... and {len(errors) - _MAX_ERRORS} more errors")
     return "; ".join(lines)
 
 
-def _read(path: Path) -> Any:
-    text = path.read_text(encoding="utf-8")
-    suffix = path.suffix.lower()
-    if suffix in (".yaml", ".yml"):
-        try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            problem = getattr(exc, "problem", None) or str(exc)
-            raise ConfigError(f"{path}:{where}: invalid YAML: {problem}") from exc
-    if suffix == ".toml":
-        try:
-            return tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
-    if suffix == ".json":
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(
-                f"{path}: line {exc.lineno}, column {exc.colno}: invalid JSON: {exc.msg}"
-            ) from exc
-    raise ConfigError(f"{path}: unknown config format {suffix!r}; use .yaml, .yml, .toml or .json")
+def _short_part(part: object) -> str:
+    text = str(part)
+    return text if len(text) <= 60 else short_repr(text, 60)
 
 
-def load_config(path: str | Path) -> MemoryConfig:
+def load_config(path: str | Path, *, limits: FileLimits = DEFAULT_LIMITS) -> MemoryConfig:
     """Load and validate a config file (YAML, TOML or JSON, by extension).
 
+    The file is read by :func:`marsys_mem.config_files.load_file`: its size, nesting and
+    YAML alias expansion are bounded by ``limits``; duplicate keys, integers beyond 64
+    bits, bytes that are not UTF-8 and empty files are refused.
+
     Raises:
-        ConfigError: the file is missing, unparsable or invalid; the message names the
-            file, the field path and the bad value.
+        ConfigError: the file is missing, unparsable, too large, empty or invalid; the
+            message names the file, the field path (or the line) and the bad value.
 
     Example:
         >>> import pathlib, tempfile
@@ -410,11 +510,7 @@ def load_config(path: str | Path) -> MemoryConfig:
         'persistent'
     """
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
-    data = _read(path)
-    if data is None:
-        data = {}
+    data = load_file(path, what="config file", limits=limits).data
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
     try:

@@ -176,9 +176,7 @@ def test_error_wrong_version(tmp_path):
 
 
 def test_error_bad_context_merge(tmp_path):
-    msg = _error_for(
-        tmp_path, "a.yaml", "version: 1\nagents: {r: {context: {keep_recent: 3}}}\n"
-    )
+    msg = _error_for(tmp_path, "a.yaml", "version: 1\nagents: {r: {context: {keep_recent: 3}}}\n")
     assert "agents.r.context" in msg
     assert "keep_recent" in msg
 
@@ -198,16 +196,74 @@ def test_error_missing_file_and_unknown_suffix(tmp_path):
         load_config(tmp_path / "nope.yaml")
     path = tmp_path / "c.ini"
     path.write_text("[x]\n")
-    with pytest.raises(ConfigError, match="unknown config format"):
+    with pytest.raises(ConfigError, match=r"unknown file type '\.ini'"):
         load_config(path)
 
 
-def test_empty_file_gives_defaults(tmp_path):
-    path = tmp_path / "empty.yaml"
-    path.write_text("")
-    cfg = load_config(path)
-    assert cfg.defaults.retention == "session"
-    assert cfg.store.backend == "memory"
+@pytest.mark.parametrize(
+    ("name", "text", "says"),
+    [
+        ("empty.yaml", "", "the file is empty"),
+        ("blank.yaml", "\n  \n", "the file is empty"),
+        ("comments.yaml", "# version: 1\n", "only comments or null"),
+        ("null.json", "null", "only comments or null"),
+        ("empty.toml", "# nothing\n", "the file is empty (it sets nothing)"),
+    ],
+)
+def test_empty_file_is_refused(tmp_path, name, text, says):
+    # issue 9 item 11: an empty config passed `validate` and gave the defaults silently
+    msg = _error_for(tmp_path, name, text)
+    assert says in msg
+
+
+def test_an_explicit_empty_mapping_still_means_defaults(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("{}\n")
+    assert load_config(path).defaults.retention == "session"
+
+
+@pytest.mark.parametrize(
+    "ttl",
+    [".inf", "-.inf", ".nan", "1.0e+300", "9999999999d", "1" + "0" * 400 + "s", "100000000000000"],
+    ids=lambda ttl: ttl[:16],
+)
+def test_huge_or_non_finite_ttl_is_a_config_error(tmp_path, ttl):
+    # issue 9 item 11: OverflowError escaped (and the CLI exited 1, not 2)
+    msg = _error_for(tmp_path, "a.yaml", f"agents: {{r: {{ttl: {ttl}}}}}\n")
+    assert "agents.r.ttl" in msg
+    assert len(msg) < 400
+
+
+@pytest.mark.parametrize(
+    "value",
+    [float("inf"), float("-inf"), float("nan"), 1e300, 10**30, "9999999999d", "1e999s"],
+)
+def test_parse_duration_rejects_overflow_with_value_error(value):
+    with pytest.raises(ValueError, match="duration") as info:
+        parse_duration(value)
+    assert not isinstance(info.value, OverflowError)
+
+
+def test_parse_duration_keeps_the_longest_timedelta():
+    assert parse_duration("999999999d") == timedelta(days=999_999_999)
+
+
+def test_error_messages_never_repeat_a_huge_value(tmp_path):
+    # issue 9 item 10: a value's whole repr went into the message (8.7 MB for a bomb)
+    huge = "x" * 200_000
+    msg = _error_for(tmp_path, "a.yaml", f"defaults: {{retention: {huge}}}\n")
+    assert "defaults.retention" in msg
+    assert len(msg) < 400
+    msg = _error_for(tmp_path, "b.yaml", f"agents: {{{huge}: {{colour: red}}}}\n")
+    assert len(msg) < 400
+
+
+def test_error_messages_list_at_most_twenty_errors(tmp_path):
+    agents = ", ".join(f"a{i}: {{colour: red}}" for i in range(500))
+    msg = _error_for(tmp_path, "a.yaml", f"agents: {{{agents}}}\n")
+    assert msg.count("Extra inputs") == 20
+    assert "and 480 more errors" in msg
+    assert len(msg) < 4000
 
 
 def test_store_config_rules():
