@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from marsys_mem.coordination.graph import MergeStrategy
 from marsys_mem.facts import FactScope, SharedFact
+from marsys_mem.names import NAME_PATTERN
 from marsys_mem.patterns.shared import ConflictRule, member_key
 
 __all__ = [
@@ -25,7 +26,7 @@ __all__ = [
     "inbox_key",
 ]
 
-_NAME_PATTERN = r"^[^/+#\x00]{1,256}$"
+_NAME_PATTERN = NAME_PATTERN  # the one naming rule (marsys_mem.names)
 
 inbox_key = member_key
 """The :class:`SharedMemoryPool` member name of an agent on a branch (``member_key``)."""

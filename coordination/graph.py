@@ -68,9 +68,7 @@ _COLORS = {"active": "#4C9BE8", "merged": "#8BC34A", "closed": "#B0B0B0"}
 
 
 def _check_agent(agent: object) -> str:
-    if not isinstance(agent, str) or not agent or len(agent) > 256 or "@" in agent:
-        raise ValueError(f"an agent name must be 1-256 characters without '@', got {agent!r}")
-    return agent
+    return validate_name("agent name", agent)  # the one naming rule (marsys_mem.names)
 
 
 def _agent_list(agents: Iterable[str] | None) -> list[str]:

@@ -28,13 +28,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import re
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Final, Protocol, Self, cast, runtime_checkable
 
+from marsys_mem import names
 from marsys_mem.exceptions import MarsysMemError
 from marsys_mem.lifecycle import AsyncClosing
 
@@ -65,7 +65,6 @@ __all__ = [
 log = logging.getLogger("marsys_mem.coordination")
 
 DEFAULT_MAX_PAYLOAD: Final = 64 * 1024
-_NAME = re.compile(r"^[^/+#\x00]{1,256}$")
 
 
 # ---------------------------------------------------------------------------- errors
@@ -95,21 +94,20 @@ class AuthenticationError(TransportError, PermissionError):
 
 # ---------------------------------------------------------------------------- topics
 def validate_name(kind: str, value: object) -> str:
-    """Check a namespace or branch name: 1-256 characters, no ``/``, ``+``, ``#`` or NUL.
+    """Check a namespace or branch name by the one naming rule (:mod:`marsys_mem.names`).
+
+    1-256 characters of valid Unicode without ``/``, ``+``, ``#``, ``@`` or control
+    characters; raises :class:`~marsys_mem.exceptions.InvalidNameError` (a ``ValueError``).
 
     Example:
         >>> validate_name("branch", "research-1")
         'research-1'
-        >>> validate_name("branch", "a/b")
+        >>> validate_name("branch", "a/b")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        ValueError: branch must be 1-256 characters without '/', '+', '#' or NUL, got 'a/b'
+        marsys_mem.exceptions.InvalidNameError: branch must be ... got 'a/b' (it contains '/')
     """
-    if not isinstance(value, str) or not _NAME.match(value):
-        raise ValueError(
-            f"{kind} must be 1-256 characters without '/', '+', '#' or NUL, got {value!r}"
-        )
-    return value
+    return names.validate_name(kind, value)
 
 
 def namespace_prefix(namespace: str) -> str:
@@ -149,7 +147,7 @@ def parse_fact_topic(topic: str) -> tuple[str, str] | None:
     parts = topic.split("/")
     if len(parts) != 5 or parts[0] != "marsys" or parts[2] != "branch" or parts[4] != "facts":
         return None
-    if not _NAME.match(parts[1]) or not _NAME.match(parts[3]):
+    if not names.is_name(parts[1]) or not names.is_name(parts[3]):
         return None
     return parts[1], parts[3]
 

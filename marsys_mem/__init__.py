@@ -44,6 +44,7 @@ from marsys_mem.exceptions import (
     DuplicateToolCallError,
     EmbeddingError,
     IndexCorruptError,
+    InvalidNameError,
     MarsysMemError,
     MessageFormatError,
     MessageNotFoundError,
@@ -70,6 +71,7 @@ from marsys_mem.messages import (
     ToolCall,
     to_llm_format,
 )
+from marsys_mem.names import validate_name
 from marsys_mem.retention import (
     AgentConfig,
     MemoryConfig,
@@ -125,6 +127,7 @@ __all__ = [
     "ImagePart",
     "InMemoryStore",
     "IndexCorruptError",
+    "InvalidNameError",
     "MarsysMemError",
     "MemoryConfig",
     "MemoryEvent",
@@ -175,4 +178,5 @@ __all__ = [
     "parse_duration",
     "run_workflow",
     "to_llm_format",
+    "validate_name",
 ]

@@ -10,8 +10,9 @@ call, are skipped; embedding happens in the background, so appends stay fast). A
 * ``retrieval``: snippets for the query from RAG, episodic recall and the hierarchical
   archive, deduplicated, never repeating a message already in the conversation window.
 
-Persistent agents keep their patterns in the manager's store (their own keys); the vector
-index of a SQLite-backed agent is saved next to the database file.
+Persistent agents keep their patterns in the manager's store, under the internal keys of
+:func:`marsys_mem.names.internal_key` (no agent or branch name can spell them); the vector
+index of a SQLite-backed agent is saved next to the database file (:func:`index_file`).
 """
 
 from __future__ import annotations
@@ -26,13 +27,14 @@ from marsys_mem.compose import Block
 from marsys_mem.embeddings import Embedder, HashingEmbedder
 from marsys_mem.exceptions import MarsysMemError
 from marsys_mem.messages import Message
+from marsys_mem.names import internal_key, validate_key
 from marsys_mem.patterns.episodic import EpisodicMemory
 from marsys_mem.patterns.hierarchical import HierarchicalMemory
 from marsys_mem.patterns.rag import RAGMemory, ScoredMessage
 from marsys_mem.retention import PatternsConfig
 from marsys_mem.store.base import Key, MemoryStore
 
-__all__ = ["AgentPatterns", "resolve_embedder"]
+__all__ = ["AgentPatterns", "index_file", "resolve_embedder"]
 
 log = logging.getLogger("marsys_mem.patterns")
 
@@ -48,6 +50,20 @@ def resolve_embedder(
     if spelling == "none":
         return None
     return "default"
+
+
+def index_file(index_dir: Path, key: Key, kind: Literal["rag", "episodic", "archive"]) -> Path:
+    """Where the ``kind`` vector index of the agent whose conversation is ``key`` is saved.
+
+    Names contain no ``/``, so the hashed ``namespace/agent/branch/kind`` is unambiguous.
+
+    Example:
+        >>> index_file(Path("indexes"), ("d", "a", "main"), "rag").name
+        'rag-e7273c7f2b22d5d56d87.faiss'
+    """
+    namespace, agent, branch = validate_key(key)
+    digest = hashlib.sha256(f"{namespace}/{agent}/{branch}/{kind}".encode()).hexdigest()
+    return index_dir / f"{kind}-{digest[:20]}.faiss"
 
 
 def _snippet(m: Message) -> str:
@@ -89,16 +105,17 @@ class AgentPatterns:
     ) -> None:
         self.config = config
         self.key = key
-        namespace, agent, branch = key
+        rag_key = internal_key(key, "rag")  # raises InvalidNameError for a bad name
+        namespace, episodes_agent, _ = internal_key(key, "episodes")
+        tiers_prefix = internal_key(key, "tiers", "core")[:2]
         emb = embedder if embedder is not None else resolve_embedder(config.embedder)
         if config.embedder == "none":
             emb = None
 
-        def index_path(kind: str) -> Path | None:
+        def index_path(kind: Literal["rag", "episodic", "archive"]) -> Path | None:
             if index_dir is None or store is None:
                 return None
-            digest = hashlib.sha256(f"{namespace}/{agent}/{branch}/{kind}".encode()).hexdigest()
-            return index_dir / f"{kind}-{digest[:20]}.faiss"
+            return index_file(index_dir, key, kind)
 
         self.rag: RAGMemory | None = None
         self.episodic: EpisodicMemory | None = None
@@ -108,7 +125,7 @@ class AgentPatterns:
                 self.rag = RAGMemory(
                     emb,
                     store=store,
-                    key=(namespace, agent, f"{branch}#rag"),
+                    key=rag_key,
                     index_path=index_path("rag"),
                     mode=config.rag.mode,
                     dense_weight=config.rag.dense_weight,
@@ -119,7 +136,7 @@ class AgentPatterns:
                     emb,
                     store=store,
                     namespace=namespace,
-                    agent=f"{agent}#{branch}#episodes",
+                    agent=episodes_agent,
                     index_path=index_path("episodic"),
                 )
             if config.hierarchical is not None:
@@ -128,7 +145,7 @@ class AgentPatterns:
                     core_threshold=config.hierarchical.core_threshold,
                     working_size=config.hierarchical.working_size,
                     store=store,
-                    key_prefix=(namespace, f"{agent}#{branch}#tiers"),
+                    key_prefix=tiers_prefix,
                     index_path=index_path("archive"),
                 )
         except BaseException:

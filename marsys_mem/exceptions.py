@@ -13,6 +13,7 @@ subclasses the builtin that fits, so ``except ValueError`` keeps working::
     │   └── DuplicateToolCallError           a tool call id used twice
     ├── SummarizerError (RuntimeError)       the summariser failed or returned no text
     ├── ConfigError (ValueError)             a bad retention-policy / config value
+    │   ├── InvalidNameError                 an agent, branch or namespace name breaking the rule
     │   └── WorkflowError                    a workflow file that cannot run (file:line: field)
     ├── WorkflowRunError (RuntimeError)      a workflow step failed while running
     ├── StoreError (RuntimeError)            a storage backend failed
@@ -34,6 +35,7 @@ __all__ = [
     "DuplicateToolCallError",
     "EmbeddingError",
     "IndexCorruptError",
+    "InvalidNameError",
     "MarsysMemError",
     "MessageFormatError",
     "MessageNotFoundError",
@@ -103,6 +105,23 @@ class SummarizerError(MarsysMemError, RuntimeError):
 
 class ConfigError(MarsysMemError, ValueError):
     """A configuration file or value is invalid; the message names file and field."""
+
+
+class InvalidNameError(ConfigError):
+    """An agent, branch or namespace name that breaks the one naming rule.
+
+    The rule (:mod:`marsys_mem.names`): 1-256 characters of valid Unicode, without ``/``,
+    ``+``, ``#``, ``@`` or control characters. The message names the kind of name and
+    shows the value (truncated). It is a :class:`ConfigError` (a ``ValueError``).
+
+    Example:
+        >>> from marsys_mem.names import validate_name
+        >>> try:
+        ...     validate_name("branch", "main#rag")
+        ... except InvalidNameError as exc:
+        ...     print(str(exc).split(", got ")[1])
+        'main#rag' (it contains '#')
+    """
 
 
 class StoreError(MarsysMemError, RuntimeError):

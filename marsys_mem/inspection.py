@@ -7,13 +7,14 @@ recorded. :func:`search_store` searches the stored messages (``marsys-mem search
 over the conversations, or the agents' persisted RAG memory (dense + BM25) when there is
 one and the embeddings extra is installed.
 
-Store keys whose agent or branch contains ``#`` are internal: pattern data (``#rag``,
-``#episodes``, ``#tiers``) and the facts of workflow runs (agent ``#facts``).
+Keys other than conversations are internal (:func:`marsys_mem.names.parse_key`): pattern
+data (``rag``, ``episodes``, ``tiers``) and the facts of workflow runs (agent ``#facts``).
+Keys whose names break the naming rule (written before it existed) are listed as
+``invalid``; they stay readable but are not searched.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable
 from datetime import datetime
@@ -24,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from marsys_mem.exceptions import StoreError, StoreNotFoundError
 from marsys_mem.facts import SharedFact
+from marsys_mem.names import KeyInfo, parse_key
 from marsys_mem.store.base import Key
 from marsys_mem.store.sqlite import SQLiteStore
 
@@ -41,7 +43,6 @@ __all__ = [
 
 log = logging.getLogger("marsys_mem.inspection")
 
-FACTS_AGENT = "#facts"
 SearchMode = Literal["auto", "bm25", "hybrid"]
 
 
@@ -74,6 +75,8 @@ class ConversationSummary(_Model):
 
 class InternalKeySummary(_Model):
     """A key holding pattern data (``rag``, ``episodic``, ``hierarchical``) or facts.
+
+    ``kind`` is ``invalid`` for a key whose names break the naming rule (an older store).
 
     Example:
         >>> InternalKeySummary(namespace="d", agent="a", branch="main#rag", kind="rag",
@@ -199,19 +202,23 @@ def _open(path: str | Path) -> SQLiteStore:
         raise StoreError(f"{file}: not a marsys-mem store ({exc})") from exc
 
 
+_KINDS = {"rag": "rag", "episodes": "episodic", "tiers": "hierarchical", "facts": "facts"}
+
+
+def _info(key: Key) -> KeyInfo | None:
+    """What ``key`` holds (``None``: names that break the naming rule)."""
+    try:
+        return parse_key(key)
+    except ValueError:
+        return None
+
+
 def _internal_kind(key: Key) -> str | None:
-    _ns, agent, branch = key
-    if agent == FACTS_AGENT:
-        return "facts"
-    if branch.endswith("#rag"):
-        return "rag"
-    if agent.endswith("#episodes"):
-        return "episodic"
-    if "#tiers" in agent:
-        return "hierarchical"
-    if "#" in agent or "#" in branch:
-        return "internal"
-    return None
+    """``None`` for a conversation, else the kind shown by ``inspect``."""
+    info = _info(key)
+    if info is None:
+        return "invalid"
+    return _KINDS.get(info.kind)
 
 
 def _stored_fact(key: Key, data: object) -> StoredFact | None:
@@ -297,10 +304,17 @@ def inspect_store(path: str | Path) -> StoreSummary:
 
 def _index_file(db: Path, key: Key) -> Path:
     """Where ``AgentPatterns`` saves the RAG index of a SQLite-backed agent."""
-    namespace, agent, branch = key
-    base = branch[: -len("#rag")]
-    digest = hashlib.sha256(f"{namespace}/{agent}/{base}/rag".encode()).hexdigest()
-    return db.parent / "indexes" / f"rag-{digest[:20]}.faiss"
+    from marsys_mem.agent_patterns import index_file
+
+    conversation = parse_key(key).conversation
+    assert conversation is not None
+    return index_file(db.parent / "indexes", conversation, "rag")
+
+
+def _branch(key: Key) -> str:
+    """The conversation branch a key belongs to (its branch, or the one its data is of)."""
+    info = _info(key)
+    return info.branch if info is not None else key[2]
 
 
 def search_store(
@@ -333,7 +347,7 @@ def search_store(
         keys = [
             key
             for key in store.list_keys(namespace)
-            if agent in (None, key[1]) and branch in (None, key[2].removesuffix("#rag"))
+            if agent in (None, key[1]) and branch in (None, _branch(key))
         ]
         rag_keys = [key for key in keys if _internal_kind(key) == "rag"]
         how = "bm25"
@@ -382,7 +396,7 @@ def _hit(
         rank=rank,
         score=round(float(score), 4),
         agent=key[1],
-        branch=key[2].removesuffix("#rag"),
+        branch=_branch(key),
         role=msg.role,
         text=" ".join(msg.text.split()),
         message_id=msg.message_id,

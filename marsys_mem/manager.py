@@ -39,6 +39,7 @@ from marsys_mem.events import EventBus
 from marsys_mem.exceptions import ContextOverflowError, MarsysMemError, MessageNotFoundError
 from marsys_mem.lifecycle import Closing
 from marsys_mem.messages import Message, Provider, to_llm_format
+from marsys_mem.names import validate_name
 from marsys_mem.patterns.shared import SharedMemoryPool, member_key
 from marsys_mem.retention import MemoryConfig, RetentionPolicy, load_config
 from marsys_mem.runs import RunContext, RunSnapshot, history
@@ -73,10 +74,7 @@ class _PatternFeed:
             self.store.on_clear(memory)
 
 
-def _check_name(kind: str, value: object) -> str:
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{kind} must be a non-empty string, got {value!r}")
-    return value
+_check_name = validate_name  # the one naming rule (InvalidNameError, a ValueError)
 
 
 class _StoreSink:
@@ -248,7 +246,7 @@ class MemoryManager(Closing):
         if retention_every < 1:
             raise ValueError(f"retention_every must be >= 1, got {retention_every}")
         self.config = config or MemoryConfig()
-        self.namespace = self.config.store.namespace
+        self.namespace = validate_name("namespace", self.config.store.namespace)
         self.write_through = write_through
         self.retention_every = retention_every
         self.counter = counter
@@ -296,7 +294,7 @@ class MemoryManager(Closing):
 
     def key(self, agent: str, branch: str = "main") -> Key:
         """The store key of an agent's memory on a branch."""
-        return (self.namespace, agent, branch)
+        return (self.namespace, _check_name("agent", agent), _check_name("branch", branch))
 
     def memory(self, agent: str, branch: str = "main") -> ConversationMemory:
         """The agent's memory on ``branch`` (created, or loaded from the store, on first use)."""
@@ -506,6 +504,7 @@ class MemoryManager(Closing):
         """
         self._check_open()
         _check_name("agent", agent)
+        _check_name("branch", branch)
         if parent_id is not None:
             memory = ConversationMemory(
                 self.history(parent_id),

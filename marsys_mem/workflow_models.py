@@ -27,6 +27,7 @@ from pydantic import (
 from marsys_mem.coordination.graph import MergeStrategy
 from marsys_mem.exceptions import WorkflowError, WorkflowRunError
 from marsys_mem.facts import FactScope
+from marsys_mem.names import NAME_PATTERN
 from marsys_mem.patterns.shared import ConflictRule
 from marsys_mem.retention import MemoryConfig
 from marsys_mem.sourcemap import SourceMap
@@ -76,7 +77,7 @@ STEP_KINDS: tuple[str, ...] = (
 _TAGS = frozenset(
     (*STEP_KINDS, "memory_inline", "memory_file", "transport_inprocess", "transport_mqtt")
 )
-_NAME = r"^[^/+#@\x00]{1,256}$"
+_NAME = NAME_PATTERN  # the one naming rule (marsys_mem.names)
 _MAX_EXPANDED = 200_000
 
 

@@ -37,6 +37,7 @@ from marsys_mem.exceptions import MarsysMemError
 from marsys_mem.facts import SharedFact
 from marsys_mem.manager import MemoryManager
 from marsys_mem.messages import AgentCall, Message, ToolCall
+from marsys_mem.names import FACTS_AGENT, facts_key
 from marsys_mem.runs import RunContext
 from marsys_mem.sourcemap import format_path, locate
 from marsys_mem.store.base import Key
@@ -61,8 +62,6 @@ __all__ = ["FACTS_AGENT", "WorkflowRunner", "shared_default_embedder"]
 
 log = logging.getLogger("marsys_mem.workflow")
 
-FACTS_AGENT = "#facts"
-"""The reserved agent name under which a run records its shared facts in the store."""
 
 _EMBEDDER: dict[str, Embedder | None] = {}
 
@@ -307,7 +306,7 @@ class WorkflowRunner:
         for branch, fact in pending:
             by_branch.setdefault(branch, []).append(fact)
         for branch, facts in by_branch.items():
-            key: Key = (self.namespace, FACTS_AGENT, branch)
+            key: Key = facts_key(self.namespace, branch)  # agent: FACTS_AGENT
             have = {m.message_id for m in store.load_messages(key)}
             new: list[Message] = []
             for f in facts:

@@ -24,6 +24,7 @@ from typing import Any, Literal
 from marsys_mem.conversation import ConversationMemory
 from marsys_mem.facts import FactScope, SharedFact
 from marsys_mem.messages import Message
+from marsys_mem.names import inbox_key
 
 __all__ = ["ConflictRule", "SharedMemoryPool", "member_key"]
 
@@ -35,9 +36,14 @@ def member_key(agent: str, branch: str = "main") -> str:
     """The pool member name of ``agent`` on ``branch``: ``agent`` on main, else ``agent@branch``.
 
     Agents of different branches have separate inboxes, so facts scoped to one branch do
-    not leak into a sibling's context. The coordinator and the manager both use this.
+    not leak into a sibling's context. The coordinator and the manager both use this. It
+    is :func:`marsys_mem.names.inbox_key`: both names are checked (no ``@`` in either), so
+    no other pair spells the same member.
+
+    Raises:
+        InvalidNameError: ``agent`` or ``branch`` is not a name.
     """
-    return agent if branch == "main" else f"{agent}@{branch}"
+    return inbox_key(agent, branch)
 
 
 def _wins(new: SharedFact, old: SharedFact, rule: ConflictRule) -> bool:

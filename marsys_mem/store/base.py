@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from marsys_mem import names
 from marsys_mem.lifecycle import Closing
 from marsys_mem.messages import Message
 from marsys_mem.runs import RunSnapshot
@@ -49,20 +50,16 @@ Key = tuple[str, str, str]
 
 
 def validate_key(key: object) -> Key:
-    """Check that ``key`` is a ``(namespace, agent, branch)`` tuple of non-empty strings.
+    """Check that ``key`` is a ``(namespace, agent, branch)`` tuple of names.
+
+    The naming rule is :func:`marsys_mem.names.validate_name`; internal keys (pattern data,
+    facts) are accepted only as :mod:`marsys_mem.names` builds them or ``list_keys``
+    returns them, never spelled by hand (see :func:`marsys_mem.names.validate_key`).
 
     Raises:
-        ValueError: the key is malformed (the message shows it).
+        InvalidNameError: the key is malformed (a ``ValueError``; the message shows it).
     """
-    if (
-        not isinstance(key, tuple)
-        or len(key) != 3
-        or not all(isinstance(part, str) and part for part in key)
-    ):
-        raise ValueError(
-            f"a store key is a (namespace, agent, branch) tuple of non-empty strings, got {key!r}"
-        )
-    return key
+    return names.validate_key(key)
 
 
 def _check_aware(name: str, value: datetime | None) -> None:
@@ -280,7 +277,11 @@ class MemoryStore(Closing, abc.ABC):
             raise StoreError(f"{type(self).__name__} is closed")
         for op in ops:
             _validate(op)
-        return self._batch(ops) if ops else []
+        results = self._batch(ops) if ops else []
+        for i, op in enumerate(ops):  # keys a store returns, it accepts back (internal too)
+            if isinstance(op, ListKeys):
+                results[i] = [names.stored_key(k) for k in results[i]]
+        return results
 
     async def abatch(self, ops: Iterable[Op]) -> list[Any]:
         """Async twin of :meth:`batch` (runs in a worker thread)."""
