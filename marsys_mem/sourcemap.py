@@ -11,25 +11,23 @@ Paths are resolved against the data, so pydantic's union tags (``say`` for a ste
 short form ``- say: {agent: ..., text: ...}`` is addressed like the long form
 ``- {kind: say, agent: ..., text: ...}``.
 
-JSON files are parsed with :mod:`json` (exact JSON errors, with line and column) and
-mapped with the YAML composer (JSON is YAML), so their errors carry lines too. TOML files
-have no line information (:mod:`tomllib` does not record it): their errors name the
-field only.
+Files are read by :mod:`marsys_mem.config_files` (bounded size, nesting and YAML alias
+expansion; duplicate keys refused). JSON files are parsed with :mod:`json` (exact JSON
+errors, with line and column) and mapped with the YAML composer (JSON is YAML), so their
+errors carry lines too. TOML files have no line information (:mod:`tomllib` does not
+record it): their errors name the field only.
 """
 
 from __future__ import annotations
 
-import json
-import tomllib
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
-from marsys_mem.exceptions import ConfigError
+from marsys_mem.config_files import DEFAULT_LIMITS, FileLimits, parse_text
 
 __all__ = ["Located", "SourceMap", "format_path", "load_with_lines", "locate", "locate_errors"]
 
@@ -76,8 +74,8 @@ def _walk_nodes(node: yaml.Node, path: tuple[PathPart, ...], out: dict[Any, int]
             _walk_nodes(item, child, out)
 
 
-def _map_yaml(text: str) -> SourceMap:
-    node = yaml.compose(text, Loader=yaml.SafeLoader)
+def _map_node(node: yaml.Node | None) -> SourceMap:
+    """Lines from a composed tree (its size and depth are bounded by the reader's limits)."""
     out: dict[tuple[PathPart, ...], int] = {}
     if node is not None:
         out[()] = node.start_mark.line + 1
@@ -85,55 +83,21 @@ def _map_yaml(text: str) -> SourceMap:
     return SourceMap(out)
 
 
-def load_with_lines(text: str, *, name: str, suffix: str | None = None) -> tuple[Any, SourceMap]:
+def load_with_lines(
+    text: str, *, name: str, suffix: str | None = None, limits: FileLimits = DEFAULT_LIMITS
+) -> tuple[Any, SourceMap]:
     """Parse ``text`` (YAML, JSON or TOML by ``suffix`` or ``name``'s extension).
 
+    The text is read by :func:`marsys_mem.config_files.parse_text`: sizes, nesting and
+    YAML alias expansion are bounded by ``limits``, duplicate keys and empty files are
+    refused.
+
     Raises:
-        ConfigError: the text does not parse; the message names ``name``, the line and
-            the column.
+        ConfigError: the text does not parse or breaks a limit; the message names
+            ``name`` and, where known, the line and the column.
     """
-    ext = (suffix or Path(name).suffix).lower()
-    if ext == ".toml":
-        try:
-            return tomllib.loads(text), SourceMap()
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{name}: invalid TOML: {exc}") from None
-    if ext == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{name}:{exc.lineno}: invalid JSON: {exc.msg}") from None
-        try:
-            return data, _map_yaml(text)
-        except yaml.YAMLError:  # valid JSON that PyYAML cannot read: no lines
-            return data, SourceMap()
-    if ext not in (".yaml", ".yml"):
-        raise ConfigError(f"{name}: unknown file type {ext!r}; use .yaml, .yml, .json or .toml")
-    try:
-        data = yaml.safe_load(text)
-        lines = _map_yaml(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{name}{_yaml_problem(exc, len(text))}") from None
-    return data, lines
-
-
-def _yaml_problem(exc: yaml.YAMLError, size: int) -> str:
-    """``:LINE: invalid YAML: ...`` with the most useful line (not the end of the file)."""
-    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    context = getattr(exc, "context", None)
-    p_mark = getattr(exc, "problem_mark", None)
-    c_mark = getattr(exc, "context_mark", None)
-    mark = p_mark
-    if c_mark is not None and (p_mark is None or p_mark.index >= size):
-        mark = c_mark  # "found unexpected end of stream": where the construct began
-    where = f":{mark.line + 1}" if mark is not None else ""
-    detail = problem
-    if p_mark is not None:
-        detail += f" (line {p_mark.line + 1}, column {p_mark.column + 1})"
-    if context:
-        opened = f" (line {c_mark.line + 1}, column {c_mark.column + 1})" if c_mark else ""
-        detail = f"{context}{opened}: {detail}"
-    return f"{where}: invalid YAML: {detail}"
+    parsed = parse_text(text, name=name, suffix=suffix, limits=limits)
+    return parsed.data, _map_node(parsed.node)
 
 
 def format_path(parts: Iterable[PathPart]) -> str:
