@@ -26,6 +26,7 @@ from typing import Any, Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, field_validator
 
 from marsys_mem.messages import _freeze
+from marsys_mem.names import NAME_PATTERN
 
 __all__ = ["SCOPES", "FactScope", "SharedFact", "fact_id"]
 
@@ -55,8 +56,8 @@ class SharedFact(BaseModel):
 
     id: str = Field(min_length=1, max_length=128)
     text: str = Field(min_length=1, max_length=20_000)
-    source_agent: str = Field(min_length=1, max_length=256)
-    source_branch: str = Field(default="main", min_length=1, max_length=256)
+    source_agent: str = Field(pattern=NAME_PATTERN)  # names: marsys_mem.names
+    source_branch: str = Field(default="main", pattern=NAME_PATTERN)
     scope: FactScope = "branch"
     created_at: AwareDatetime = Field(default_factory=lambda: datetime.now(UTC))
     confidence: float = Field(default=1.0, ge=0.0, le=1.0)

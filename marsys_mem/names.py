@@ -42,6 +42,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Final, Literal, get_args
@@ -116,8 +117,8 @@ def _shown(value: object) -> str:
     return text if len(text) <= _SHOWN else text[:_SHOWN] + "..."
 
 
-def _why_not(value: object) -> str | None:
-    """Why ``value`` is not a name (``None``: it is one)."""
+def _why_not(value: object) -> str:
+    """Why ``value`` is not a name (for the error message)."""
     if not isinstance(value, str):
         return f"a {type(value).__name__}, not a string"
     if not value:
@@ -127,11 +128,7 @@ def _why_not(value: object) -> str | None:
     if _NAME.fullmatch(value) is None:
         bad = next(c for c in value if c in _RESERVED or not _NAME.fullmatch(c))
         return f"it contains {bad!r}"
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return "it contains a lone surrogate, not valid Unicode"
-    return None
+    return "it contains a lone surrogate, not valid Unicode"
 
 
 def is_name(value: object) -> bool:
@@ -141,7 +138,20 @@ def is_name(value: object) -> bool:
         >>> is_name("researcher"), is_name("a@b"), is_name(""), is_name("x" * 257)
         (True, False, False, False)
     """
-    return _why_not(value) is None
+    return isinstance(value, str) and 0 < len(value) <= MAX_NAME_LENGTH and _valid(str(value))
+
+
+@functools.lru_cache(maxsize=4096)  # keys are at most 256 characters: bounded memory
+def _valid(value: str) -> bool:
+    if _NAME.fullmatch(value) is None:
+        return False
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+    return True
 
 
 def validate_name(kind: str, value: object) -> str:
@@ -162,14 +172,13 @@ def validate_name(kind: str, value: object) -> str:
         >>> validate_name("agent", "researcher")
         'researcher'
     """
-    why = _why_not(value)
-    if why is not None:
-        raise InvalidNameError(
-            f"{kind} must be 1-256 characters without '/', '+', '#', '@' or control "
-            f"characters, got {_shown(value)} ({why})"
-        )
-    assert isinstance(value, str)
-    return value
+    if is_name(value):
+        assert isinstance(value, str)
+        return value
+    raise InvalidNameError(
+        f"{kind} must be 1-256 characters without '/', '+', '#', '@' or control "
+        f"characters, got {_shown(value)} ({_why_not(value)})"
+    )
 
 
 # ---------------------------------------------------------------------------- inboxes
@@ -356,14 +365,22 @@ def validate_key(key: object) -> Key:
         >>> validate_key(internal_key(("d", "alice", "main"), "rag"))
         ('d', 'alice', 'main#rag')
     """
-    if not isinstance(key, tuple) or len(key) != 3:
-        raise InvalidNameError(
-            f"a store key is a (namespace, agent, branch) tuple of names, got {_shown(key)}"
-        )
-    for part, value in zip(_PARTS, key, strict=True):
-        if not isinstance(value, _Internal):
-            validate_name(f"store key {part}", value)
-    return key
+    if isinstance(key, tuple) and len(key) == 3:
+        namespace, agent, branch = key
+        if _key_part(namespace) and _key_part(agent) and _key_part(branch):  # fast path
+            return key
+        for part, value in zip(_PARTS, key, strict=True):
+            if not _key_part(value):
+                validate_name(f"store key {part}", value)
+    raise InvalidNameError(
+        f"a store key is a (namespace, agent, branch) tuple of names, got {_shown(key)}"
+    )
+
+
+def _key_part(value: object) -> bool:
+    if value.__class__ is str:
+        return 0 < len(value) <= MAX_NAME_LENGTH and _valid(value)
+    return isinstance(value, _Internal) or is_name(value)
 
 
 def stored_key(key: Key) -> Key:

@@ -169,6 +169,8 @@ def test_models_apply_the_same_rule(bad):
         lambda: AgentSpec(name=bad),
         lambda: BranchSpec(name=bad),
         lambda: ForkStep(parent="main", child=bad),
+        lambda: SharedFact.create("x", agent=bad),  # provenance: "(from agent@branch)"
+        lambda: SharedFact.create("x", agent="a", branch=bad),
         lambda: FactEnvelope(
             namespace=bad, sender="s", seq=1, branch="main", scope="branch", fact=fact
         ),
