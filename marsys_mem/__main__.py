@@ -5,14 +5,15 @@ Commands::
     marsys-mem demo                       run the bundled research-team workflow, print its report
     marsys-mem demo --windows             one conversation, three context strategies, one budget
     marsys-mem run WORKFLOW [--json] [--store DIR] [--mqtt HOST:PORT]
-    marsys-mem validate FILE              a workflow or a retention-policy file
+    marsys-mem validate FILE [--strict]   a workflow or a retention-policy file (every error)
     marsys-mem schema [--workflow]        JSON Schema of the config (or workflow) format
     marsys-mem inspect STORE [--json]     what a SQLite store holds
     marsys-mem search STORE QUERY [--agent A] [--branch B] [-k K] [--mode auto|bm25|hybrid]
 
 Exit codes: 0 ok; 1 a runtime failure, or a question whose ``expect`` was not found;
-2 bad input (a bad file, flag or argument). Output is coloured on a terminal and plain
-otherwise; progress goes to stderr, on a terminal only.
+2 bad input (a bad file, flag or argument; with ``validate --strict`` also a warning).
+Output is coloured on a terminal and plain otherwise; progress goes to stderr, on a
+terminal only.
 """
 
 from __future__ import annotations
@@ -273,11 +274,17 @@ def cmd_run(out: _Output, args: argparse.Namespace) -> int:
 
 
 def cmd_validate(out: _Output, args: argparse.Namespace) -> int:
-    from marsys_mem.workflow import Workflow, prepare_workflow, validate_config_file
+    from marsys_mem.workflow import Workflow, check_file, prepare_workflow
 
-    kind, value = validate_config_file(args.file)
-    if kind == "workflow":
-        assert isinstance(value, Workflow)
+    result = check_file(args.file)
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if args.strict and result.warnings:
+        count = len(result.warnings)
+        print(f"error: {count} warning{'s' if count > 1 else ''} (--strict)", file=sys.stderr)
+        return 2
+    value = result.value
+    if isinstance(value, Workflow):
         prepared = prepare_workflow(value)
         out.print(
             f"ok: workflow {value.name!r}: {len(value.agents)} agents, "
@@ -295,15 +302,11 @@ def cmd_validate(out: _Output, args: argparse.Namespace) -> int:
 
 
 def cmd_schema(out: _Output, args: argparse.Namespace) -> int:
-    if args.workflow:
-        from marsys_mem.workflow import Workflow
+    from marsys_mem.workflow_plan import config_schema, workflow_schema
 
-        schema = Workflow.model_json_schema()
-    else:
-        from marsys_mem.retention import MemoryConfig
-
-        schema = MemoryConfig.model_json_schema()
-    print(json.dumps(schema, indent=2), file=out.stream)
+    schema = workflow_schema() if args.workflow else config_schema()
+    document = {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
+    print(json.dumps(document, indent=2), file=out.stream)
     return 0
 
 
@@ -419,8 +422,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(handler=cmd_run)
 
-    p = sub.add_parser("validate", help="check a workflow or retention-policy file")
+    p = sub.add_parser(
+        "validate", help="check a workflow or retention-policy file (every error at once)"
+    )
     p.add_argument("file", metavar="CONFIG_OR_WORKFLOW")
+    p.add_argument("--strict", action="store_true", help="warnings are errors (exit 2)")
     p.set_defaults(handler=cmd_validate)
 
     p = sub.add_parser("schema", help="print the JSON Schema of the config format")
@@ -488,7 +494,11 @@ def _report_error(exc: Exception, *, debug: bool) -> int:
     if debug:
         traceback.print_exception(exc, file=sys.stderr)
     if isinstance(exc, MarsysMemError | ValueError | OSError):
-        print(f"error: {exc}", file=sys.stderr)
+        lines = str(exc).splitlines() or [""]
+        for line in lines:  # a file's errors: one per line, each marked
+            print(f"error: {line}", file=sys.stderr)
+        if len(lines) > 1 and isinstance(exc, ConfigError):
+            print(f"{len(lines)} errors", file=sys.stderr)
     else:
         print(
             f"error: unexpected {type(exc).__name__}: {exc} (--debug shows where)", file=sys.stderr

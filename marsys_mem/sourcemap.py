@@ -20,6 +20,7 @@ record it): their errors name the field only.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,9 +28,20 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from marsys_mem.config_files import DEFAULT_LIMITS, FileLimits, parse_text
+from marsys_mem.config_files import DEFAULT_LIMITS, FileLimits, parse_text, short_repr
 
-__all__ = ["Located", "SourceMap", "format_path", "load_with_lines", "locate", "locate_errors"]
+__all__ = [
+    "Located",
+    "LocatedError",
+    "SourceMap",
+    "did_you_mean",
+    "format_path",
+    "load_with_lines",
+    "locate",
+    "locate_errors",
+    "located_errors",
+    "schema_fields",
+]
 
 PathPart = str | int
 
@@ -133,22 +145,27 @@ class Located:
         return where or self.path
 
 
-def locate(
-    data: Any,
-    loc: Sequence[PathPart],
-    source_map: SourceMap | None = None,
-    *,
-    file: str | None = None,
-    tags: Collection[str] = (),
-) -> Located:
-    """Resolve an error path against ``data``.
+@dataclass(frozen=True)
+class LocatedError:
+    """One error of a file: where it is and what is wrong.
 
-    ``tags`` are the discriminator tags of the model's unions: a path part that is a tag
-    and not in the data is skipped, and a mapping whose single key is a tag (a step
-    written as ``- say: {...}``) is looked through (its key is in the data path, not in
-    the displayed one). Other parts missing from the data are named fields that are
-    missing, shown and located at their parent.
+    Example:
+        >>> str(LocatedError(Located("wf.yaml", 3, "steps[0].txt"), "unknown field"))
+        'wf.yaml:3: steps[0].txt: unknown field'
     """
+
+    where: Located
+    message: str
+
+    def __str__(self) -> str:
+        where = str(self.where)
+        return f"{where}: {self.message}" if where else self.message
+
+
+def _resolve(
+    data: Any, loc: Sequence[PathPart], tags: Collection[str]
+) -> tuple[list[PathPart], list[PathPart]]:
+    """``loc`` as a path into ``data`` (for lines) and as shown to a person."""
     node = data
     data_path: list[PathPart] = []
     shown: list[PathPart] = []
@@ -176,6 +193,26 @@ def locate(
             continue
         if node is None and isinstance(part, str) and _is_field_name(part):
             shown.append(part)
+    return data_path, shown
+
+
+def locate(
+    data: Any,
+    loc: Sequence[PathPart],
+    source_map: SourceMap | None = None,
+    *,
+    file: str | None = None,
+    tags: Collection[str] = (),
+) -> Located:
+    """Resolve an error path against ``data``.
+
+    ``tags`` are the discriminator tags of the model's unions: a path part that is a tag
+    and not in the data is skipped, and a mapping whose single key is a tag (a step
+    written as ``- say: {...}``) is looked through (its key is in the data path, not in
+    the displayed one). Other parts missing from the data are named fields that are
+    missing, shown and located at their parent.
+    """
+    data_path, shown = _resolve(data, loc, tags)
     line = source_map.line(data_path) if source_map is not None else None
     return Located(file, line, format_path(shown))
 
@@ -183,6 +220,170 @@ def locate(
 def _is_field_name(part: str) -> bool:
     """Pydantic adds tags like ``str``, ``dict[str,any]``, ``function-after[...]``."""
     return part.isidentifier() and part not in ("str", "int", "float", "bool", "list", "dict")
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``known``, or ``""``.
+
+    Example:
+        >>> did_you_mean("stratgy", ["strategy", "max_tokens"])
+        " (did you mean 'strategy'?)"
+    """
+    close = _closest(name, known)
+    return f" (did you mean {close!r}?)" if close is not None else ""
+
+
+def _closest(name: str, known: Iterable[str]) -> str | None:
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+# ---------------------------------------------------------------------------- schema walk
+_Schema = dict[str, Any]
+
+
+def _alternatives(schema: Any, root: _Schema, seen: frozenset[str] = frozenset()) -> list[_Schema]:
+    """The concrete schemas ``schema`` stands for ($ref followed, oneOf/anyOf/allOf opened)."""
+    if not isinstance(schema, dict):
+        return []
+    ref = schema.get("$ref")
+    if isinstance(ref, str):
+        if ref in seen or not ref.startswith("#/$defs/"):
+            return []
+        target = root.get("$defs", {}).get(ref[len("#/$defs/") :])
+        return _alternatives(target, root, seen | {ref})
+    out: list[_Schema] = []
+    for key in ("oneOf", "anyOf"):
+        for sub in schema.get(key, ()):
+            out.extend(_alternatives(sub, root, seen))
+    if "allOf" in schema:
+        merged: _Schema = {"properties": {}, "required": []}
+        for sub in schema["allOf"]:
+            for alt in _alternatives(sub, root, seen):
+                merged["properties"].update(alt.get("properties", {}))
+                merged["required"] += list(alt.get("required", ()))
+                if "additionalProperties" in alt:
+                    merged["additionalProperties"] = alt["additionalProperties"]
+        out.append(merged)
+    if {"properties", "additionalProperties", "items"} & set(schema):
+        out.append(schema)
+    return out
+
+
+def _matching(alts: list[_Schema], node: Any) -> list[_Schema]:
+    """Drop alternatives whose ``const`` properties disagree with ``node``; prefer agreeing ones."""
+    if not isinstance(node, dict):
+        return alts
+    kept, agreeing = [], []
+    for alt in alts:
+        consts = {
+            k: p["const"]
+            for k, p in alt.get("properties", {}).items()
+            if isinstance(p, dict) and "const" in p and k in node
+        }
+        if any(node[k] != v for k, v in consts.items()):
+            continue
+        kept.append(alt)
+        if consts:
+            agreeing.append(alt)
+    return agreeing or kept
+
+
+def schema_fields(schema: _Schema, data: Any, data_path: Sequence[PathPart]) -> list[str]:
+    """The field names the JSON Schema allows for the mapping at ``data_path`` of ``data``.
+
+    Example:
+        >>> schema = {"properties": {"ctx": {"properties": {"max_tokens": {}}}}}
+        >>> schema_fields(schema, {"ctx": {"max_tokns": 5}}, ["ctx"])
+        ['max_tokens']
+    """
+    alts = _alternatives(schema, schema)
+    node = data
+    for part in data_path:
+        alts = _matching(alts, node)
+        nxt: list[_Schema] = []
+        for alt in alts:
+            if isinstance(part, int):
+                nxt.extend(_alternatives(alt.get("items"), schema))
+            elif part in alt.get("properties", {}):
+                nxt.extend(_alternatives(alt["properties"][part], schema))
+            elif isinstance(alt.get("additionalProperties"), dict):
+                nxt.extend(_alternatives(alt["additionalProperties"], schema))
+        alts = nxt
+        try:
+            node = node[part]
+        except (KeyError, IndexError, TypeError):
+            node = None
+    names: list[str] = []
+    for alt in _matching(alts, node):
+        names.extend(n for n in alt.get("properties", {}) if n not in names)
+    return names
+
+
+# ---------------------------------------------------------------------------- errors
+def located_errors(
+    exc: ValidationError,
+    data: Any,
+    source_map: SourceMap | None = None,
+    *,
+    file: str | None = None,
+    prefix: Sequence[PathPart] = (),
+    tags: Collection[str] = (),
+    schema: _Schema | None = None,
+) -> list[LocatedError]:
+    """Every error of ``exc``, each located at its own line (see :func:`locate_errors`)."""
+    items: list[tuple[list[PathPart], list[PathPart], str, str]] = []
+    explained: set[tuple[tuple[PathPart, ...], str]] = set()
+    for err in exc.errors(include_url=False):
+        loc = (*prefix, *err["loc"])
+        data_path, shown = _resolve(data, loc, tags)
+        msg = err["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        got = err.get("input")
+        if err["type"] == "extra_forbidden" and data_path and schema is not None:
+            msg, close = _unknown_field(schema, data, data_path, tags)
+            if close is not None:
+                explained.add((tuple(data_path[:-1]), close))
+        elif err["type"] != "missing" and not isinstance(got, dict | list):
+            shown_value = short_repr(got)
+            if shown_value not in msg:
+                msg += f" (got {shown_value})"
+        items.append((data_path, shown, err["type"], msg))
+    grouped: dict[Located, list[str]] = {}
+    for data_path, shown, kind, msg in items:
+        if kind == "missing" and shown and (tuple(data_path), str(shown[-1])) in explained:
+            continue  # "text: Field required" beside "txt: unknown field (did you mean 'text'?)"
+        line = source_map.line(data_path) if source_map is not None else None
+        where = Located(file, line, format_path(shown))
+        messages = grouped.setdefault(where, [])
+        if msg not in messages:
+            messages.append(msg)
+    return [LocatedError(where, " or ".join(msgs)) for where, msgs in grouped.items()]
+
+
+def _unknown_field(
+    schema: _Schema, data: Any, data_path: Sequence[PathPart], tags: Collection[str]
+) -> tuple[str, str | None]:
+    """``unknown field (did you mean 'x'?)`` and ``x``, or the allowed fields and ``None``.
+
+    Fields already in the mapping are not suggested; under a union tag (``- say: {...}``)
+    the tag's own field ``kind`` is implied and not listed.
+    """
+    name = data_path[-1]
+    parent: Any = data
+    for part in data_path[:-1]:
+        parent = parent[part]
+    allowed = schema_fields(schema, data, data_path[:-1])
+    if len(data_path) >= 2 and data_path[-2] in tags:
+        allowed = [f for f in allowed if f != "kind"]
+    present = parent if isinstance(parent, dict) else {}
+    close = _closest(str(name)[:100], [f for f in allowed if f not in present])
+    if close is not None:
+        return f"unknown field (did you mean {close!r}?)", close
+    if allowed:
+        return f"unknown field; expected one of: {', '.join(allowed)}", None
+    return "unknown field", None
 
 
 def locate_errors(
@@ -193,28 +394,18 @@ def locate_errors(
     file: str | None = None,
     prefix: Sequence[PathPart] = (),
     tags: Collection[str] = (),
+    schema: _Schema | None = None,
 ) -> list[str]:
     """One line per distinct location: ``file:LINE: field.path: message (got value)``.
 
-    Union members that fail at the same place are merged into one line.
+    Union members that fail at the same place are merged into one line. With the
+    model's JSON ``schema``, an unknown field is named with the closest allowed one
+    (``unknown field (did you mean 'strategy'?)``), and the "Field required" error of
+    that allowed field is left out.
     """
-    grouped: dict[str, list[str]] = {}
-    order: list[str] = []
-    for err in exc.errors(include_url=False):
-        loc = (*prefix, *err["loc"])
-        where = str(locate(data, loc, source_map, file=file, tags=tags))
-        msg = err["msg"]
-        if msg.startswith("Value error, "):
-            msg = msg[len("Value error, ") :]
-        got = err.get("input")
-        if err["type"] not in ("missing",) and not isinstance(got, dict | list):
-            msg += f" (got {got!r})"
-        if where not in grouped:
-            grouped[where] = []
-            order.append(where)
-        if msg not in grouped[where]:
-            grouped[where].append(msg)
     return [
-        f"{where}: {' or '.join(grouped[where])}" if where else " or ".join(grouped[where])
-        for where in order
+        str(e)
+        for e in located_errors(
+            exc, data, source_map, file=file, prefix=prefix, tags=tags, schema=schema
+        )
     ]

@@ -36,11 +36,17 @@ current run, which ends at ``end_run``, ``end_session`` or the end of the workfl
 ``run`` block is a run of its own. Ending a run clears ``single_run`` memory and flushes
 persistent memory, as :meth:`MemoryManager.run <marsys_mem.MemoryManager.run>` does.
 
-Everything is validated before anything is written: field types, unknown agents or
-branches, forks of unknown parents, duplicate branch names, merges that would form a
-cycle, a missing config file. Errors are :class:`WorkflowError` naming the file, the line
-and the field: ``workflow.yaml:14: steps[3].agent: unknown agent 'resercher' (did you mean
-'researcher'?)``.
+Everything is validated before anything is written: field types, unknown fields, unknown
+agents or branches, forks of unknown parents, duplicate branch names, merges that would
+form a cycle, a missing config file, ``memory.agents`` entries that name no agent of the
+workflow. Every error of a file is reported at once, one per line, each naming the file,
+the line and the field, with the closest known name where there is one::
+
+    workflow.yaml:6: memory.defaults.context.stratgy: unknown field (did you mean 'strategy'?)
+    workflow.yaml:14: steps[3].agent: unknown agent 'resercher' (did you mean 'researcher'?)
+
+:func:`check_file` also returns warnings: settings that are valid but probably not meant
+(``persistent`` retention with the in-memory store keeps nothing after the process).
 """
 
 from __future__ import annotations
@@ -48,14 +54,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import ValidationError
-
-from marsys_mem.sourcemap import SourceMap, locate_errors
+from marsys_mem.retention import MemoryConfig
 from marsys_mem.workflow_models import (
-    _TAGS,
     STEP_KINDS,
     AgentSpec,
     AskStep,
@@ -83,8 +88,10 @@ from marsys_mem.workflow_plan import (
     PlannedStep,
     PreparedWorkflow,
     ProgressCallback,
-    _load_memory_config,
+    _load_config_file,
     _parse,
+    check_workflow_data,
+    config_warnings,
     prepare_workflow,
 )
 from marsys_mem.workflow_report import WorkflowReport
@@ -97,6 +104,7 @@ __all__ = [
     "CallAgentStep",
     "EndRunStep",
     "EndSessionStep",
+    "FileCheck",
     "ForkStep",
     "InProcessSettings",
     "MemoryFile",
@@ -117,6 +125,7 @@ __all__ = [
     "WorkflowReport",
     "WorkflowRunError",
     "arun_workflow",
+    "check_file",
     "detect_kind",
     "load_workflow",
     "parse_mqtt",
@@ -124,6 +133,8 @@ __all__ = [
     "run_workflow",
     "validate_config_file",
 ]
+
+log = logging.getLogger("marsys_mem.workflow")
 
 
 def detect_kind(data: object) -> Literal["workflow", "config"]:
@@ -146,32 +157,11 @@ def load_workflow(path: str | Path) -> Workflow:
 
     Raises:
         WorkflowError: the file is missing, does not parse, or is invalid; the message
-            names the file, the line and the field.
+            lists every error, one per line, each naming the file, the line and the field.
     """
     path = Path(path)
     data, lines = _parse(path, "workflow file")
-    return _validate_workflow_data(data, lines, path)
-
-
-def _validate_workflow_data(data: Any, lines: SourceMap, path: Path) -> Workflow:
-    if not isinstance(data, dict):
-        got = "an empty file" if data is None else type(data).__name__
-        raise WorkflowError(
-            f"{path}: a workflow file is a mapping (version, agents, steps), got {got}"
-        )
-    if "name" not in data:
-        data = {**data, "name": path.stem}
-    try:
-        wf = Workflow.model_validate(data)
-    except ValidationError as exc:
-        errors = locate_errors(exc, data, lines, file=str(path), tags=_TAGS)
-        raise WorkflowError("\n".join(errors)) from None
-    wf._source = path.resolve()
-    wf._display = str(path)
-    wf._raw = data
-    wf._lines = lines
-    prepare_workflow(wf)  # semantic checks now: a loaded workflow can run
-    return wf
+    return check_workflow_data(data, lines, path)
 
 
 def validate_config_file(path: str | Path) -> tuple[Literal["workflow", "config"], Any]:
@@ -180,13 +170,46 @@ def validate_config_file(path: str | Path) -> tuple[Literal["workflow", "config"
     Returns ``("workflow", Workflow)`` or ``("config", MemoryConfig)``.
 
     Raises:
-        WorkflowError: missing, unparsable or invalid, with file, line and field.
+        WorkflowError: missing, unparsable or invalid; every error, with file, line and
+            field.
+    """
+    result = check_file(path)
+    return result.kind, result.value
+
+
+@dataclass(frozen=True)
+class FileCheck:
+    """What :func:`check_file` found: the file's kind, its validated value, and warnings.
+
+    ``warnings`` are settings that are valid but probably not meant, one line each with
+    the file and the line.
+
+    Example:
+        >>> result = check_file("examples/policies/team.yaml")
+        >>> result.kind, result.warnings
+        ('config', [])
+    """
+
+    kind: Literal["workflow", "config"]
+    value: Workflow | MemoryConfig
+    warnings: list[str] = field(default_factory=list)
+
+
+def check_file(path: str | Path) -> FileCheck:
+    """Validate a workflow or a retention-policy file; its value and its warnings.
+
+    Raises:
+        WorkflowError: missing, unparsable or invalid; every error, one per line, with
+            file, line and field.
     """
     path = Path(path)
     data, lines = _parse(path, "file")
     if path.suffix.lower() != ".toml" and detect_kind(data) == "workflow":
-        return "workflow", _validate_workflow_data(data, lines, path)
-    return "config", _load_memory_config(path, f"{path}: ")
+        wf = check_workflow_data(data, lines, path)
+        return FileCheck("workflow", wf, list(prepare_workflow(wf).warnings))
+    config, cdata, clines = _load_config_file(path, f"{path}: ")
+    warnings = config_warnings(config, data=cdata, lines=clines, file=str(path))
+    return FileCheck("config", config, warnings)
 
 
 def parse_mqtt(value: str | MqttSettings) -> MqttSettings:
@@ -227,6 +250,9 @@ async def arun_workflow(
     from marsys_mem.workflow_runner import WorkflowRunner
 
     prepared = _prepare_any(workflow)
+    if store_dir is None:
+        for warning in prepared.warnings:
+            log.warning("%s", warning)
     settings = parse_mqtt(mqtt) if mqtt is not None else None
     runner = WorkflowRunner(prepared, store_dir=store_dir, mqtt=settings, progress=progress)
     return await runner.run()

@@ -7,7 +7,6 @@ the two workflow errors.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeAlias
@@ -18,19 +17,24 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    GetJsonSchemaHandler,
     JsonValue,
     PrivateAttr,
     Tag,
     TypeAdapter,
 )
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
+from marsys_mem.config_files import short_repr
 from marsys_mem.coordination.graph import MergeStrategy
 from marsys_mem.exceptions import WorkflowError, WorkflowRunError
 from marsys_mem.facts import FactScope
 from marsys_mem.names import NAME_PATTERN
 from marsys_mem.patterns.shared import ConflictRule
 from marsys_mem.retention import MemoryConfig
-from marsys_mem.sourcemap import SourceMap
+from marsys_mem.schema_forms import AlsoAccepts
+from marsys_mem.sourcemap import SourceMap, did_you_mean
 
 __all__ = [
     "STEP_KINDS",
@@ -337,7 +341,9 @@ class AskStep(_Model):
     agent: str
     question: str = Field(min_length=1)
     branch: str | None = None
-    expect: Annotated[list[str], BeforeValidator(_as_list)] = Field(default_factory=list)
+    expect: Annotated[list[str], BeforeValidator(_as_list), AlsoAccepts({"type": "string"})] = (
+        Field(default_factory=list)
+    )
 
 
 class RunStep(_Model):
@@ -375,7 +381,7 @@ def _normalize_step(value: object) -> object:
     if isinstance(value, str):
         if value in STEP_KINDS:
             return {"kind": value}
-        raise ValueError(f"unknown step {value!r}{_suggest(value, STEP_KINDS)}")
+        raise ValueError(f"unknown step {short_repr(value)}{_suggest(value[:100], STEP_KINDS)}")
     if isinstance(value, dict) and "kind" not in value:
         if len(value) == 1:
             (key,) = value
@@ -384,7 +390,7 @@ def _normalize_step(value: object) -> object:
                 return {"kind": key, **(body or {})}
             if key not in STEP_KINDS:
                 raise ValueError(
-                    f"unknown step kind {key!r}{_suggest(str(key), STEP_KINDS)}; "
+                    f"unknown step kind {short_repr(key)}{_suggest(str(key)[:100], STEP_KINDS)}; "
                     f"expected one of {', '.join(STEP_KINDS)}"
                 )
         raise ValueError(
@@ -394,11 +400,65 @@ def _normalize_step(value: object) -> object:
     if isinstance(value, dict) and value.get("kind") not in STEP_KINDS:
         kind = value.get("kind")
         raise ValueError(
-            f"unknown step kind {kind!r}{_suggest(str(kind), STEP_KINDS)}; "
+            f"unknown step kind {short_repr(kind)}{_suggest(str(kind)[:100], STEP_KINDS)}; "
             f"expected one of {', '.join(STEP_KINDS)}"
         )
     return value
 
+
+class _StepForms:
+    """JSON Schema of a step as files write it: ``- KIND: {fields}``, ``- {kind: KIND, ...}``.
+
+    Pydantic would describe only the long form (``kind`` optional, so an editor could
+    not tell the kinds apart), never the short form every example uses.
+    """
+
+    def __get_pydantic_json_schema__(
+        self, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        inner = handler(core_schema)
+        mapping: dict[str, str] = inner.get("discriminator", {}).get("mapping", {})
+        if set(mapping) != set(STEP_KINDS):  # pragma: no cover - pydantic changed its output
+            return inner
+        bare = [k for k in STEP_KINDS if not _required(_STEP_MODELS[k])]
+        forms: list[JsonSchemaValue] = [{"type": "string", "enum": bare}]
+        for kind in STEP_KINDS:
+            body: JsonSchemaValue = {"$ref": mapping[kind]}
+            if kind in bare:
+                body = {"anyOf": [body, {"type": "null"}]}
+            forms.append(
+                {
+                    "type": "object",
+                    "properties": {kind: body},
+                    "required": [kind],
+                    "additionalProperties": False,
+                }
+            )
+        for kind in STEP_KINDS:
+            forms.append({"allOf": [{"$ref": mapping[kind]}, {"required": ["kind"]}]})
+        return {"oneOf": forms}
+
+
+def _required(model: type[BaseModel]) -> list[str]:
+    return [name for name, f in model.model_fields.items() if f.is_required()]
+
+
+_STEP_MODELS: dict[str, type[BaseModel]] = {
+    m.model_fields["kind"].default: m
+    for m in (
+        SayStep,
+        ToolStep,
+        CallAgentStep,
+        ShareStep,
+        ForkStep,
+        MergeStep,
+        RunStep,
+        EndRunStep,
+        EndSessionStep,
+        AskStep,
+        RepeatStep,
+    )
+}
 
 Step: TypeAlias = Annotated[
     Annotated[
@@ -416,6 +476,7 @@ Step: TypeAlias = Annotated[
         Field(discriminator="kind"),
     ],
     BeforeValidator(_normalize_step),
+    _StepForms(),
 ]
 """One step of a workflow (a discriminated union on ``kind``)."""
 
@@ -445,7 +506,13 @@ class Workflow(_Model):
     description: str = ""
     memory: MemorySpec = Field(default_factory=MemoryConfig)
     transport: TransportSpec = "inprocess"
-    agents: list[Annotated[AgentSpec, BeforeValidator(_agent_item)]] = Field(min_length=1)
+    agents: list[
+        Annotated[
+            AgentSpec,
+            BeforeValidator(_agent_item),
+            AlsoAccepts({"type": "string", "pattern": _NAME}),
+        ]
+    ] = Field(min_length=1)
     branches: list[BranchSpec] = Field(default_factory=list)
     steps: list[Step] = Field(default_factory=list)
     _source: Path | None = PrivateAttr(default=None)
@@ -466,5 +533,4 @@ class Workflow(_Model):
 
 
 def _suggest(name: str, known: Sequence[str]) -> str:
-    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    return did_you_mean(name, known)

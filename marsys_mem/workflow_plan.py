@@ -3,49 +3,95 @@
 :func:`prepare_workflow` plays the workflow's topology on a bare
 :class:`~marsys_mem.coordination.BranchGraph` (no store, no transport): it resolves every
 step's branch, expands ``repeat`` blocks, loads a referenced retention-policy file, and
-raises a :class:`~marsys_mem.workflow_models.WorkflowError` naming the file, the line and
-the field at the first problem: an unknown agent or branch, a fork of an unknown parent,
-a duplicate branch, a merge cycle, a missing config file.
+raises one :class:`~marsys_mem.workflow_models.WorkflowError` listing every problem, one
+per line, each naming the file, the line and the field: an unknown agent or branch, a
+fork of an unknown parent, a duplicate branch, a merge cycle, a missing config file, a
+``memory.agents`` entry that names no agent of the workflow.
+
+A file is checked in one pass (:func:`check_workflow_data`): the field errors pydantic
+finds and the errors of the topology come together. Steps that are themselves invalid
+are skipped when the topology is played, and what they would have created (a forked
+branch, a declared agent) is not reported again as unknown.
+
+Settings that are valid but probably not meant (``persistent`` retention with the
+in-memory store: nothing survives the process) are warnings
+(:attr:`PreparedWorkflow.warnings`, :func:`config_warnings`); ``marsys-mem validate``
+prints them and exits 0, or 2 with ``--strict``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from marsys_mem.config_files import read_text
 from marsys_mem.coordination.graph import BranchGraph
 from marsys_mem.coordination.transport import BranchError
 from marsys_mem.exceptions import ConfigError
 from marsys_mem.retention import MemoryConfig, StoreConfig
-from marsys_mem.sourcemap import PathPart, SourceMap, load_with_lines, locate, locate_errors
+from marsys_mem.sourcemap import (
+    LocatedError,
+    PathPart,
+    SourceMap,
+    format_path,
+    load_with_lines,
+    locate,
+    located_errors,
+)
 from marsys_mem.workflow_models import (
     _STEP_ADAPTER,
     _TAGS,
+    AgentSpec,
     BranchSpec,
     MemoryFile,
+    MemorySpec,
     RepeatStep,
     Workflow,
     WorkflowError,
+    _agent_item,
+    _normalize_step,
     _suggest,
 )
 
-__all__ = ["PlannedStep", "PreparedWorkflow", "ProgressCallback", "prepare_workflow"]
+__all__ = [
+    "PlannedStep",
+    "PreparedWorkflow",
+    "ProgressCallback",
+    "check_workflow_data",
+    "config_warnings",
+    "prepare_workflow",
+]
 
 _MAX_EXPANDED = 200_000
+_MAX_ERRORS = 50
 
 ProgressCallback = Callable[[int, int, str], None]
 """``progress(done, total, label)``: ``done`` steps of ``total`` are finished; ``label``
 says what runs now (called when a step starts, when it waits for embeddings, and when
 it ends)."""
 
+_T = TypeVar("_T")
+
+
+@functools.cache
+def workflow_schema() -> dict[str, Any]:
+    """The workflow format's JSON Schema (``marsys-mem schema --workflow``)."""
+    return Workflow.model_json_schema()
+
+
+@functools.cache
+def config_schema() -> dict[str, Any]:
+    """The retention-policy format's JSON Schema (``marsys-mem schema``)."""
+    return MemoryConfig.model_json_schema()
+
 
 def _read_text(path: Path, what: str) -> str:
-    try:  # bounded size, UTF-8 checked (bad bytes reported with their offset)
+    try:
         return read_text(path, what=what)
     except ConfigError as exc:
         raise WorkflowError(str(exc)) from None
@@ -59,21 +105,36 @@ def _parse(path: Path, what: str) -> tuple[Any, SourceMap]:
         raise WorkflowError(str(exc)) from None
 
 
+def _raise_all(errors: Sequence[LocatedError | str], first_file: str | None = None) -> None:
+    """One :class:`WorkflowError` with every error on its own line, in file order."""
+    if not errors:
+        return
+
+    def order(e: LocatedError | str) -> tuple[int, int]:
+        if isinstance(e, str):
+            return (2, 0)
+        return (0 if e.where.file == first_file else 1, e.where.line or 0)
+
+    ordered = sorted(errors, key=order)
+    lines = [str(e) for e in ordered[:_MAX_ERRORS]]
+    if len(ordered) > _MAX_ERRORS:
+        lines.append(f"... and {len(ordered) - _MAX_ERRORS} more errors")
+    raise WorkflowError("\n".join(lines))
+
+
 def _load_memory_config(path: Path, where: str) -> MemoryConfig:
-    """A retention-policy file, validated with file/line/field errors."""
+    """A retention-policy file, validated with file/line/field errors (all of them)."""
+    config, _, _ = _load_config_file(path, where)
+    return config
+
+
+def _load_config_file(path: Path, where: str) -> tuple[MemoryConfig, Any, SourceMap | None]:
     if not path.is_file():
         raise WorkflowError(f"{where}config file not found: {path}")
     data, lines = _parse(path, "config file")
-    if path.suffix.lower() == ".toml":
-        from marsys_mem.retention import load_config
-
-        try:
-            return load_config(path)
-        except ConfigError as exc:
-            raise WorkflowError(str(exc)) from None
     config = _validate_config_data(data, lines, path)
     config._source = path.resolve()
-    return config
+    return config, data, lines
 
 
 def _validate_config_data(data: Any, lines: SourceMap | None, path: Path | None) -> MemoryConfig:
@@ -85,11 +146,59 @@ def _validate_config_data(data: Any, lines: SourceMap | None, path: Path | None)
     try:
         return MemoryConfig.model_validate(data)
     except ValidationError as exc:
-        raise WorkflowError("\n".join(locate_errors(exc, data, lines, file=file))) from None
+        errors = located_errors(exc, data, lines, file=file, schema=config_schema())
+        _raise_all(errors, file)
+        raise  # pragma: no cover - _raise_all raised
+
+
+def config_warnings(
+    config: MemoryConfig,
+    *,
+    data: Any = None,
+    lines: SourceMap | None = None,
+    file: str | None = None,
+    prefix: tuple[PathPart, ...] = (),
+    agents: Sequence[str] | None = None,
+) -> list[str]:
+    """Valid settings that probably do not do what was meant, one line each.
+
+    Today: ``persistent`` retention with the in-memory store (``store.backend: memory``,
+    the default of a config file without ``store``): nothing is written to disk and the
+    memory is gone when the process ends. ``agents``: check these agents' policies
+    (default: the defaults and every agent the config names). ``data``, ``lines``,
+    ``file`` and ``prefix`` locate the warnings in the file they came from.
+
+    Example:
+        >>> cfg = MemoryConfig.model_validate({"defaults": {"retention": "persistent"}})
+        >>> config_warnings(cfg)[0].split(":")[0]
+        'defaults.retention'
+    """
+    if config.store.backend != "memory":
+        return []
+    located: list[tuple[PathPart, ...]] = []
+    names = list(config.agents) if agents is None else list(agents)
+    if agents is None and config.defaults.is_persistent:
+        located.append(("defaults", "retention"))
+    for name in names:
+        override = config.agents.get(name)
+        if override is not None and override.retention == "persistent":
+            located.append(("agents", name, "retention"))
+        elif agents is not None and override is None and config.defaults.is_persistent:
+            if ("defaults", "retention") not in located:
+                located.append(("defaults", "retention"))
+    src = data if data is not None else config.model_dump(mode="json")
+    out = []
+    for path in located:
+        where = locate(src, (*prefix, *path), lines, file=file)
+        out.append(
+            f"{where}: 'persistent' with the in-memory store (store.backend 'memory') "
+            "keeps nothing once the process ends; use store: {backend: sqlite, path: ...}"
+        )
+    return out
 
 
 # ---------------------------------------------------------------------------- planning
-@dataclass
+@dataclass(slots=True)
 class PlannedStep:
     """One step ready to run: its source path, its branches resolved, its block's steps.
 
@@ -132,7 +241,8 @@ class PreparedWorkflow:
     """A validated workflow: its resolved memory config and its plan of steps.
 
     ``initial`` is the starting topology as ``(branch, parent, agents)``; ``plan`` the
-    steps with repeats expanded; ``count`` the number of steps to play.
+    steps with repeats expanded; ``count`` the number of steps to play; ``warnings``
+    settings that are valid but probably not meant (one line each, with file and line).
     """
 
     workflow: Workflow
@@ -141,40 +251,115 @@ class PreparedWorkflow:
     initial: list[tuple[str, str | None, list[str]]]
     plan: list[PlannedStep]
     count: int
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Invalid:
+    """Stands for an item of the file that did not validate (its error is reported).
+
+    ``creates``: branch names it might have created; ``children``: the valid steps of an
+    invalid ``run`` / ``repeat`` block, still checked.
+    """
+
+    creates: set[str] = field(default_factory=set)
+    children: list[Any] = field(default_factory=list)
+    kind: str = "invalid"
+
+
+class _Failed(Exception):
+    """A step cannot be planned; ``error`` is ``None`` when it was reported already."""
+
+    def __init__(self, error: LocatedError | None = None) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _TooMany(Exception):
+    """Enough errors for one report."""
 
 
 class _Checker:
-    """Plays the workflow on a bare BranchGraph to find errors before anything runs."""
+    """Plays the workflow on a bare BranchGraph to find every error before anything runs."""
 
-    def __init__(self, wf: Workflow) -> None:
+    def __init__(
+        self,
+        wf: Workflow,
+        *,
+        bad_agents: Collection[str] = (),
+        bad_branches: Collection[str] = (),
+    ) -> None:
         self.wf = wf
         self.data = wf._raw if wf._raw is not None else wf.model_dump(mode="json")
         self.lines = wf._lines
         self.file = wf._display
-        self.agents = [a.name for a in wf.agents]
+        self.agents = [a.name for a in wf.agents if isinstance(a, AgentSpec)]
         self.graph = BranchGraph()
         self.runs: list[tuple[str, str]] = []
         self.count = 0
         self.iteration: str | None = None
+        self.errors: list[LocatedError] = []
+        self.reported: set[Any] = set()
+        self.bad_agents = set(bad_agents)  # declared but invalid: not "unknown" again
+        self.bad_branches = set(bad_branches)  # never created because of an error
+        self._homes: dict[str, list[str]] = {}
 
-    def fail(self, path: Sequence[PathPart], message: str) -> WorkflowError:
+    # ------------------------------------------------------------------ errors
+    def error(self, path: Sequence[PathPart], message: str) -> LocatedError:
+        """The error at ``path``, located in the file."""
         where = locate(self.data, path, self.lines, file=self.file, tags=_TAGS)
-        text = f"{where}: {message}" if str(where) else message
-        if self.iteration:
-            text += f" (in repeat iteration {self.iteration})"
-        return WorkflowError(text)
+        return LocatedError(where, message)
 
+    def fail(self, path: Sequence[PathPart], message: str) -> _Failed:
+        """The error at ``path`` (``None`` inside when already reported there)."""
+        key: Any = tuple(path) if self.iteration else (tuple(path), message)
+        if key in self.reported:
+            return _Failed(None)
+        self.reported.add(key)
+        if self.iteration:
+            message += f" (in repeat iteration {self.iteration})"
+        return _Failed(self.error(path, message))
+
+    def record(self, failed: _Failed) -> None:
+        if failed.error is not None:
+            self.errors.append(failed.error)
+            if len(self.errors) > _MAX_ERRORS:
+                raise _TooMany
+
+    def attempt(self, check: Callable[[], _T]) -> _T | None:
+        """``check()``, or ``None`` with its error recorded."""
+        try:
+            return check()
+        except _Failed as failed:
+            self.record(failed)
+            return None
+
+    # ------------------------------------------------------------------ names
     def agent(self, path: Sequence[PathPart], name: str) -> str:
         if name not in self.agents:
+            if name in self.bad_agents:
+                raise _Failed(None)
             raise self.fail(
                 path,
                 f"unknown agent {name!r}{_suggest(name, self.agents)}; "
-                f"the workflow's agents are: {', '.join(self.agents)}",
+                f"the workflow's agents are: {', '.join(self.agents) or 'none'}",
             )
         return name
 
+    def known_agents(self, path: tuple[PathPart, ...], names: Sequence[str]) -> list[str]:
+        """``names`` that are agents of the workflow; an error recorded for each other."""
+        known = []
+        for j, name in enumerate(names):
+            try:
+                known.append(self.agent((*path, j), name))
+            except _Failed as failed:
+                self.record(failed)
+        return known
+
     def branch(self, path: Sequence[PathPart], name: str) -> str:
         if name not in self.graph:
+            if name in self.bad_branches:
+                raise _Failed(None)
             known = self.graph.branches
             raise self.fail(
                 path,
@@ -182,6 +367,16 @@ class _Checker:
                 f"branches at this step: {', '.join(known) or 'none'}",
             )
         return name
+
+    def homes(self, agent: str) -> list[str]:
+        """The active branches ``agent`` is on (else all it is on); cached per topology."""
+        found = self._homes.get(agent)
+        if found is None:
+            g = self.graph
+            on = [b for b in g.branches if agent in g.agents(b)]
+            found = [b for b in on if g.status(b) == "active"] or on
+            self._homes[agent] = found
+        return found
 
     def home(self, path: tuple[PathPart, ...], role: str, agent: str, explicit: str | None) -> str:
         """The branch of ``agent`` for this step (explicit, the run block's, or its only one)."""
@@ -200,11 +395,12 @@ class _Checker:
         for run_agent, run_branch in reversed(self.runs):
             if run_agent == agent:
                 return run_branch
-        on = [b for b in g.branches if agent in g.agents(b)]
-        active = [b for b in on if g.status(b) == "active"] or on
+        active = self.homes(agent)
         if len(active) == 1:
             return active[0]
         if not active:
+            if self.bad_branches:  # it was probably meant to be on one of those
+                raise _Failed(None)
             raise self.fail(
                 (*path, role), f"agent {agent!r} is on no branch: add it to a branch or a fork"
             )
@@ -219,33 +415,44 @@ class _Checker:
         wf = self.wf
         seen_agents: dict[str, int] = {}
         for i, a in enumerate(wf.agents):
+            if not isinstance(a, AgentSpec):
+                continue
             if a.name in seen_agents:
-                raise self.fail(("agents", i, "name"), f"duplicate agent name {a.name!r}")
+                self.record(self.fail(("agents", i, "name"), f"duplicate agent name {a.name!r}"))
             seen_agents[a.name] = i
         specs = wf.branches or [BranchSpec(name="main", agents=list(self.agents))]
         out: list[tuple[str, str | None, list[str]]] = []
-        declared = {b.name for b in specs}
+        declared = {b.name for b in specs if isinstance(b, BranchSpec)}
         for i, b in enumerate(specs):
+            if not isinstance(b, BranchSpec):
+                continue
             path: tuple[PathPart, ...] = ("branches", i)
             if b.name in self.graph:
-                first = next(j for j, s in enumerate(specs) if s.name == b.name)
+                first = next(
+                    j for j, s in enumerate(specs) if isinstance(s, BranchSpec) and s.name == b.name
+                )
                 line = self.lines.line(("branches", first)) if self.lines else None
                 also = f" (first defined at line {line})" if line else ""
-                raise self.fail((*path, "name"), f"duplicate branch name {b.name!r}{also}")
-            for j, agent in enumerate(b.agents):
-                self.agent((*path, "agents", j), agent)
+                self.record(self.fail((*path, "name"), f"duplicate branch name {b.name!r}{also}"))
+                continue
+            agents = self.known_agents((*path, "agents"), b.agents)
             if b.parent is None:
-                self.graph.add_branch(b.name, agents=b.agents)
+                self.graph.add_branch(b.name, agents=agents)
             else:
                 if b.parent not in self.graph:
-                    later = " (a parent must be listed before its children)"
-                    raise self.fail(
-                        (*path, "parent"),
-                        f"unknown parent branch {b.parent!r}"
-                        f"{later if b.parent in declared else _suggest(b.parent, list(declared))}",
-                    )
-                self.graph.fork(b.parent, b.name, agents=b.agents)
-            out.append((b.name, b.parent, list(b.agents)))
+                    if b.parent not in self.bad_branches:
+                        later = " (a parent must be listed before its children)"
+                        hint = later if b.parent in declared else _suggest(b.parent, list(declared))
+                        self.record(
+                            self.fail(
+                                (*path, "parent"), f"unknown parent branch {b.parent!r}{hint}"
+                            )
+                        )
+                    self.bad_branches.add(b.name)
+                    continue
+                self.graph.fork(b.parent, b.name, agents=agents)
+            self._homes.clear()
+            out.append((b.name, b.parent, agents))
         return out
 
     # ------------------------------------------------------------------ steps
@@ -254,36 +461,60 @@ class _Checker:
     ) -> list[PlannedStep]:
         out: list[PlannedStep] = []
         for i, step in enumerate(steps):
-            here = (*path, i)
-            if step.kind == "repeat":
-                out.extend(self.repeat(step, here, in_run))
-                continue
-            out.append(self.step(step, here, in_run))
+            self.plan_one(step, (*path, i), in_run, out)
         return out
 
-    def repeat(
-        self, step: RepeatStep, path: tuple[PathPart, ...], in_run: bool
-    ) -> list[PlannedStep]:
-        out: list[PlannedStep] = []
-        outer = self.iteration
+    def plan_one(
+        self, step: Any, here: tuple[PathPart, ...], in_run: bool, out: list[PlannedStep]
+    ) -> None:
+        """Plan ``step`` into ``out``; an error is recorded and the step skipped."""
+        if isinstance(step, _Invalid):
+            self.bad_branches |= step.creates
+            out.extend(self.plan(step.children, (*here, "steps"), in_run))
+            return
         try:
-            for i in range(1, step.times + 1):
-                item = step.items[(i - 1) % len(step.items)] if step.items else ""
-                values = {"{i}": str(i), "{n}": str(step.times), "{item}": item}
-                self.iteration = f"{i}/{step.times}" + (f" of {outer}" if outer else "")
-                subs = [_substitute(s, values) for s in step.steps]
-                planned = self.plan(subs, (*path, "steps"), in_run)
-                for p in planned:
-                    p.iteration = p.iteration or self.iteration
-                out.extend(planned)
+            if step.kind == "repeat":
+                self.repeat(step, here, in_run, out)
+            else:
+                out.append(self.step(step, here, in_run))
+        except _Failed as failed:
+            self.record(failed)
+            if step.kind == "fork":
+                self.bad_branches.add(step.child)
+
+    def repeat(
+        self, step: RepeatStep, path: tuple[PathPart, ...], in_run: bool, out: list[PlannedStep]
+    ) -> None:
+        outer = self.iteration
+        inner = (*path, "steps")
+        templates = [((*inner, j), s, _template(s)) for j, s in enumerate(step.steps)]
+        times, items = step.times, step.items
+        try:
+            for i in range(1, times + 1):
+                values = {
+                    "{i}": str(i),
+                    "{n}": str(times),
+                    "{item}": items[(i - 1) % len(items)] if items else "",
+                }
+                self.iteration = f"{i}/{times} of {outer}" if outer else f"{i}/{times}"
+                for here, s, template in templates:
+                    if template is not None:
+                        data, keys = template
+                        data = {**data, **{k: _sub(data[k], values) for k in keys}}
+                        try:
+                            s = _STEP_ADAPTER.validate_python(data)
+                        except ValidationError as exc:
+                            self.record(self.fail(here, _substitution_error(exc)))
+                            s = _Invalid(creates=_created_branches(data))
+                    self.plan_one(s, here, in_run, out)
         finally:
             self.iteration = outer
-        return out
 
     def step(self, s: Any, path: tuple[PathPart, ...], in_run: bool) -> PlannedStep:
         self.count += 1
         if self.count > _MAX_EXPANDED:
-            raise self.fail(path, f"more than {_MAX_EXPANDED} steps after expanding repeats")
+            self.record(self.fail(path, f"more than {_MAX_EXPANDED} steps after expanding repeats"))
+            raise _TooMany
         p = PlannedStep(path=path, step=s, iteration=self.iteration)
         g = self.graph
         kind = s.kind
@@ -294,42 +525,98 @@ class _Checker:
                     path, f"end_run inside the run block of {s.agent!r}: the block ends the run"
                 )
         elif kind == "call_agent":
-            p.branches["caller"] = caller = self.home(path, "caller", s.caller, s.branch)
+            caller = self.attempt(lambda: self.home(path, "caller", s.caller, s.branch))
             callee_branch = s.callee_branch
-            if callee_branch is None and s.callee in self.agents and s.callee in g.agents(caller):
+            if (
+                callee_branch is None
+                and caller is not None
+                and s.callee in self.agents
+                and s.callee in g.agents(caller)
+            ):
                 callee_branch = caller
-            p.branches["callee"] = self.home(path, "callee", s.callee, callee_branch)
+            callee = self.attempt(lambda: self.home(path, "callee", s.callee, callee_branch))
+            if caller is None or callee is None:
+                raise _Failed(None)
+            p.branches["caller"], p.branches["callee"] = caller, callee
         elif kind == "fork":
-            self.branch((*path, "parent"), s.parent)
+            parent = self.attempt(lambda: self.branch((*path, "parent"), s.parent))
             if s.child in g:
                 raise self.fail((*path, "child"), f"branch {s.child!r} already exists")
-            for j, agent in enumerate(s.agents or []):
-                self.agent((*path, "agents", j), agent)
+            agents = None
+            if s.agents is not None:
+                agents = self.known_agents((*path, "agents"), s.agents)
+            if parent is None:
+                raise _Failed(None)
             try:
-                g.fork(s.parent, s.child, agents=s.agents)
+                g.fork(parent, s.child, agents=agents)
             except BranchError as exc:
                 raise self.fail((*path, "child"), str(exc)) from None
+            self._homes.clear()
         elif kind == "merge":
-            self.branch((*path, "child"), s.child)
-            self.branch((*path, "into"), s.into)
+            child = self.attempt(lambda: self.branch((*path, "child"), s.child))
+            into = self.attempt(lambda: self.branch((*path, "into"), s.into))
+            if child is None or into is None:
+                raise _Failed(None)
             try:
-                g.merge(s.child, s.into, strategy=s.strategy, conflict=s.conflict)
+                g.merge(child, into, strategy=s.strategy, conflict=s.conflict)
             except BranchError as exc:
                 raise self.fail((*path, "into"), str(exc)) from None
             if s.strategy == "messages":
-                for agent in g.agents(s.child):
-                    g.add_agent(s.into, agent)
+                for agent in g.agents(child):
+                    g.add_agent(into, agent)
+            self._homes.clear()
         elif kind == "end_session":
             if in_run:
                 raise self.fail(path, "end_session cannot be inside a run block")
         elif kind == "run":
-            p.branches["agent"] = branch = self.home(path, "agent", s.agent, s.branch)
-            self.runs.append((s.agent, branch))
+            branch = self.attempt(lambda: self.home(path, "agent", s.agent, s.branch))
+            if branch is not None:
+                p.branches["agent"] = branch
+                self.runs.append((s.agent, branch))
             try:
                 p.children = self.plan(s.steps, (*path, "steps"), True)
             finally:
-                self.runs.pop()
+                if branch is not None:
+                    self.runs.pop()
+            if branch is None:
+                raise _Failed(None)
         return p
+
+
+def _template(step: Any) -> tuple[dict[str, Any], list[str]] | None:
+    """The step as data and its fields holding ``{i}``/``{n}``/``{item}``, if any.
+
+    ``None``: nothing to substitute, the step is reused as it is.
+    """
+    if isinstance(step, _Invalid) or step.kind == "repeat":
+        return None  # a nested repeat substitutes its own values
+    data: dict[str, Any] = step.model_dump(mode="python")
+    keys = [k for k, v in data.items() if _has_placeholder(v)]
+    return (data, keys) if keys else None
+
+
+def _has_placeholder(value: Any) -> bool:
+    if isinstance(value, str):
+        return "{i}" in value or "{n}" in value or "{item}" in value
+    if isinstance(value, dict):
+        return any(_has_placeholder(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_has_placeholder(v) for v in value)
+    return False
+
+
+def _sub(value: Any, values: dict[str, str]) -> Any:
+    """``value`` with ``{i}``, ``{n}`` and ``{item}`` replaced in every string."""
+    if isinstance(value, str):
+        if "{" in value:
+            for key, text in values.items():
+                value = value.replace(key, text)
+        return value
+    if isinstance(value, dict):
+        return {k: _sub(v, values) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_sub(v, values) for v in value]
+    return value
 
 
 def _substitute(step: Any, values: dict[str, str]) -> Any:
@@ -337,21 +624,281 @@ def _substitute(step: Any, values: dict[str, str]) -> Any:
 
     A nested ``repeat`` is left alone: inside it, its own values apply.
     """
-    if step.kind == "repeat":
+    template = _template(step)
+    if template is None:
         return step
+    return _STEP_ADAPTER.validate_python(_sub(template[0], values))
 
-    def sub(value: Any) -> Any:
-        if isinstance(value, str):
-            for key, text in values.items():
-                value = value.replace(key, text)
-            return value
-        if isinstance(value, dict):
-            return {k: sub(v) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return [sub(v) for v in value]
-        return value
 
-    return _STEP_ADAPTER.validate_python(sub(step.model_dump(mode="python")))
+def _substitution_error(exc: ValidationError) -> str:
+    err = exc.errors(include_url=False)[0]
+    loc = format_path(p for p in err["loc"] if p not in _TAGS)
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"invalid after substituting the repeat's values: {loc + ': ' if loc else ''}{msg}"
+
+
+def _created_branches(raw: Any, depth: int = 0) -> set[str]:
+    """Branch names a (possibly invalid) piece of a file would fork."""
+    out: set[str] = set()
+    if depth > 64:
+        return out
+    if isinstance(raw, dict):
+        body = raw.get("fork") if len(raw) == 1 else raw if raw.get("kind") == "fork" else None
+        if isinstance(body, dict) and isinstance(body.get("child"), str):
+            out.add(body["child"])
+        for value in raw.values():
+            out |= _created_branches(value, depth + 1)
+    elif isinstance(raw, list):
+        for value in raw:
+            out |= _created_branches(value, depth + 1)
+    return out
+
+
+def _size(steps: Sequence[Any]) -> int:
+    """How many steps ``steps`` play with repeats expanded (capped just past the limit)."""
+    total = 0
+    for s in steps:
+        if isinstance(s, _Invalid):
+            n = _size(s.children)
+        elif s.kind == "repeat":
+            n = _size(s.steps) * s.times
+        elif s.kind == "run":
+            n = 1 + _size(s.steps)
+        else:
+            n = 1
+        total = min(total + n, _MAX_EXPANDED + 1)
+    return total
+
+
+def _overflow(steps: Sequence[Any], path: tuple[PathPart, ...]) -> tuple[PathPart, ...] | None:
+    """Where the steps grow past the limit (the outermost step that alone does), if they do."""
+    if _size(steps) <= _MAX_EXPANDED:
+        return None
+    for i, s in enumerate(steps):
+        if _size([s]) > _MAX_EXPANDED:
+            return (*path, i)
+    return path
+
+
+# ---------------------------------------------------------------------------- checking
+_AGENT_ADAPTER: TypeAdapter[Any] = TypeAdapter(AgentSpec)
+_MEMORY_ADAPTER: TypeAdapter[Any] = TypeAdapter(MemorySpec)
+
+
+def _salvage(data: dict[Any, Any]) -> tuple[Workflow, bool, set[str], set[str]] | None:
+    """The parts of an invalid workflow file that validate, to check the topology too.
+
+    Returns the partial workflow, whether its memory is valid, the names of agents
+    declared by invalid items, and the branch names that invalid items would create;
+    ``None`` where the agents or branches themselves cannot be read.
+    """
+    raw_agents, raw_branches = data.get("agents"), data.get("branches", [])
+    raw_steps = data.get("steps", [])
+    if not isinstance(raw_agents, list) or not isinstance(raw_branches, list):
+        return None
+    if not isinstance(raw_steps, list):
+        raw_steps = []
+    agents: list[Any] = []
+    bad_agents: set[str] = set()
+    for item in raw_agents:
+        try:
+            agents.append(_AGENT_ADAPTER.validate_python(_agent_item(item)))
+        except ValidationError:
+            agents.append(_Invalid())
+            name = _agent_item(item)
+            if isinstance(name, dict) and isinstance(name.get("name"), str):
+                bad_agents.add(name["name"])
+    branches: list[Any] = []
+    bad_branches: set[str] = set()
+    for item in raw_branches:
+        try:
+            branches.append(BranchSpec.model_validate(item))
+        except ValidationError:
+            branches.append(_Invalid())
+            if isinstance(item, dict) and isinstance(item.get("name"), str):
+                bad_branches.add(item["name"])
+    steps = _salvage_steps(raw_steps, 0)
+    try:
+        memory = _MEMORY_ADAPTER.validate_python(data.get("memory", {}))
+    except ValidationError:
+        memory = None
+    wf = Workflow.model_construct(
+        name=str(data.get("name", "workflow")),
+        agents=agents,
+        branches=branches,
+        steps=steps,
+        memory=memory if memory is not None else MemoryConfig(),
+    )
+    return wf, memory is not None, bad_agents, bad_branches
+
+
+def _salvage_steps(raw: list[Any], depth: int) -> list[Any]:
+    out: list[Any] = []
+    for item in raw:
+        try:
+            out.append(_STEP_ADAPTER.validate_python(item))
+            continue
+        except ValidationError:
+            pass
+        try:
+            norm = _normalize_step(item)
+        except ValueError:
+            norm = None
+        block: Any = _Invalid(creates=_created_branches(item))
+        if isinstance(norm, dict) and norm.get("kind") in ("run", "repeat") and depth < 32:
+            inner_raw = norm.get("steps")
+            inner = _salvage_steps(inner_raw, depth + 1) if isinstance(inner_raw, list) else []
+            shell = {**norm, "steps": [] if norm["kind"] == "run" else ["end_session"]}
+            try:
+                valid = _STEP_ADAPTER.validate_python(shell)
+                block = valid.model_copy(update={"steps": inner}) if inner else block
+            except ValidationError:
+                block.children = inner
+        out.append(block)
+    return out
+
+
+def check_workflow_data(data: Any, lines: SourceMap | None, path: Path) -> Workflow:
+    """Validate a parsed workflow file fully and plan it (nothing is written).
+
+    Every error of the file is reported at once: one :class:`WorkflowError` with one
+    line per error, in file order.
+
+    Raises:
+        WorkflowError: the data is not a valid workflow.
+    """
+    if not isinstance(data, dict):
+        got = "an empty file" if data is None else type(data).__name__
+        raise WorkflowError(
+            f"{path}: a workflow file is a mapping (version, agents, steps), got {got}"
+        )
+    if "name" not in data:
+        data = {**data, "name": path.stem}
+    file = str(path)
+    try:
+        wf = Workflow.model_validate(data)
+    except ValidationError as exc:
+        errors: list[LocatedError | str] = []
+        errors += located_errors(exc, data, lines, file=file, tags=_TAGS, schema=workflow_schema())
+        salvaged = _salvage(data)
+        if salvaged is not None:
+            partial, memory_ok, bad_agents, bad_branches = salvaged
+            _attach(partial, data, lines, path)
+            _, more = _check(
+                partial, memory_ok=memory_ok, bad_agents=bad_agents, bad_branches=bad_branches
+            )
+            errors += more
+        _raise_all(errors, file)
+        raise  # pragma: no cover - _raise_all raised
+    _attach(wf, data, lines, path)
+    prepare_workflow(wf)  # semantic checks now: a loaded workflow can run
+    return wf
+
+
+def _attach(wf: Workflow, data: Any, lines: SourceMap | None, path: Path) -> None:
+    wf._source = path.resolve()
+    wf._display = str(path)
+    wf._raw = data
+    wf._lines = lines
+
+
+def _check(
+    workflow: Workflow,
+    *,
+    memory_ok: bool = True,
+    bad_agents: Collection[str] = (),
+    bad_branches: Collection[str] = (),
+) -> tuple[PreparedWorkflow | None, list[LocatedError | str]]:
+    """Check everything; the plan when there is no error, and the errors."""
+    checker = _Checker(workflow, bad_agents=bad_agents, bad_branches=bad_branches)
+    errors: list[LocatedError | str] = []
+    warnings: list[str] = []
+    config: MemoryConfig | None = None
+    explicit_store = False
+    initial: list[tuple[str, str | None, list[str]]] = []
+    plan: list[PlannedStep] = []
+    memory = workflow.memory
+    source: tuple[Any, SourceMap | None, str | None, tuple[PathPart, ...]] = (
+        checker.data,
+        checker.lines,
+        checker.file,
+        ("memory",),
+    )
+    if isinstance(memory, MemoryFile):
+        ref = memory.config
+        path = ref if ref.is_absolute() else workflow.base_dir / ref
+        try:
+            if not path.is_file():
+                raise checker.fail(("memory", "config"), f"config file not found: {path}")
+            config, cdata, clines = _load_config_file(path, "")
+        except _Failed as failed:
+            if failed.error is not None:
+                errors.append(failed.error)
+        except WorkflowError as exc:
+            errors.extend(str(exc).splitlines())
+        else:
+            explicit_store = isinstance(cdata, dict) and "store" in cdata
+            source = (cdata, clines, str(path), ())
+            warnings += _policy_warnings(checker, config, cdata, clines, str(path))
+    elif memory_ok:
+        config = memory
+        explicit_store = "store" in memory.model_fields_set
+        for name in memory.agents:
+            if name not in checker.agents and name not in checker.bad_agents:
+                errors.append(
+                    checker.error(
+                        ("memory", "agents", name),
+                        f"no agent {name!r} in this workflow{_suggest(name, checker.agents)}; "
+                        f"its policy would apply to no one (agents: {', '.join(checker.agents)})",
+                    )
+                )
+    if config is not None and explicit_store:
+        data, lines, file, prefix = source
+        warnings += config_warnings(
+            config, data=data, lines=lines, file=file, prefix=prefix, agents=checker.agents
+        )
+    try:
+        initial = checker.initial()
+        overflow = _overflow(workflow.steps, ("steps",))
+        if overflow is not None:
+            checker.record(
+                checker.fail(
+                    overflow,
+                    f"more than {_MAX_EXPANDED} steps after expanding repeats "
+                    f"({_MAX_EXPANDED} at most)",
+                )
+            )
+        else:
+            plan = checker.plan(workflow.steps, ("steps",), False)
+    except _TooMany:
+        errors.append(f"... stopped after {len(checker.errors)} errors")
+    errors = [*checker.errors, *errors]
+    if errors or config is None:
+        return None, errors
+    prepared = PreparedWorkflow(
+        workflow, config, explicit_store, initial, plan, checker.count, warnings
+    )
+    return prepared, []
+
+
+def _policy_warnings(
+    checker: _Checker, config: MemoryConfig, data: Any, lines: SourceMap | None, file: str
+) -> list[str]:
+    """Policies of a referenced config file that look like misspelled workflow agents.
+
+    A shared policy file may name agents of other workflows: only a name close to an
+    agent of this workflow that has no policy of its own is reported.
+    """
+    out = []
+    unlisted = [a for a in checker.agents if a not in config.agents]
+    for name in config.agents:
+        hint = _suggest(name, unlisted) if name not in checker.agents else ""
+        if hint:
+            where = locate(data, ("agents", name), lines, file=file)
+            out.append(
+                f"{where}: no agent {name!r} in the workflow{hint}; that agent gets the defaults"
+            )
+    return out
 
 
 def prepare_workflow(workflow: Workflow) -> PreparedWorkflow:
@@ -360,35 +907,18 @@ def prepare_workflow(workflow: Workflow) -> PreparedWorkflow:
     Cached on the workflow. Nothing is written.
 
     Raises:
-        WorkflowError: an unknown agent or branch, a fork of an unknown parent, a
-            duplicate branch, a merge cycle, a missing or invalid config file.
+        WorkflowError: every problem found, one per line: unknown agents or branches,
+            forks of unknown parents, duplicate branches, merge cycles, a missing or
+            invalid config file, ``memory.agents`` entries for no agent of the workflow.
     """
     cached = workflow._prepared
     if isinstance(cached, PreparedWorkflow):
         return cached
-    checker = _Checker(workflow)
-    memory = workflow.memory
-    explicit_store = False
-    if isinstance(memory, MemoryFile):
-        ref = memory.config
-        path = ref if ref.is_absolute() else workflow.base_dir / ref
-        if not path.is_file():
-            raise checker.fail(("memory", "config"), f"config file not found: {path}")
-        config = _load_memory_config(path, "")
-        explicit_store = _has_store(path)
-    else:
-        config = memory
-        explicit_store = "store" in memory.model_fields_set
-    initial = checker.initial()
-    plan = checker.plan(workflow.steps, ("steps",), False)
-    prepared = PreparedWorkflow(workflow, config, explicit_store, initial, plan, checker.count)
+    prepared, errors = _check(workflow)
+    _raise_all(errors, workflow._display)
+    assert prepared is not None
     workflow._prepared = prepared
     return prepared
-
-
-def _has_store(path: Path) -> bool:
-    data, _ = _parse(path, "config file")
-    return isinstance(data, dict) and "store" in data
 
 
 def _store_config(prepared: PreparedWorkflow, store_dir: str | Path | None) -> MemoryConfig:

@@ -485,7 +485,8 @@ BAD = {
         steps:
           - say: {agent: a, text: hi, colour: red}
         """,
-        "workflow.yaml:3: steps[0].colour: Extra inputs are not permitted",
+        "workflow.yaml:3: steps[0].colour: unknown field; expected one of: agent, text, role, "
+        "pinned, name, branch",
     ),
     "unknown step kind": (
         """
