@@ -51,11 +51,13 @@ log = logging.getLogger("marsys_mem.ingest")
 OnVectors = Callable[[list[str], FloatArray], None]
 """The :class:`EmbeddingQueue` callback: ``on_vectors(keys, vectors)``."""
 
-EXIT_TIMEOUT = 10.0
+EXIT_TIMEOUT = 30.0
 """Seconds the exit hook waits, for all open queues together, for the batches being embedded.
 
-A batch of 64 texts takes MiniLM well under a second on one core; a worker still busy when
-the time is up is left running (and the process may then abort as it finalizes)."""
+A batch of 64 short texts takes MiniLM about a second on a free core, but 5-10 s on two
+cores shared by several busy processes (measured), and longer texts take longer: the
+margin is wide because the alternative is an abort. A worker still busy when the time is
+up is left running and logged (the process may then abort as it finalizes)."""
 
 _live: weakref.WeakSet[EmbeddingQueue] = weakref.WeakSet()  # open queues
 _live_lock = threading.Lock()
