@@ -52,7 +52,9 @@ class MemorySink(Protocol):
     """Mirrors a memory's changes, e.g. into a store (write-through persistence).
 
     Each method is called after validation and before the memory changes: if it raises,
-    the change does not happen, so memory and sink never disagree.
+    the change does not happen, so memory and sink never disagree. A sink may also
+    define ``after_append(memory, messages)``: :meth:`ConversationMemory.add_many` calls
+    it after appending (the manager trims a batch larger than a bound with it).
     """
 
     def on_append(self, memory: ConversationMemory, messages: Sequence[Message]) -> None:
@@ -331,6 +333,9 @@ class ConversationMemory:
                 entry[1] += count_message(entry[0], m)
         if _publish and batch and self.events is not None and self.events.wants("add"):
             self._publish_add(before, tuple(m.message_id for m in batch))
+        after = getattr(self.sink, "after_append", None) if _publish and batch else None
+        if after is not None:  # optional sink hook, e.g. trim a batch back to a bound
+            after(self, batch)
         return [m.message_id for m in batch]
 
     def _publish_add(self, before: int, ids: tuple[str, ...]) -> None:

@@ -65,6 +65,10 @@ class _PatternFeed:
             self.store.on_append(memory, messages)
         self.patterns.ingest(messages)
 
+    def after_append(self, memory: ConversationMemory, messages: Sequence[Message]) -> None:
+        if self.store is not None:
+            self.store.after_append(memory, messages)
+
     def on_remove(self, memory: ConversationMemory, messages: Sequence[Message]) -> None:
         if self.store is not None:  # patterns keep what the window trims: that is their job
             self.store.on_remove(memory, messages)
@@ -74,15 +78,54 @@ class _PatternFeed:
             self.store.on_clear(memory)
 
 
+class _BoundSink:
+    """Keeps a memory that never reaches the store within its policy's bound.
+
+    ``session`` and ``single_run`` memories hold at most ``max_stored_messages``
+    messages (dropped by the stores' rule, in chunks: :meth:`MemoryManager._chunk`), and
+    drop messages older than ``ttl`` every ``retention_every`` appends.
+    """
+
+    def __init__(
+        self, manager: MemoryManager, policy: RetentionPolicy, inner: MemorySink | None
+    ) -> None:
+        self.manager = manager
+        self.policy = policy
+        self.inner = inner
+        self.since_ttl = 0
+
+    def on_append(self, memory: ConversationMemory, messages: Sequence[Message]) -> None:
+        if self.inner is not None:
+            self.inner.on_append(memory, messages)
+        self.since_ttl += len(messages)
+        ttl = self.policy.ttl is not None and self.since_ttl >= self.manager.retention_every
+        if ttl:
+            self.since_ttl = 0
+        self.manager._bound_memory(memory, self.policy, len(messages), ttl=ttl)
+
+    def after_append(self, memory: ConversationMemory, messages: Sequence[Message]) -> None:
+        self.manager._bound_memory(memory, self.policy, 0, ttl=False)
+
+    def on_remove(self, memory: ConversationMemory, messages: Sequence[Message]) -> None:
+        if self.inner is not None:
+            self.inner.on_remove(memory, messages)
+
+    def on_clear(self, memory: ConversationMemory) -> None:
+        if self.inner is not None:
+            self.inner.on_clear(memory)
+
+
 _check_name = validate_name  # the one naming rule (InvalidNameError, a ValueError)
 
 
 class _StoreSink:
     """Writes a persistent memory's changes to the store (or buffers them).
 
-    ``max_stored_messages`` is enforced in the same store transaction as the append that
-    would exceed it, so the store never holds more; ``ttl`` every ``retention_every``
-    appends. The in-process memory is trimmed by the same rule, in amortised steps.
+    ``max_stored_messages`` is enforced in the same store transaction as every append: the
+    store counts the key's messages inside that transaction, so the bound holds whatever
+    other processes wrote to the same key. ``ttl`` is applied every ``retention_every``
+    appends. The in-process memory is kept within the same bound by the same rule (see
+    :meth:`MemoryManager._bound_memory`); so is the buffer of ``write_through=False``.
     """
 
     def __init__(
@@ -92,7 +135,7 @@ class _StoreSink:
         self.key = key
         self.policy = policy
         self.pending: list[Message] = []
-        self.stored = stored  # messages in the store under key (this process's view)
+        self.stored = stored  # messages in the store under key (this process's estimate)
         self.since_retention = 0
 
     def _write(self, messages: Sequence[Message], *, force_retention: bool = False) -> None:
@@ -102,31 +145,48 @@ class _StoreSink:
         due = force_retention or (
             policy.ttl is not None and self.since_retention >= self.manager.retention_every
         )
-        if (limit is not None and self.stored + len(messages) > limit) or (
-            due and (policy.ttl is not None or limit is not None)
-        ):
-            now = datetime.now(UTC)
-            ops.append(EnforceRetention(self.key, policy.ttl, limit, now))
+        ttl = policy.ttl if due else None
+        if limit is not None or ttl is not None:
+            # Always with the bound: only the store knows what other processes appended.
+            ops.append(EnforceRetention(self.key, ttl, limit, datetime.now(UTC)))
         if not ops:
             return
         results = self.manager.store.batch(ops)
         self.stored += len(messages)
         if isinstance(ops[-1], EnforceRetention):
-            self.stored -= results[-1]
+            self.stored = max(self.stored - results[-1], 0)
+        if due:
             self.since_retention = 0
 
     def on_append(self, memory: ConversationMemory, messages: Sequence[Message]) -> None:
         self.since_retention += len(messages)
+        ttl_due = (
+            self.policy.ttl is not None and self.since_retention >= self.manager.retention_every
+        )
         if self.manager.write_through:
             self._write(messages)
         else:
             self.pending.extend(messages)
+            self._bound_pending()
+            if ttl_due:
+                self.since_retention = 0
+        self.manager._bound_memory(memory, self.policy, len(messages), ttl=ttl_due)
+
+    def after_append(self, memory: ConversationMemory, messages: Sequence[Message]) -> None:
+        self.manager._bound_memory(memory, self.policy, 0, ttl=False)
+
+    def _bound_pending(self) -> None:
+        """Drop buffered messages the store's bound would delete at the next flush.
+
+        The buffer is committed in one transaction, after everything already stored, so
+        of its messages at most the newest ``max_stored_messages`` (by the store's rule)
+        can survive that flush's retention. Amortised: every ``chunk`` appends.
+        """
         limit = self.policy.max_stored_messages
-        slack = self.manager.retention_every
-        if (limit is not None and len(memory) + len(messages) > limit + slack) or (
-            self.policy.ttl is not None and self.since_retention == 0
-        ):
-            self.manager._trim_memory(memory, self.policy, extra=len(messages))
+        if limit is None or len(self.pending) <= limit + self.manager._chunk(limit):
+            return
+        drop = set(_beyond_bound(self.pending, limit))
+        self.pending = [m for m in self.pending if m.message_id not in drop]
 
     def on_remove(self, memory: ConversationMemory, messages: Sequence[Message]) -> None:
         ids = {m.message_id for m in messages}
@@ -146,24 +206,53 @@ class _StoreSink:
         return before - self.stored
 
 
+def _beyond_bound(messages: Sequence[Message], limit: int, excess: int | None = None) -> list[str]:
+    """Ids of the ``excess`` (default: all beyond ``limit``) messages the bound drops first.
+
+    The stores' rule: the oldest unprotected messages go first, then, only if that is
+    not enough, the oldest protected ones (system, pinned, ``preserve``). Tool calls and
+    their results are not kept together here (the stores do not either); a window built
+    from what remains never starts with an orphan tool result.
+    """
+    if excess is None:
+        excess = len(messages) - limit
+    drop: list[str] = []
+    for protected in (False, True):
+        for m in messages:
+            if len(drop) >= excess:
+                return drop
+            if m.is_protected == protected:
+                drop.append(m.message_id)
+    return drop
+
+
 def _over_retention(
-    memory: ConversationMemory, policy: RetentionPolicy, now: datetime, extra: int = 0
+    memory: ConversationMemory,
+    policy: RetentionPolicy,
+    now: datetime,
+    extra: int = 0,
+    *,
+    headroom: int = 0,
+    ttl: bool = True,
 ) -> list[str]:
-    """Ids the policy no longer allows, by the store's rule (protected: ttl-exempt, last)."""
+    """Ids the policy no longer allows, by the store's rule (protected: ttl-exempt, last).
+
+    ``extra``: messages about to be appended; ``headroom``: drop that many more once over
+    the bound (amortises the cost of trimming); ``ttl``: apply the ttl too.
+    """
     drop: set[str] = set()
-    if policy.ttl is not None:
-        cutoff = now - policy.ttl
-        drop.update(m.message_id for m in memory if not m.is_protected and m.timestamp < cutoff)
+    if ttl and policy.ttl is not None:
+        try:
+            cutoff: datetime | None = now - policy.ttl
+        except OverflowError:  # a ttl reaching before year 1: nothing is that old
+            cutoff = None
+        if cutoff is not None:
+            drop.update(m.message_id for m in memory if not m.is_protected and m.timestamp < cutoff)
     limit = policy.max_stored_messages
     if limit is not None and len(memory) + extra - len(drop) > limit:
-        excess = min(len(memory) + extra - len(drop) - limit, len(memory) - len(drop))
-        ordered = [m for m in memory if not m.is_protected] + [m for m in memory if m.is_protected]
-        for m in ordered:
-            if excess == 0:
-                break
-            if m.message_id not in drop:
-                drop.add(m.message_id)
-                excess -= 1
+        left = [m for m in memory if m.message_id not in drop] if drop else list(memory)
+        excess = min(len(left) + extra - limit + headroom, len(left))
+        drop.update(_beyond_bound(left, limit, excess))
     return [m.message_id for m in memory if m.message_id in drop]
 
 
@@ -355,6 +444,7 @@ class MemoryManager(Closing):
         memory.sink = self._feed(slot, policy, store_sink, memory.read())
         self._memories[slot] = memory
         self.shared.register(member_key(agent, branch), memory)
+        self._trim_memory(memory, policy)
 
     def _embedder(self, spelling: str) -> Embedder | None:
         """One embedder per spelling for the whole manager (the model loads once)."""
@@ -379,7 +469,24 @@ class MemoryManager(Closing):
         store_sink: _StoreSink | None,
         existing: Sequence[Message],
     ) -> MemorySink | None:
-        """The memory's sink: the store (persistent) and the patterns (if configured)."""
+        """The memory's sink: the store (persistent) and the patterns (if configured).
+
+        A memory that never reaches the store (session, single_run) with a ttl or
+        ``max_stored_messages`` gets a :class:`_BoundSink` that keeps it within them.
+        """
+        feed = self._feed_inner(slot, policy, store_sink, existing)
+        bounded = policy.ttl is not None or policy.max_stored_messages is not None
+        if store_sink is None and bounded:
+            return _BoundSink(self, policy, feed)
+        return feed
+
+    def _feed_inner(
+        self,
+        slot: tuple[str, str],
+        policy: RetentionPolicy,
+        store_sink: _StoreSink | None,
+        existing: Sequence[Message],
+    ) -> MemorySink | None:
         if not policy.patterns.any:
             return store_sink
         index_dir = None
@@ -408,13 +515,39 @@ class MemoryManager(Closing):
         for (agent, branch), mem in list(self._memories.items()):
             yield agent, branch, mem
 
+    def _chunk(self, limit: int) -> int:
+        """How many messages a bounded in-process memory drops at once, when full.
+
+        Trimming a ConversationMemory costs O(its length), so a full memory drops the
+        oldest ``chunk`` messages at once (at most ``retention_every``, at most a tenth of
+        the bound) rather than one per append: it then holds between
+        ``limit - chunk + 1`` and ``limit`` messages, never more.
+        """
+        return max(1, min(self.retention_every, limit // 10))
+
+    def _bound_memory(
+        self, mem: ConversationMemory, policy: RetentionPolicy, extra: int, *, ttl: bool
+    ) -> None:
+        """Keep ``mem`` within its bound before ``extra`` messages arrive (O(1) if within)."""
+        limit = policy.max_stored_messages
+        over = limit is not None and len(mem) + extra > limit
+        if over or ttl:
+            headroom = self._chunk(limit) - 1 if limit is not None and over else 0
+            self._trim_memory(mem, policy, extra=extra, headroom=headroom, ttl=ttl)
+
     def _trim_memory(
-        self, mem: ConversationMemory, policy: RetentionPolicy, *, extra: int = 0
+        self,
+        mem: ConversationMemory,
+        policy: RetentionPolicy,
+        *,
+        extra: int = 0,
+        headroom: int = 0,
+        ttl: bool = True,
     ) -> int:
         """Remove what the policy no longer allows; ``extra``: messages about to arrive."""
         if policy.ttl is None and policy.max_stored_messages is None:
             return 0
-        ids = _over_retention(mem, policy, datetime.now(UTC), extra)
+        ids = _over_retention(mem, policy, datetime.now(UTC), extra, headroom=headroom, ttl=ttl)
         if ids:
             sink, mem.sink = mem.sink, None  # the store already applied the same rule
             try:

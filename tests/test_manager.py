@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from marsys_mem import ContextWindow, MarsysMemError, Message, MessageNotFoundError, ToolCall
+from marsys_mem import (
+    ContextWindow,
+    ConversationMemory,
+    MarsysMemError,
+    Message,
+    MessageNotFoundError,
+    ToolCall,
+)
 from marsys_mem.manager import MemoryManager
 from marsys_mem.retention import MemoryConfig, load_config
 from marsys_mem.store import InMemoryStore, SQLiteStore
@@ -216,14 +223,18 @@ def test_storage_stays_at_the_bound_over_a_long_run(tmp_path):
             mem.add(Message.user(f"message {i}"))
             if i % 10 == 0:
                 peak = max(peak, manager.store.count_messages(key))
-            assert len(mem) <= 50 + 25 + 1
+            assert len(mem) <= 50
         assert peak <= 50
         stored = manager.store.load_messages(key)
         assert len(stored) == 50
         assert stored[0].text == "rules"  # protected messages go last
         assert stored[-1].text == "message 599"
         manager.apply_retention()
-        assert [m.message_id for m in mem.read()] == [m.message_id for m in stored]
+        # The memory holds the newest of what the store holds (it drops in chunks of 5).
+        kept = [m.message_id for m in mem.read()]
+        stored_ids = [m.message_id for m in stored]
+        assert 46 <= len(kept) <= 50
+        assert kept == [stored_ids[0], *stored_ids[len(stored_ids) - len(kept) + 1 :]]
 
 
 def test_ttl_is_enforced_in_store_and_memory(tmp_path):
@@ -248,8 +259,8 @@ def test_session_memories_are_bounded_too():
     with MemoryManager(config) as manager:
         mem = manager.memory("a")
         mem.add_many([Message.user(str(i)) for i in range(10)])
-        assert manager.apply_retention() == 7
-        assert [m.text for m in mem.read()] == ["7", "8", "9"]
+        assert [m.text for m in mem.read()] == ["7", "8", "9"]  # bounded as it appends
+        assert manager.apply_retention() == 0
 
 
 def test_run_snapshot_records_messages_usage_and_errors(tmp_path):
@@ -377,3 +388,119 @@ def test_stored_tool_results_whose_call_expired_still_load(tmp_path):
         assert manager.context_for("r").messages == ()  # orphans are never sent
         with pytest.raises(MarsysMemError):
             mem.add(Message.tool("x", tool_call_id="also-gone"))  # strict again
+
+
+# ---------------------------------------------------------------------- bounds (issue 9.4)
+def _bounded(retention: str, **extra: object) -> MemoryConfig:
+    agent = {"retention": retention, "max_stored_messages": 100, **extra}
+    return MemoryConfig.model_validate({"version": 1, "agents": {"a": agent}})
+
+
+@pytest.mark.parametrize("retention", ["session", "single_run", "persistent"])
+def test_a_memory_never_holds_more_than_its_bound(retention: str) -> None:
+    """A session agent with max_stored_messages: 100 once kept 200,000 messages."""
+    with MemoryManager(_bounded(retention)) as manager:
+        mem = manager.memory("a")
+        mem.add(Message.system("rules"))
+        sizes = []
+        for i in range(3000):
+            mem.add(Message.user(f"message {i}"))
+            sizes.append(len(mem))
+            assert mem.get_recent(1)[0].text == f"message {i}"
+        assert max(sizes) == 100  # never more; drops 10 at once when full (a tenth)
+        assert min(sizes[200:]) == 91
+        assert mem.read()[0].text == "rules"  # protected messages go last
+        # A batch larger than the bound: its newest messages stay, as in the stores.
+        ids = mem.add_many([Message.user(f"batch {i}") for i in range(250)])
+        assert len(mem) <= 100
+        assert [m.message_id for m in mem.read()][-50:] == ids[-50:]
+        if retention == "persistent":
+            stored = manager.store.load_messages(manager.key("a"))
+            assert len(stored) == 100
+            assert [m.message_id for m in stored][-99:] == ids[-99:]
+
+
+def test_session_ttl_is_applied_while_appending() -> None:
+    old = datetime.now(UTC) - timedelta(days=3)
+    config = MemoryConfig.model_validate(
+        {"version": 1, "agents": {"a": {"retention": "session", "ttl": "1d"}}}
+    )
+    with MemoryManager(config, retention_every=5) as manager:
+        mem = manager.memory("a")
+        mem.add(Message.system("rules", timestamp=old))
+        mem.add_many([Message.user(f"old {i}", timestamp=old) for i in range(3)])
+        for i in range(5):
+            mem.add(Message.user(f"new {i}"))
+        assert [m.text for m in mem.read()] == ["rules"] + [f"new {i}" for i in range(5)]
+
+
+def test_two_processes_on_one_file_share_the_bound(tmp_path: Path) -> None:
+    """Two managers (two connections, as two processes) on one file: the store counts.
+
+    Each manager once counted only its own appends, so the table grew past the bound.
+    """
+    path = _config(tmp_path, r={"retention": "persistent", "max_stored_messages": 30})
+    key = ("default", "r", "main")
+    with (
+        MemoryManager.from_config(path) as one,
+        MemoryManager.from_config(path) as two,
+        SQLiteStore(tmp_path / "mem.db") as reader,
+    ):
+        mems = [one.memory("r"), two.memory("r")]
+        counts = []
+        for i in range(200):
+            mems[i % 2].add(Message.user(f"{i}", message_id=f"id{i}"))
+            counts.append(reader.count_messages(key))
+        assert max(counts) == 30
+        stored = [m.message_id for m in reader.load_messages(key)]
+        assert stored == [f"id{i}" for i in range(170, 200)]
+        assert reader.integrity_check() == "ok"
+
+
+def test_buffered_writes_keep_only_what_the_bound_would_keep(tmp_path: Path) -> None:
+    path = _config(tmp_path, r={"retention": "persistent", "max_stored_messages": 20})
+    key = ("default", "r", "main")
+    with MemoryManager.from_config(path, write_through=False) as manager:
+        mem = manager.memory("r")
+        mem.add(Message.system("rules", message_id="rules"))
+        for i in range(2000):
+            mem.add(Message.user(f"{i}", message_id=f"id{i}"))
+            assert len(manager._sinks[("r", "main")].pending) <= 20 + 2
+        assert manager.store.count_messages(key) == 0
+        manager.flush()
+        stored = [m.message_id for m in manager.store.load_messages(key)]
+        assert stored == ["rules"] + [f"id{i}" for i in range(1981, 2000)]
+
+
+def test_attached_memories_are_bounded_too() -> None:
+    config = MemoryConfig.model_validate(
+        {"version": 1, "agents": {"a": {"max_stored_messages": 10}}}
+    )
+    with MemoryManager(config) as manager:
+        source = ConversationMemory([Message.user(str(i)) for i in range(50)])
+        manager.attach_memory("a", "fork", source.fork())
+        mem = manager.memory("a", "fork")
+        assert [m.text for m in mem.read()] == [str(i) for i in range(40, 50)]
+        mem.add(Message.user("next"))
+        assert len(mem) == 10
+        assert mem.read()[-1].text == "next"
+        assert len(source) == 50  # the fork's parent is untouched
+
+
+def test_a_bound_may_split_a_tool_call_from_its_result_but_never_sends_an_orphan() -> None:
+    """Like the stores, the bound drops the oldest messages one by one; the window
+    built from what is left never starts with a tool result whose call is gone."""
+    config = MemoryConfig.model_validate(
+        {"version": 1, "agents": {"a": {"max_stored_messages": 3}}}
+    )
+    with MemoryManager(config) as manager:
+        mem = manager.memory("a")
+        mem.add(Message.system("rules"))
+        mem.add(Message.user("weather?"))
+        call = ToolCall(id="c1", name="weather", arguments={})
+        mem.add(Message.assistant(None, tool_calls=[call]))
+        mem.add(Message.tool("72F", tool_call_id="c1", name="weather"))
+        mem.add(Message.assistant("It is 72F."))
+        assert [m.role for m in mem.read()] == ["system", "tool", "assistant"]
+        sent = manager.context_for("a").messages
+        assert [m.role for m in sent] == ["system", "assistant"]

@@ -60,6 +60,11 @@ class _Draft:
             return message_id in self.ids
         return message_id in self.base_ids or message_id in self.tail_ids
 
+    def __len__(self) -> int:
+        if self.messages is not None:
+            return len(self.messages)
+        return len(self.base) + len(self.tail)
+
     def view(self) -> Sequence[Message]:
         """Current messages, oldest first (read only)."""
         if self.messages is not None:
@@ -151,6 +156,13 @@ class _Transaction:
             return found.view()
         return self.store._messages.get(key, [])
 
+    def count(self, key: Key) -> int:
+        """Messages under ``key`` as this batch sees them (O(1))."""
+        found = self.drafts.get(key)
+        if found is not None:
+            return len(found)
+        return len(self.store._messages.get(key, ()))
+
     def keys(self) -> set[Key]:
         keys = set(self.store._messages)
         keys.update(self.drafts)
@@ -191,7 +203,7 @@ class _Transaction:
         if isinstance(op, Delete):
             return self.delete(op)
         if isinstance(op, CountMessages):
-            return len(self.current(op.key))
+            return self.count(op.key)
         if isinstance(op, ListKeys):
             return sorted(
                 k
@@ -280,11 +292,16 @@ def _retain(
     max_messages: int | None,
     now: datetime,
 ) -> int:
-    """Apply ttl then max_messages to one key; returns the number deleted."""
+    """Apply ttl then max_messages to one key; returns the number deleted.
+
+    Checking a key that is within its bound costs O(1) (no ttl) or O(messages) (ttl).
+    """
+    if ttl is None and (max_messages is None or tx.count(key) <= max_messages):
+        return 0
     messages = tx.current(key)
     if not messages:
         return 0
-    kept = list(messages)
+    kept: Sequence[Message] = messages
     if ttl is not None:
         try:
             cutoff = now - ttl
@@ -293,11 +310,17 @@ def _retain(
         else:
             kept = [m for m in kept if m.is_protected or m.timestamp >= cutoff]
     if max_messages is not None and len(kept) > max_messages:
+        # The oldest unprotected go first, then (only if still over) the oldest protected.
         excess = len(kept) - max_messages
-        order = sorted(range(len(kept)), key=lambda i: (kept[i].is_protected, i))
-        dropped = set(order[:excess])
+        dropped: set[int] = set()
+        for protected in (False, True):
+            for i, m in enumerate(kept):
+                if len(dropped) == excess:
+                    break
+                if m.is_protected == protected:
+                    dropped.add(i)
         kept = [m for i, m in enumerate(kept) if i not in dropped]
     removed = len(messages) - len(kept)
     if removed:
-        tx.draft(key).replace(kept)
+        tx.draft(key).replace(list(kept))
     return removed

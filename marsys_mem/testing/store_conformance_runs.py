@@ -16,7 +16,9 @@ import pytest
 from marsys_mem.exceptions import DuplicateMessageError, StoreError
 from marsys_mem.messages import AgentCall, ImagePart, Message, TextPart, ToolCall
 from marsys_mem.store.base import (
+    Append,
     CountMessages,
+    EnforceRetention,
     Key,
     ListKeys,
     MemoryStore,
@@ -166,6 +168,51 @@ class DurabilityConformance:
         assert store.enforce_retention(now=T0) == 0
         assert store.enforce_retention(KEY, max_messages=10, ttl=timedelta(days=11), now=T0) == 0
         assert store.load_messages(KEY) == msgs
+
+    def test_bound_applied_in_the_appending_batch(self, store: MemoryStore) -> None:
+        """``[Append, EnforceRetention]`` in one batch: the key never holds more than N.
+
+        Writers in several threads append in such batches while a reader samples the
+        count: no committed state a reader can see is over the bound, and what is left
+        is the newest N, whoever appended them (the bound is counted by the store).
+        """
+        bound, per_batch, batches, threads = 7, 3, 25, 3
+        seen: list[int] = []
+        done = threading.Event()
+
+        def write(t: int) -> None:
+            for i in range(batches):
+                msgs = tuple(user_messages(per_batch, prefix=f"t{t}-{i}-"))
+                store.batch([Append(KEY, msgs), EnforceRetention(KEY, None, bound, T0)])
+
+        def read() -> None:
+            while not done.is_set():
+                seen.append(store.count_messages(KEY))
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        writers = [threading.Thread(target=write, args=(t,)) for t in range(threads)]
+        for w in writers:
+            w.start()
+        for w in writers:
+            w.join()
+        done.set()
+        reader.join()
+        assert seen
+        assert max(seen) <= bound
+        assert store.count_messages(KEY) == bound
+        ids = _ids(store.load_messages(KEY))
+        assert [i.rsplit("-", 1)[1] for i in ids][-per_batch:] == ["0", "1", "2"]
+
+    def test_bound_of_a_batch_larger_than_the_bound(self, store: MemoryStore) -> None:
+        """Appending more than N at once keeps that batch's newest N (protected last)."""
+        store.append_messages(KEY, [Message.system("rules", message_id="s", timestamp=T0)])
+        msgs = tuple(user_messages(20))
+        results = store.batch([Append(KEY, msgs), EnforceRetention(KEY, None, 5, T0)])
+        assert results == [None, 16]
+        assert _ids(store.load_messages(KEY)) == ["s", "m16", "m17", "m18", "m19"]
+        assert store.count_messages(KEY) == 5
+        assert store.enforce_retention(KEY, max_messages=5, now=T0) == 0
 
     # ------------------------------------------------------------------ fidelity
     def test_lossless_round_trip_of_every_field(self, store: MemoryStore) -> None:

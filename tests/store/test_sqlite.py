@@ -147,23 +147,105 @@ def test_data_survives_reopen(db: Path) -> None:
         assert [m.message_id for m in s.load_messages(KEY, last=2)] == ["m4", "n0"]
 
 
-def test_not_a_database(tmp_path: Path) -> None:
-    junk = tmp_path / "junk.db"
-    junk.write_bytes(b"this is not sqlite" * 100)
-    with pytest.raises(StoreError, match=r"junk\.db") as info:
-        SQLiteStore(junk)
-    assert isinstance(info.value.__cause__, sqlite3.DatabaseError)
+def _make_zero_byte(path: Path) -> None:
+    path.write_bytes(b"")
 
 
-def test_foreign_schema_is_refused(tmp_path: Path) -> None:
-    path = tmp_path / "other.db"
+def _make_text(path: Path) -> None:
+    path.write_bytes(b"this is not sqlite" * 100)
+
+
+def _make_other_app(path: Path) -> None:
     with raw(path) as conn:
+        conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+        conn.execute("INSERT INTO users (name) VALUES ('ada')")
+
+
+def _make_half_ours(path: Path) -> None:
+    with raw(path) as conn:  # one of our table names, but not our schema
         conn.execute("CREATE TABLE messages (x)")
-    with pytest.raises(StoreError, match="already exists"):
+
+
+def _make_no_tables(path: Path) -> None:
+    with raw(path) as conn:
+        conn.execute("PRAGMA user_version = 7")  # a valid SQLite file with no tables
+
+
+def _make_foreign_id(path: Path) -> None:
+    with raw(path) as conn:  # our tables, but another application's id
+        conn.executescript(V1_SCHEMA)
+        conn.execute("PRAGMA application_id = 1234")
+
+
+def _make_folder(path: Path) -> None:
+    path.mkdir()
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (_make_zero_byte, "it is an empty file"),
+        (_make_text, "it is not an SQLite database"),
+        (_make_other_app, "another application, with tables users"),
+        (_make_half_ours, "another application, with tables messages"),
+        (_make_no_tables, "SQLite database with no tables"),
+        (_make_foreign_id, "application_id is 0x4d2, another application's"),
+        (_make_folder, "it is a folder"),
+    ],
+)
+def test_an_existing_file_that_is_not_ours_is_refused_and_left_alone(
+    tmp_path: Path, make: Any, reason: str
+) -> None:
+    """Only where no file exists is a store created (issue 9, item 5)."""
+    path = tmp_path / "memory.db"
+    make(path)
+    before = sorted((p.name, p.read_bytes() if p.is_file() else None) for p in tmp_path.iterdir())
+    for attempt in range(2):  # still refused the second time: nothing was written
+        with pytest.raises(StoreError) as info:
+            SQLiteStore(path)
+        message = str(info.value)
+        assert str(path) in message, attempt
+        assert "is not a marsys-mem database" in message
+        assert reason in message
+    after = sorted((p.name, p.read_bytes() if p.is_file() else None) for p in tmp_path.iterdir())
+    assert after == before
+
+
+def test_a_long_path_is_shortened_in_the_error(tmp_path: Path) -> None:
+    path = tmp_path / ("x" * 200 + ".db")
+    path.write_bytes(b"")
+    with pytest.raises(StoreError, match="empty file") as info:
         SQLiteStore(path)
-    with raw(path) as conn:  # the failed migration was rolled back
-        names = {n for (n,) in conn.execute("SELECT name FROM sqlite_master")}
-    assert "schema_version" not in names
+    assert len(str(info.value)) < 400
+
+
+def test_empty_path_is_refused() -> None:
+    with pytest.raises(StoreError, match="must not be empty"):
+        SQLiteStore("")
+
+
+def test_a_new_store_is_stamped_and_leaves_no_temporary_files(tmp_path: Path) -> None:
+    path = tmp_path / "new.db"
+    with SQLiteStore(path) as s:
+        s.append_messages(KEY, user_messages(1))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.db"]
+    with raw(path) as conn:
+        assert conn.execute("PRAGMA application_id").fetchone() == (sqlite_mod.APPLICATION_ID,)
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    with SQLiteStore(path) as s:  # and it opens again
+        assert s.count_messages(KEY) == 1
+
+
+def test_a_failed_creation_leaves_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(conn: sqlite3.Connection) -> None:
+        conn.execute("SELECT * FROM no_such_table")
+
+    monkeypatch.setattr(sqlite_mod, "MIGRATIONS", (*sqlite_mod.MIGRATIONS, broken))
+    with pytest.raises(StoreError, match="cannot create a marsys-mem store"):
+        SQLiteStore(tmp_path / "new.db")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_closed_store(store: SQLiteStore) -> None:
@@ -225,7 +307,12 @@ def test_migrates_a_version_1_file(db: Path) -> None:
             protected = conn.execute("SELECT message_id FROM messages WHERE protected = 1")
             assert sorted(i for (i,) in protected) == ["k", "p", "s"]
             versions = conn.execute("SELECT version FROM schema_version ORDER BY version")
-            assert [v for (v,) in versions] == [1, 2]
+            assert [v for (v,) in versions] == [1, 2, 3]
+            counts = conn.execute("SELECT namespace, agent, branch, n FROM key_counts")
+            assert counts.fetchall() == [(*KEY, 1503)]
+            stamp = conn.execute("PRAGMA application_id").fetchone()
+            assert stamp == (sqlite_mod.APPLICATION_ID,)
+        assert s.integrity_check() == "ok"
         assert s.enforce_retention(KEY, ttl=timedelta(days=1), now=T0) == 1500
         assert [m.message_id for m in s.load_messages(KEY)] == ["s", "p", "k"]
 
@@ -248,31 +335,32 @@ def test_migrations_run_in_order_in_one_transaction(
     with SQLiteStore(db) as s:
         s.append_messages(KEY, user_messages(3))
     applied: list[int] = []
+    latest = len(sqlite_mod.MIGRATIONS)
 
-    def v3(conn: sqlite3.Connection) -> None:
-        applied.append(3)
+    def extra(conn: sqlite3.Connection) -> None:
+        applied.append(latest + 1)
         conn.execute("CREATE TABLE extra (x INTEGER)")
 
-    def v4_broken(conn: sqlite3.Connection) -> None:
-        applied.append(4)
+    def broken(conn: sqlite3.Connection) -> None:
+        applied.append(latest + 2)
         conn.execute("INSERT INTO extra VALUES (1)")
         conn.execute("SELECT * FROM no_such_table")
 
     before = dump(db)
-    monkeypatch.setattr(sqlite_mod, "MIGRATIONS", (*sqlite_mod.MIGRATIONS, v3, v4_broken))
+    monkeypatch.setattr(sqlite_mod, "MIGRATIONS", (*sqlite_mod.MIGRATIONS, extra, broken))
     with pytest.raises(StoreError, match="no_such_table"):
         SQLiteStore(db)
-    assert applied == [3, 4]
-    assert dump(db) == before  # v3 was rolled back with v4
+    assert applied == [latest + 1, latest + 2]
+    assert dump(db) == before  # the first was rolled back with the second
     with raw(db) as conn:
         assert conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'extra'").fetchone() is None
 
-    monkeypatch.setattr(sqlite_mod, "MIGRATIONS", (*sqlite_mod.MIGRATIONS[:2], v3))
+    monkeypatch.setattr(sqlite_mod, "MIGRATIONS", (*sqlite_mod.MIGRATIONS[:latest], extra))
     with SQLiteStore(db) as s:
         assert s.count_messages(KEY) == 3
     with raw(db) as conn:
         versions = [v for (v,) in conn.execute("SELECT version FROM schema_version")]
-        assert versions == [1, 2, 3]
+        assert versions == list(range(1, latest + 2))
         assert conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'extra'").fetchone()
 
 
