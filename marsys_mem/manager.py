@@ -6,12 +6,19 @@ governed by the agent's :class:`~marsys_mem.retention.RetentionPolicy`:
 * ``persistent`` memories are loaded from the store on first use and written through
   (every append is durable when ``add`` returns; or buffered until :meth:`flush` with
   ``write_through=False``). A process that restarts with the same config sees them again.
-  ``ttl`` and ``max_stored_messages`` are enforced in the store (every
-  ``retention_every`` appends, on flush, at the end of runs and sessions) and mirrored in
-  memory.
+  ``max_stored_messages`` is enforced by the store in the transaction of every append
+  (counted there, so it holds across processes sharing the store); ``ttl`` every
+  ``retention_every`` appends, on flush, at the end of runs and sessions.
 * ``session`` memories live in this process until :meth:`end_session`; they never reach
   the store.
 * ``single_run`` memories are cleared when the agent's run ends (and at end_session).
+
+Every kind of memory is bounded in process too: it never holds more than
+``max_stored_messages`` messages. The bound drops by the stores' rule (oldest unprotected
+first, system / pinned messages last), in chunks of at most a tenth of the bound (see
+:meth:`MemoryManager._chunk`), so a full memory holds between ``limit - chunk + 1`` and
+``limit`` messages; a persistent memory holds the newest part of what its store holds.
+Messages older than ``ttl`` leave it every ``retention_every`` appends.
 
 Runs (:meth:`run`) record what an agent did as a :class:`~marsys_mem.runs.RunSnapshot`:
 saved in the store for persistent agents, kept in process otherwise. A run started with
