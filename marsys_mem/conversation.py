@@ -6,11 +6,18 @@ history without copying it (copy-on-write). A borrowed segment is never changed 
 deleting messages builds a new segment, so forks never see each other's changes. Each
 segment indexes its messages (id, protected positions, tool-call links), so lookups and
 context windows cost O(1) / O(window), not O(history).
+
+Threads: a memory may be written and read from several threads at once. Every change runs
+under the memory's re-entrant lock (:attr:`ConversationMemory.lock`). Readers and window
+builders take a view under the lock (the segments and their current lengths: O(number of
+forks)) and work on it without the lock: segments only grow, so a view never changes under
+them. A summariser therefore runs without the lock, and writers are not blocked by it.
 """
 
 from __future__ import annotations
 
 import bisect
+import threading
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol, overload, runtime_checkable
@@ -55,6 +62,10 @@ class MemorySink(Protocol):
     the change does not happen, so memory and sink never disagree. A sink may also
     define ``after_append(memory, messages)``: :meth:`ConversationMemory.add_many` calls
     it after appending (the manager trims a batch larger than a bound with it).
+
+    The methods run under the memory's re-entrant lock: they may call back into the same
+    memory (e.g. ``remove``) from their thread, and see other threads' changes in the order
+    the memory applies them.
     """
 
     def on_append(self, memory: ConversationMemory, messages: Sequence[Message]) -> None:
@@ -98,6 +109,99 @@ class _Segment:
         return seg
 
 
+class _View:
+    """The history of a memory at one moment: its segments, each up to its length then.
+
+    Segments are only ever appended to and never edited in place, so a view stays valid and
+    unchanged while the memory goes on (appends, removals, clears, forks) in other threads.
+    It implements the index protocol the window builder needs.
+    """
+
+    __slots__ = ("_len", "_segs", "_starts")
+
+    def __init__(self, segs: list[tuple[_Segment, int]], starts: list[int]) -> None:
+        self._segs = segs  # (segment, bound), oldest first; no empty ones
+        self._starts = starts  # global position of each segment's first message
+        self._len = starts[-1] + segs[-1][1] if segs else 0
+
+    @staticmethod
+    def of(segs: list[tuple[_Segment, int]], starts: list[int]) -> _View:
+        """A view; the common case (one segment: nothing forked) gets the fast one."""
+        return _FlatView(segs, starts) if len(segs) == 1 else _View(segs, starts)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, position: int) -> Message:
+        if position < 0:
+            position += self._len
+        if not 0 <= position < self._len:
+            raise IndexError("message position out of range")
+        i = bisect.bisect_right(self._starts, position) - 1
+        return self._segs[i][0].messages[position - self._starts[i]]
+
+    def __iter__(self) -> Iterator[Message]:
+        return iter(self.messages())
+
+    def messages(self) -> list[Message]:
+        """The messages of the view, oldest first (a new list)."""
+        out: list[Message] = []
+        for seg, bound in self._segs:
+            out.extend(seg.messages[:bound])
+        return out
+
+    def protected_positions(self) -> list[int]:
+        out: list[int] = []
+        for (seg, bound), start in zip(self._segs, self._starts, strict=True):
+            out.extend(start + p for p in seg.protected[: bisect.bisect_left(seg.protected, bound)])
+        return out
+
+    def call_owner(self, call_id: str, before: int | None = None) -> int | None:
+        for i in range(len(self._segs) - 1, -1, -1):
+            seg, bound = self._segs[i]
+            start = self._starts[i]
+            limit = bound if before is None else min(bound, before - start)
+            local = _latest_before(seg.owners.get(call_id), limit)
+            if local is not None:
+                return start + local
+        return None
+
+    def call_results(self, call_id: str) -> list[int]:
+        out: list[int] = []
+        for (seg, bound), start in zip(self._segs, self._starts, strict=True):
+            out.extend(start + p for p in seg.results.get(call_id, ()) if p < bound)
+        return out
+
+
+class _FlatView(_View):
+    """A view of one segment starting at position 0 (a memory with nothing forked)."""
+
+    __slots__ = ("_seg",)
+
+    def __init__(self, segs: list[tuple[_Segment, int]], starts: list[int]) -> None:
+        super().__init__(segs, starts)
+        self._seg = segs[0][0]
+
+    def __getitem__(self, position: int) -> Message:
+        if 0 <= position < self._len:
+            return self._seg.messages[position]
+        return super().__getitem__(position)
+
+    def messages(self) -> list[Message]:
+        return self._seg.messages[: self._len]
+
+    def protected_positions(self) -> list[int]:
+        protected = self._seg.protected
+        return protected[: bisect.bisect_left(protected, self._len)]
+
+    def call_owner(self, call_id: str, before: int | None = None) -> int | None:
+        limit = self._len if before is None else min(self._len, before)
+        return _latest_before(self._seg.owners.get(call_id), limit)
+
+    def call_results(self, call_id: str) -> list[int]:
+        return [p for p in self._seg.results.get(call_id, ()) if p < self._len]
+
+
 _NONE: frozenset[str] = frozenset()
 
 
@@ -114,7 +218,9 @@ class ConversationMemory:
 
     Messages are immutable and appended; ``read()`` returns all of them (initial and
     appended), ``appended()`` only those added after construction (this run). Token totals
-    are kept incrementally. Not thread-safe: one writer at a time.
+    are kept incrementally. Thread-safe: several threads may add, remove, trim, fork and
+    read at once; each change is atomic under :attr:`lock`, which callers may also hold to
+    make several calls one atomic step.
 
     Args:
         messages: the initial history (validated like :meth:`add_many`).
@@ -155,6 +261,8 @@ class ConversationMemory:
         agent: str | None = None,
         sink: MemorySink | None = None,
     ) -> None:
+        self._lock = threading.RLock()
+        self._generation = 0  # bumped whenever messages are removed (positions shift)
         self.policy = policy or ContextPolicy()
         self.counter = get_counter(counter)
         self.summarizer = summarizer
@@ -175,9 +283,34 @@ class ConversationMemory:
         self._initial = len(self)
         self.sink = sink
 
+    @property
+    def lock(self) -> threading.RLock:
+        """The re-entrant lock every change holds; hold it to make several calls atomic.
+
+        Example:
+            >>> mem = ConversationMemory()
+            >>> with mem.lock:  # no other thread can add between the check and the add
+            ...     if not len(mem):
+            ...         _ = mem.add(Message.user("first"))
+            >>> len(mem)
+            1
+        """
+        return self._lock
+
+    def _view(self) -> _View:
+        """The history as it is now (call with the lock held)."""
+        segs = list(self._borrowed)
+        starts = list(self._starts)
+        n = len(self._own.messages)
+        if n:
+            segs.append((self._own, n))
+            starts.append(self._offset)
+        return _View.of(segs, starts)
+
     # ------------------------------------------------------------------ index protocol
     def __len__(self) -> int:
-        return self._offset + len(self._own.messages)
+        with self._lock:
+            return self._offset + len(self._own.messages)
 
     @overload
     def __getitem__(self, position: int) -> Message: ...
@@ -188,22 +321,26 @@ class ConversationMemory:
     def __getitem__(self, position: int | slice) -> Message | list[Message]:
         if isinstance(position, slice):
             return self.read()[position]
-        if position < 0:
-            position += len(self)
-        if position >= self._offset:
-            return self._own.messages[position - self._offset]
-        if position < 0:
-            raise IndexError("message position out of range")
-        i = bisect.bisect_right(self._starts, position) - 1
-        return self._borrowed[i][0].messages[position - self._starts[i]]
+        with self._lock:
+            if position < 0:
+                position += self._offset + len(self._own.messages)
+            if position >= self._offset:
+                return self._own.messages[position - self._offset]
+            if position < 0:
+                raise IndexError("message position out of range")
+            i = bisect.bisect_right(self._starts, position) - 1
+            return self._borrowed[i][0].messages[position - self._starts[i]]
 
     def __iter__(self) -> Iterator[Message]:
-        for seg, bound in self._borrowed:
-            yield from seg.messages[:bound]
-        yield from self._own.messages
+        with self._lock:
+            view = self._view()
+        return iter(view.messages())
 
     def __contains__(self, message_id: object) -> bool:
-        return isinstance(message_id, str) and self._position(message_id) is not None
+        if not isinstance(message_id, str):
+            return False
+        with self._lock:
+            return self._position(message_id) is not None
 
     def _segments(self) -> Iterator[tuple[_Segment, int, int]]:
         """(segment, bound, global start), newest first."""
@@ -223,15 +360,20 @@ class ConversationMemory:
 
     def protected_positions(self) -> list[int]:
         """Global positions of system and pinned messages, ascending."""
-        out: list[int] = []
-        for i, (seg, bound) in enumerate(self._borrowed):
-            start = self._starts[i]
-            out.extend(start + p for p in seg.protected[: bisect.bisect_left(seg.protected, bound)])
-        out.extend(self._offset + p for p in self._own.protected)
-        return out
+        with self._lock:
+            return self._view().protected_positions()
 
     def call_owner(self, call_id: str, before: int | None = None) -> int | None:
         """Position of the latest message (before ``before``) that made tool call ``call_id``."""
+        with self._lock:
+            return self._call_owner(call_id, before)
+
+    def call_results(self, call_id: str) -> list[int]:
+        """Positions of the tool results answering ``call_id``."""
+        with self._lock:
+            return self._call_results(call_id)
+
+    def _call_owner(self, call_id: str, before: int | None = None) -> int | None:
         if not self._borrowed:
             return _latest_before(self._own.owners.get(call_id), before)
         for seg, bound, start in self._segments():
@@ -241,8 +383,7 @@ class ConversationMemory:
                 return start + local
         return None
 
-    def call_results(self, call_id: str) -> list[int]:
-        """Positions of the tool results answering ``call_id``."""
+    def _call_results(self, call_id: str) -> list[int]:
         if not self._borrowed:
             return list(self._own.results.get(call_id, ()))
         out: list[int] = []
@@ -264,19 +405,19 @@ class ConversationMemory:
         if not self.strict_tools:
             return
         for call in m.tool_calls:
-            if call.id in pending_calls or self.call_owner(call.id) is not None:
+            if call.id in pending_calls or self._call_owner(call.id) is not None:
                 raise DuplicateToolCallError(
                     f"tool call id {call.id!r} is already used by an earlier message "
                     "(create the memory with strict_tools=False to allow it)"
                 )
         if m.tool_call_id is not None:
             cid = m.tool_call_id
-            if cid not in pending_calls and self.call_owner(cid) is None:
+            if cid not in pending_calls and self._call_owner(cid) is None:
                 raise OrphanToolResultError(
                     f"tool result {m.message_id!r} answers tool_call_id {cid!r}, but no earlier "
                     "assistant message made that call (strict_tools=False allows it)"
                 )
-            if cid in pending_results or self.call_results(cid):
+            if cid in pending_results or self._call_results(cid):
                 raise DuplicateToolCallError(f"tool call {cid!r} already has a result")
 
     def add(self, message: Message | Mapping[str, Any]) -> str:
@@ -291,16 +432,18 @@ class ConversationMemory:
             DuplicateToolCallError: (strict) a reused tool call id or a second result.
         """
         m = _to_message(message)
-        self._check(m, _NONE, _NONE, _NONE)
-        if self.sink is not None:
-            self.sink.on_append(self, (m,))
-        self._own.append(m)
-        self._total += count_message(self.counter, m)
-        if self._other_totals:
-            for entry in self._other_totals.values():
-                entry[1] += count_message(entry[0], m)
-        if self.events is not None and self.events.wants("add"):
-            self._publish_add(len(self) - 1, (m.message_id,))
+        tokens = count_message(self.counter, m)  # cached on the message: outside the lock
+        with self._lock:
+            self._check(m, _NONE, _NONE, _NONE)
+            if self.sink is not None:
+                self.sink.on_append(self, (m,))
+            self._own.append(m)
+            self._total += tokens
+            if self._other_totals:
+                for entry in self._other_totals.values():
+                    entry[1] += count_message(entry[0], m)
+            if self.events is not None and self.events.wants("add"):
+                self._publish_add(self._offset + len(self._own.messages) - 1, (m.message_id,))
         return m.message_id
 
     store = add
@@ -314,28 +457,30 @@ class ConversationMemory:
             The errors of :meth:`add`; on error the memory is unchanged.
         """
         batch = [_to_message(m) for m in messages]
-        calls: set[str] = set()
-        results: set[str] = set()
-        ids: set[str] = set()
-        for m in batch:
-            self._check(m, calls, results, ids)
-            ids.add(m.message_id)
-            calls.update(c.id for c in m.tool_calls)
-            if m.tool_call_id is not None:
-                results.add(m.tool_call_id)
-        if _publish and batch and self.sink is not None:
-            self.sink.on_append(self, batch)
-        before = len(self)
-        for m in batch:
-            self._own.append(m)
-            self._total += count_message(self.counter, m)
-            for entry in self._other_totals.values():
-                entry[1] += count_message(entry[0], m)
-        if _publish and batch and self.events is not None and self.events.wants("add"):
-            self._publish_add(before, tuple(m.message_id for m in batch))
-        after = getattr(self.sink, "after_append", None) if _publish and batch else None
-        if after is not None:  # optional sink hook, e.g. trim a batch back to a bound
-            after(self, batch)
+        tokens = sum(count_message(self.counter, m) for m in batch)
+        with self._lock:
+            calls: set[str] = set()
+            results: set[str] = set()
+            ids: set[str] = set()
+            for m in batch:
+                self._check(m, calls, results, ids)
+                ids.add(m.message_id)
+                calls.update(c.id for c in m.tool_calls)
+                if m.tool_call_id is not None:
+                    results.add(m.tool_call_id)
+            if _publish and batch and self.sink is not None:
+                self.sink.on_append(self, batch)
+            before = len(self)
+            for m in batch:
+                self._own.append(m)
+                for entry in self._other_totals.values():
+                    entry[1] += count_message(entry[0], m)
+            self._total += tokens
+            if _publish and batch and self.events is not None and self.events.wants("add"):
+                self._publish_add(before, tuple(m.message_id for m in batch))
+            after = getattr(self.sink, "after_append", None) if _publish and batch else None
+            if after is not None:  # optional sink hook, e.g. trim a batch back to a bound
+                after(self, batch)
         return [m.message_id for m in batch]
 
     def _publish_add(self, before: int, ids: tuple[str, ...]) -> None:
@@ -345,7 +490,10 @@ class ConversationMemory:
         )
 
     def _rebuild(self, keep: Callable[[int, Message], bool]) -> list[Message]:
-        """Replace the history by the messages ``keep`` accepts; returns the removed ones."""
+        """Replace the history by the messages ``keep`` accepts; returns the removed ones.
+
+        Call with the lock held.
+        """
         removed: list[Message] = []
         kept: list[Message] = []
         initial = self._initial
@@ -366,6 +514,7 @@ class ConversationMemory:
         self._other_totals.clear()
         self._initial = initial
         self._summary = None
+        self._generation += 1
         return removed
 
     def remove(self, *message_ids: str) -> list[Message]:
@@ -374,36 +523,39 @@ class ConversationMemory:
         Raises:
             MessageNotFoundError: an id is not in the memory (nothing is removed).
         """
-        missing = [i for i in message_ids if self._position(i) is None]
-        if missing:
-            raise MessageNotFoundError(f"no message with id {missing[0]!r} in this memory")
-        before = len(self)
-        targets = set(message_ids)
-        removed = self._rebuild(lambda _pos, m: m.message_id not in targets)
-        if self.events is not None and removed:
-            self.events.publish(
-                RemoveEvent(
-                    agent=self.agent,
-                    before=before,
-                    after=len(self),
-                    message_ids=tuple(m.message_id for m in removed),
+        with self._lock:
+            missing = [i for i in message_ids if self._position(i) is None]
+            if missing:
+                raise MessageNotFoundError(f"no message with id {missing[0]!r} in this memory")
+            before = len(self)
+            targets = set(message_ids)
+            removed = self._rebuild(lambda _pos, m: m.message_id not in targets)
+            if self.events is not None and removed:
+                self.events.publish(
+                    RemoveEvent(
+                        agent=self.agent,
+                        before=before,
+                        after=len(self),
+                        message_ids=tuple(m.message_id for m in removed),
+                    )
                 )
-            )
-        return removed
+            return removed
 
     def clear(self, *, keep_system: bool = False) -> None:
         """Remove every message (``keep_system``: keep the system messages)."""
-        before = len(self)
-        if keep_system:
-            self._rebuild(lambda _pos, m: m.role == "system")
-        else:
-            if self.sink is not None:
-                self.sink.on_clear(self)
-            self._borrowed, self._starts, self._offset = [], [], 0
-            self._own, self._total, self._initial, self._summary = _Segment(), 0, 0, None
-            self._other_totals.clear()
-        if self.events is not None:
-            self.events.publish(ClearEvent(agent=self.agent, before=before, after=len(self)))
+        with self._lock:
+            before = len(self)
+            if keep_system:
+                self._rebuild(lambda _pos, m: m.role == "system")
+            else:
+                if self.sink is not None:
+                    self.sink.on_clear(self)
+                self._borrowed, self._starts, self._offset = [], [], 0
+                self._own, self._total, self._initial, self._summary = _Segment(), 0, 0, None
+                self._other_totals.clear()
+                self._generation += 1
+            if self.events is not None:
+                self.events.publish(ClearEvent(agent=self.agent, before=before, after=len(self)))
 
     def fork(self, *, agent: str | None = None) -> ConversationMemory:
         """A child memory that shares this history without copying it (copy-on-write).
@@ -419,47 +571,57 @@ class ConversationMemory:
             (1, 2)
         """
         child = ConversationMemory.__new__(ConversationMemory)
+        child._lock = threading.RLock()
+        child._generation = 0
         child.policy, child.counter, child.summarizer = self.policy, self.counter, self.summarizer
         child.strict_tools, child.events = self.strict_tools, self.events
         child.sink = None
         child.agent = agent if agent is not None else self.agent
-        child._borrowed = list(self._borrowed)
-        child._starts = list(self._starts)
-        if self._own.messages:
-            child._starts.append(self._offset)
-            child._borrowed.append((self._own, len(self._own.messages)))
-        child._own = _Segment()
-        child._offset = len(self)
-        child._total = self._total
-        child._other_totals = {k: list(v) for k, v in self._other_totals.items()}
-        child._summary = self._summary
-        child._initial = len(self)
-        if self.events is not None:
-            self.events.publish(
-                ForkEvent(agent=self.agent, before=len(self), after=len(self), child=child.agent)
-            )
+        with self._lock:
+            view = self._view()  # the child borrows every segment up to its length now
+            child._borrowed = list(view._segs)
+            child._starts = list(view._starts)
+            child._own = _Segment()
+            child._offset = len(view)
+            child._total = self._total
+            child._other_totals = {k: list(v) for k, v in self._other_totals.items()}
+            child._summary = self._summary
+            child._initial = len(view)
+            if self.events is not None:
+                self.events.publish(
+                    ForkEvent(
+                        agent=self.agent, before=len(view), after=len(view), child=child.agent
+                    )
+                )
         return child
 
     # ------------------------------------------------------------------ reading
     def read(self) -> list[Message]:
         """All messages, oldest first: the initial history and what was appended."""
-        return list(self)
+        with self._lock:
+            view = self._view()
+        return view.messages()
 
     def appended(self) -> list[Message]:
         """Only the messages added after construction (or after the fork)."""
-        return self[self._initial :] if self._initial else self.read()
+        with self._lock:
+            initial, view = self._initial, self._view()
+        return view.messages()[initial:] if initial else view.messages()
 
     def get(self, message_id: str) -> Message | None:
         """The message with this id, or ``None``."""
-        pos = self._position(message_id)
-        return None if pos is None else self[pos]
+        with self._lock:
+            pos = self._position(message_id)
+            return None if pos is None else self[pos]
 
     def get_recent(self, n: int) -> list[Message]:
         """The ``n`` newest messages, oldest first."""
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
-        size = len(self)
-        return [self[p] for p in range(max(0, size - n), size)]
+        with self._lock:
+            view = self._view()
+        size = len(view)
+        return [view[p] for p in range(max(0, size - n), size)]
 
     def filter(
         self,
@@ -512,20 +674,49 @@ class ConversationMemory:
         total: int = entry[1]
         return total
 
+    def _begin(self, counter: TokenCounter) -> tuple[_View, _SummaryState | None, int, int]:
+        """What a window is built from, taken at one moment: view, summary, tokens."""
+        with self._lock:
+            return self._view(), self._summary, self._history_tokens(counter), self._generation
+
     def _after_window(
         self,
         win: ContextWindow,
         state: _SummaryState | None,
         prep: _Prepared,
-        counter: TokenCounter,
+        view: _View,
+        generation: int,
     ) -> ContextWindow:
+        with self._lock:
+            return self._apply_window(win, state, prep, view, generation)
+
+    def _apply_window(
+        self,
+        win: ContextWindow,
+        state: _SummaryState | None,
+        prep: _Prepared,
+        view: _View,
+        generation: int,
+    ) -> ContextWindow:
+        """Cache the summary / delete what trim_oldest dropped (with the lock held).
+
+        The window was built on ``view``; other threads may have added messages since
+        (kept: they are newer than the window) or removed some (then the positions moved,
+        and what to delete is found by id).
+        """
         policy_strategy = win.strategy
-        if policy_strategy == "summarize" and prep.request is not None:
+        unchanged = generation == self._generation  # nothing removed since the view
+        if policy_strategy == "summarize" and prep.request is not None and unchanged:
             self._summary = state
         if policy_strategy == "trim_oldest" and win.dropped:
             keep = set(prep.plan.positions)
+            size = len(view)
             before, tokens_before = len(self), self._total
-            removed = self._rebuild(lambda pos, _m: pos in keep)
+            if unchanged:  # the view is a prefix of the history: positions still hold
+                removed = self._rebuild(lambda pos, _m: pos in keep or pos >= size)
+            else:
+                drop = {m.message_id for pos, m in enumerate(view) if pos not in keep}
+                removed = self._rebuild(lambda _pos, m: m.message_id not in drop)
             if self.events is not None:
                 self.events.publish(
                     TrimEvent(
@@ -591,15 +782,11 @@ class ConversationMemory:
             SummarizerError: the summariser failed or is async (use :meth:`acontext`).
         """
         policy, counter = self._resolve(policy, counter)
-        win, state, prep = _build(
-            self,
-            policy,
-            counter,
-            summarizer or self.summarizer,
-            self._summary,
-            self._history_tokens(counter),
+        view, state, tokens, generation = self._begin(counter)
+        win, new_state, prep = _build(
+            view, policy, counter, summarizer or self.summarizer, state, tokens
         )
-        return self._after_window(win, state, prep, counter)
+        return self._after_window(win, new_state, prep, view, generation)
 
     async def acontext(
         self,
@@ -610,15 +797,11 @@ class ConversationMemory:
     ) -> ContextWindow:
         """Async twin of :meth:`context`; the summariser may be sync or async."""
         policy, counter = self._resolve(policy, counter)
-        win, state, prep = await _abuild(
-            self,
-            policy,
-            counter,
-            summarizer or self.summarizer,
-            self._summary,
-            self._history_tokens(counter),
+        view, state, tokens, generation = self._begin(counter)
+        win, new_state, prep = await _abuild(
+            view, policy, counter, summarizer or self.summarizer, state, tokens
         )
-        return self._after_window(win, state, prep, counter)
+        return self._after_window(win, new_state, prep, view, generation)
 
     def _repr_html_(self) -> str:
         from marsys_mem.display import memory_html
