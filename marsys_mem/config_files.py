@@ -10,20 +10,20 @@ known), quickly and in bounded memory:
 
 * the file is at most :attr:`FileLimits.max_bytes` long and is UTF-8 (a bad byte is
   reported with its offset and line);
-* YAML aliases are counted as they are composed: a document that would expand to more
-  than :attr:`FileLimits.max_values` values (a "billion laughs" bomb) or nest deeper than
-  :attr:`FileLimits.max_depth` is refused before anything is built, and an alias that
-  refers to itself is refused (the data would be infinite);
+* YAML is first scanned event by event, before any node or value exists: a document
+  that would expand to more than :attr:`FileLimits.max_values` values once aliases are
+  expanded (a "billion laughs" bomb) or nest deeper than :attr:`FileLimits.max_depth` is
+  refused at the line where it happens, and so is an alias inside its own anchor (the
+  data would be infinite);
 * duplicate mapping keys are refused (YAML would silently keep the last; JSON too);
 * integers must fit in 64 bits (a 5,000-digit number is refused before it is converted);
 * JSON and TOML data gets the same depth / size / integer checks after parsing, and
   their own recursion limits become a ``ConfigError``;
 * an empty file is refused: an empty config is a mistake, not a request for defaults.
 
-YAML is parsed by libyaml's event parser when PyYAML has it (several times faster) and
-by PyYAML's pure-Python parser otherwise; the tree is always built by the limited
-composer below, never by libyaml's own composer (which recurses in C without a limit
-and crashes the process on a deeply nested file).
+YAML is parsed by libyaml when PyYAML has it (several times faster) and by PyYAML's
+pure-Python parser otherwise. libyaml's composer recurses in C without a limit (a file of
+100,000 nested brackets crashes the process), so it only ever sees text the scan passed.
 
 Error messages show values through :func:`short_repr`, never whole.
 """
@@ -31,7 +31,9 @@ Error messages show values through :func:`short_repr`, never whole.
 from __future__ import annotations
 
 import json
+import re
 import reprlib
+import stat
 import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -39,10 +41,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from yaml.composer import Composer
 from yaml.constructor import SafeConstructor
 from yaml.error import Mark, MarkedYAMLError
-from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.nodes import Node, ScalarNode
 from yaml.resolver import Resolver
 
 from marsys_mem.exceptions import ConfigError
@@ -68,6 +69,7 @@ except ImportError:  # pragma: no cover - PyYAML built without libyaml
 _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
 _MAX_INT_CHARS = 30  # longer integer literals are refused before int() sees them
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -86,12 +88,12 @@ class FileLimits:
     """
 
     max_bytes: int = 1 << 20
-    max_values: int = 100_000
+    max_values: int = 50_000
     max_depth: int = 64
 
 
 DEFAULT_LIMITS = FileLimits()
-"""1 MiB, 100,000 values, 64 levels: far beyond any real config or workflow file."""
+"""1 MiB, 50,000 values, 64 levels: far beyond any real config or workflow file."""
 
 
 @dataclass(frozen=True)
@@ -188,18 +190,21 @@ def read_text(path: str | Path, *, what: str = "file", limits: FileLimits = DEFA
         not UTF-8: byte 0xe9 at offset 11 (line 2, column 7) cannot be decoded
     """
     path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"{path}: {what} not found")
-    if not path.is_file():
-        raise ConfigError(f"{path}: {what} is not a regular file")
     try:
-        size = path.stat().st_size
-        if size > limits.max_bytes:
-            raise ConfigError(_too_big(path, size, limits))
+        info = path.stat()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: {what} not found") from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        raise ConfigError(f"{path}: cannot read the {what}: {_os_reason(exc)}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise ConfigError(f"{path}: {what} is not a regular file")
+    if info.st_size > limits.max_bytes:
+        raise ConfigError(_too_big(path, info.st_size, limits))
+    try:
         with path.open("rb") as handle:
             raw = handle.read(limits.max_bytes + 1)
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the {what}: {exc.strerror or exc}") from None
+        raise ConfigError(f"{path}: cannot read the {what}: {_os_reason(exc)}") from None
     if len(raw) > limits.max_bytes:  # grew since stat
         raise ConfigError(_too_big(path, len(raw), limits))
     try:
@@ -212,6 +217,10 @@ def read_text(path: str | Path, *, what: str = "file", limits: FileLimits = DEFA
             f"(line {line}, column {column}) cannot be decoded; save the file as UTF-8"
         ) from None
     return text.removeprefix("\ufeff")
+
+
+def _os_reason(exc: Exception) -> str:
+    return str(getattr(exc, "strerror", None) or exc)
 
 
 def _too_big(name: object, size: int, limits: FileLimits) -> str:
@@ -285,138 +294,31 @@ class _Refused(MarkedYAMLError):
     """A rule of ours (a limit, a duplicate key), not a YAML syntax error."""
 
 
-class _Loader(Composer, SafeConstructor, Resolver):
-    """Composer with limits over libyaml's (or PyYAML's) events, and a strict constructor.
+def _refuse(problem: str, mark: Mark | None) -> _Refused:
+    return _Refused(None, None, problem, mark)
 
-    While composing, each finished node's expanded size and depth are recorded (an
-    alias adds its target's), so a bomb is refused at the first node that would be too
-    large, before any Python data exists; an alias to a node still being composed (a
-    recursive alias) is refused; duplicate keys are refused with both lines.
-    """
 
-    def __init__(self, text: str, limits: FileLimits) -> None:
-        self._events: Any = _EVENT_PARSER(text)
-        Composer.__init__(self)
-        SafeConstructor.__init__(self)
-        Resolver.__init__(self)
-        self._limits = limits
-        self._depth = 0
-        self._sizes: dict[Node, tuple[int, int]] = {}  # node -> (values, depth), expanded
-
-    # events come from the parser object
-    def check_event(self, *choices: Any) -> bool:
-        return bool(self._events.check_event(*choices))
-
-    def peek_event(self) -> Any:
-        return self._events.peek_event()
-
-    def get_event(self) -> Any:
-        return self._events.get_event()
-
-    def dispose(self) -> None:
-        self._events.dispose()
-
-    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            target = self.anchors.get(event.anchor)
-            if target is not None and target not in self._sizes:
-                raise _Refused(
-                    None,
-                    None,
-                    f"recursive alias *{_short_key(event.anchor)}: it refers to the "
-                    "value that contains it, which would be infinite",
-                    event.start_mark,
-                )
-            return super().compose_node(parent, index)
-        self._depth += 1
-        if self._depth > self._limits.max_depth:
-            raise _Refused(
-                None,
-                None,
-                f"nested deeper than {self._limits.max_depth} levels",
-                self.peek_event().start_mark,
-            )
-        node = super().compose_node(parent, index)
-        self._depth -= 1
-        if node is not None:
-            self._account(node)
-        return node
-
-    def _account(self, node: Node) -> None:
-        children: list[Node] = []
-        if isinstance(node, SequenceNode):
-            children = node.value
-        elif isinstance(node, MappingNode):
-            children = [part for pair in node.value for part in pair]
-            self._check_duplicates(node)
-        size, depth = 1, 1
-        for child in children:
-            child_size, child_depth = self._sizes[child]
-            size += child_size
-            depth = max(depth, child_depth + 1)
-        limits = self._limits
-        if size > limits.max_values:
-            raise _Refused(
-                None,
-                None,
-                f"more than {limits.max_values:,} values once aliases are expanded "
-                "(an alias bomb?)",
-                node.start_mark,
-            )
-        if depth > limits.max_depth:
-            raise _Refused(
-                None,
-                None,
-                f"nested deeper than {limits.max_depth} levels once aliases are expanded",
-                node.start_mark,
-            )
-        self._sizes[node] = (size, depth)
-
-    def _check_duplicates(self, node: MappingNode) -> None:
-        seen: dict[Any, Mark] = {}
-        for key_node, _ in node.value:
-            if not isinstance(key_node, ScalarNode) or key_node.tag == _MERGE_TAG:
-                continue
-            key = self.construct_object(key_node)
-            try:
-                first = seen.setdefault(key, key_node.start_mark)
-            except TypeError:  # unhashable: the constructor says so later
-                continue
-            if first is not key_node.start_mark:
-                raise _Refused(
-                    None,
-                    None,
-                    f"duplicate key {short_repr(key)} (first on line {first.line + 1}): "
-                    "a key may appear once in a mapping",
-                    key_node.start_mark,
-                )
+class _StrictConstructor(SafeConstructor):
+    """PyYAML's safe constructor, with bounded integers and no raw exceptions."""
 
     def construct_object(self, node: Node, deep: bool = False) -> Any:
         try:
             return super().construct_object(node, deep)
-        except (ValueError, OverflowError, TypeError) as exc:  # e.g. a date 2024-13-01
-            shown = short_repr(node.value) if isinstance(node, ScalarNode) else type(node).__name__
-            raise _Refused(
-                None,
-                None,
-                f"cannot read {shown}: {_cut(str(exc), 160)}",
-                node.start_mark,
-            ) from None
+        except (ValueError, ArithmeticError, TypeError, LookupError) as exc:  # 2024-13-01
+            shown = short_repr(node.value) if isinstance(node, ScalarNode) else node.tag
+            raise _refuse(f"cannot read {shown}: {_cut(str(exc), 160)}", node.start_mark) from None
 
     def construct_yaml_int(self, node: ScalarNode) -> int:
         text = str(node.value).replace("_", "").lstrip("+-")
         if len(text) > _MAX_INT_CHARS:
-            raise _Refused(
-                None,
-                None,
+            raise _refuse(
                 f"integer {short_repr(node.value)} is {len(text)} characters long; "
                 "integers must fit in 64 bits",
                 node.start_mark,
             )
         value: int = super().construct_yaml_int(node)
         if not _INT_MIN <= value <= _INT_MAX:
-            raise _Refused(None, None, f"integer {value} does not fit in 64 bits", node.start_mark)
+            raise _refuse(f"integer {value} does not fit in 64 bits", node.start_mark)
         return value
 
     yaml_constructors = {  # noqa: RUF012 - PyYAML's registry, as add_constructor builds it
@@ -425,8 +327,161 @@ class _Loader(Composer, SafeConstructor, Resolver):
     }
 
 
+# libyaml's composer recurses in C without a limit (a deeply nested file crashes the
+# process), so it only ever sees text that _scan has passed: nesting of at most
+# max_depth, a bounded expansion and no recursive alias.
+_LoaderBase: Any = yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader
+
+
+class _Loader(_StrictConstructor, _LoaderBase):  # type: ignore[misc]
+    """The fastest safe loader PyYAML has here, with the strict constructor."""
+
+    def __init__(self, text: str) -> None:
+        _LoaderBase.__init__(self, text)
+
+
+class _Frame:
+    """An open sequence or mapping while scanning events."""
+
+    __slots__ = ("anchor", "depth", "keys", "mapping", "size", "want_key")
+
+    def __init__(self, mapping: bool, anchor: str | None) -> None:
+        self.mapping = mapping
+        self.anchor = anchor
+        self.size = 1
+        self.depth = 1
+        self.keys: dict[Any, Mark] = {}
+        self.want_key = True
+
+
+_NO_KEY = object()  # a key that is not compared: an alias, a collection, a merge key
+
+
+class _Scanner:
+    """One pass over the YAML events, before any node or value is built.
+
+    Refuses what would be too large once aliases are expanded (a "billion laughs"
+    bomb), too deep, recursive (an alias inside its own anchor) or a duplicate key. Each
+    anchor's expanded size and depth are remembered, so an alias costs O(1).
+    """
+
+    def __init__(self, limits: FileLimits) -> None:
+        self.limits = limits
+        self.stack: list[_Frame] = []
+        self.anchors: dict[str, tuple[int, int]] = {}
+        self.keys = _StrictConstructor()
+        self.resolver = Resolver()
+        self.aliased = False
+
+    def run(self, text: str) -> None:
+        parser: Any = _EVENT_PARSER(text)
+        try:
+            while True:
+                event = parser.get_event()
+                kind = type(event)
+                if kind is yaml.ScalarEvent:
+                    self.add(1, 1, event, self.key_of(event))
+                    if event.anchor is not None:
+                        self.anchors[event.anchor] = (1, 1)
+                elif kind is yaml.AliasEvent:
+                    self.alias(event)
+                elif kind is yaml.SequenceStartEvent or kind is yaml.MappingStartEvent:
+                    self.open(event, kind is yaml.MappingStartEvent)
+                elif kind is yaml.SequenceEndEvent or kind is yaml.MappingEndEvent:
+                    self.close(event)
+                elif kind is yaml.DocumentEndEvent:
+                    self.anchors.clear()
+                elif kind is yaml.StreamEndEvent:
+                    return
+        finally:
+            parser.dispose()
+
+    def key_of(self, event: Any) -> Any:
+        frame = self.stack[-1] if self.stack else None
+        if frame is None or not frame.mapping or not frame.want_key:
+            return _NO_KEY
+        tag = event.tag
+        if tag is None or tag == "!":
+            tag = self.resolver.resolve(  # type: ignore[no-untyped-call]
+                ScalarNode, event.value, event.implicit
+            )
+        if tag == "tag:yaml.org,2002:str":
+            return event.value
+        if tag == _MERGE_TAG:
+            return _NO_KEY
+        node = ScalarNode(tag, event.value, event.start_mark, event.end_mark)
+        try:  # 1 and 0x1 are the same key once read
+            key = self.keys.construct_object(node)
+            hash(key)
+        except (TypeError, yaml.YAMLError):  # reported when the data is built
+            return _NO_KEY
+        return key
+
+    def alias(self, event: Any) -> None:
+        anchor = event.anchor
+        if any(frame.anchor == anchor for frame in self.stack):
+            raise _refuse(
+                f"recursive alias *{_short_key(anchor)}: it refers to the value that "
+                "contains it, which would be infinite",
+                event.start_mark,
+            )
+        size, depth = self.anchors.get(anchor, (1, 1))  # undefined: the composer says so
+        self.aliased = True
+        self.add(size, depth, event, _NO_KEY)
+
+    def open(self, event: Any, mapping: bool) -> None:
+        if self.stack and self.stack[-1].mapping and self.stack[-1].want_key:
+            self.stack[-1].want_key = False  # a collection as a key: not compared
+        elif self.stack and self.stack[-1].mapping:
+            self.stack[-1].want_key = True
+        if len(self.stack) >= self.limits.max_depth:
+            raise _refuse(f"nested deeper than {self.limits.max_depth} levels", event.start_mark)
+        self.stack.append(_Frame(mapping, event.anchor))
+
+    def close(self, event: Any) -> None:
+        frame = self.stack.pop()
+        if frame.depth > self.limits.max_depth:
+            raise _refuse(
+                f"nested deeper than {self.limits.max_depth} levels once aliases are expanded",
+                event.start_mark,
+            )
+        if frame.anchor is not None:
+            self.anchors[frame.anchor] = (frame.size, frame.depth)
+        if self.stack:
+            parent = self.stack[-1]
+            self.grow(parent, frame.size, frame.depth, event)
+
+    def add(self, size: int, depth: int, event: Any, key: Any) -> None:
+        if not self.stack:
+            return
+        frame = self.stack[-1]
+        if frame.mapping:
+            if frame.want_key and key is not _NO_KEY:
+                first = frame.keys.setdefault(key, event.start_mark)
+                if first is not event.start_mark:
+                    raise _refuse(
+                        f"duplicate key {short_repr(key)} (first on line {first.line + 1}): "
+                        "a key may appear once in a mapping",
+                        event.start_mark,
+                    )
+            frame.want_key = not frame.want_key
+        self.grow(frame, size, depth, event)
+
+    def grow(self, frame: _Frame, size: int, depth: int, event: Any) -> None:
+        frame.size += size
+        frame.depth = max(frame.depth, depth + 1)
+        if frame.size > self.limits.max_values:
+            why = (
+                "once aliases are expanded (an alias bomb?)"
+                if self.aliased
+                else "(config and workflow files are small)"
+            )
+            raise _refuse(f"more than {self.limits.max_values:,} values {why}", event.start_mark)
+
+
 def _compose(text: str, limits: FileLimits) -> tuple[_Loader, Node | None]:
-    loader = _Loader(text, limits)
+    _Scanner(limits).run(text)
+    loader = _Loader(text)
     try:
         return loader, loader.get_single_node()
     finally:
@@ -440,7 +495,7 @@ def _parse_yaml(text: str, name: str, limits: FileLimits) -> tuple[Any, Node | N
     except _Refused as exc:
         raise ConfigError(f"{name}{_refused(exc)}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{name}{yaml_problem(exc, len(text))}") from None
+        raise ConfigError(f"{name}{_yaml_problem(exc, len(text))}") from None
     except RecursionError:  # pragma: no cover - the depth limit comes first
         raise ConfigError(f"{name}: nested too deeply") from None
     return data, node
@@ -460,7 +515,7 @@ def _refused(exc: _Refused) -> str:
     return f"{where}: {exc.problem}"
 
 
-def yaml_problem(exc: yaml.YAMLError, size: int) -> str:
+def _yaml_problem(exc: yaml.YAMLError, size: int) -> str:
     """``:LINE: invalid YAML: ...`` with the most useful line (not the end of the file)."""
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
     context = getattr(exc, "context", None)
@@ -540,20 +595,31 @@ def _parse_toml(text: str, name: str) -> Any:
 
 # ---------------------------------------------------------------------------- checks
 def _check_data(data: Any, name: str, limits: FileLimits) -> None:
-    """Depth, size and integer range of parsed data (iterative: no recursion)."""
+    """Depth, size, integer range and text of parsed data (iterative: no recursion)."""
     stack: list[tuple[Any, int, tuple[Any, ...]]] = [(data, 1, ())]
     count = 0
+
+    def where(path: tuple[Any, ...]) -> str:
+        return f"{name}: {_path(path)}" if path else name
+
     while stack:
         value, depth, path = stack.pop()
         count += 1
-        where = f"{name}: {_path(path)}" if path else name
         if count > limits.max_values:
             raise ConfigError(f"{name}: more than {limits.max_values:,} values")
         if depth > limits.max_depth:
-            raise ConfigError(f"{where}: nested deeper than {limits.max_depth} levels")
-        if isinstance(value, int) and not isinstance(value, bool):
+            raise ConfigError(f"{where(path)}: nested deeper than {limits.max_depth} levels")
+        if isinstance(value, str):
+            if not value.isascii() and _SURROGATE.search(value):
+                raise ConfigError(
+                    f"{where(path)}: {short_repr(value)} holds a lone surrogate, which is not "
+                    "text (a JSON \\uD800-\\uDFFF escape without its pair?)"
+                )
+        elif isinstance(value, int) and not isinstance(value, bool):
             if not _INT_MIN <= value <= _INT_MAX:
-                raise ConfigError(f"{where}: integer {short_repr(value)} does not fit in 64 bits")
+                raise ConfigError(
+                    f"{where(path)}: integer {short_repr(value)} does not fit in 64 bits"
+                )
         elif isinstance(value, dict):
             for key, item in value.items():
                 stack.append((key, depth + 1, path))
