@@ -677,7 +677,8 @@ class ConversationMemory:
     def _begin(self, counter: TokenCounter) -> tuple[_View, _SummaryState | None, int, int]:
         """What a window is built from, taken at one moment: view, summary, tokens."""
         with self._lock:
-            return self._view(), self._summary, self._history_tokens(counter), self._generation
+            tokens = self._history_tokens(counter)  # may run a counter: before the snapshot
+            return self._view(), self._summary, tokens, self._generation
 
     def _after_window(
         self,

@@ -894,6 +894,7 @@ def test_concurrent_adds_trims_removes_and_forks_keep_memory_and_sink_in_step(
         while not done.is_set():
             win = mem.context(policy)
             assert_window_valid(win, 3000)
+            assert {m.message_id for m in win.messages}.isdisjoint(win.dropped_ids)
             dropped.update(win.dropped_ids)
 
     def remover() -> None:
@@ -965,3 +966,74 @@ def test_concurrent_writers_on_a_persistent_bounded_manager_agent(tmp_path, busy
     # the store got the memory's messages in the memory's order (retention may differ by a
     # message or so at the old end: compare the newest hundred)
     assert stored[-100:] == in_memory[-100:]
+
+
+@pytest.mark.parametrize("meanwhile", ["add", "add_and_remove", "clear"])
+def test_trim_oldest_deletes_only_what_its_window_dropped_when_the_history_moved(
+    monkeypatch, meanwhile: str
+) -> None:
+    """Another writer acts between building a trim_oldest window and applying it."""
+    import marsys_mem.conversation as conversation
+
+    msgs = [Message.system("rules"), *(Message.user(f"m{i} " + "x" * 40) for i in range(20))]
+    mem = ConversationMemory(msgs)
+    late = Message.user("added while the window was built")
+    real_build = conversation._build
+
+    def build_then_other_writer(*args, **kwargs):
+        out = real_build(*args, **kwargs)
+        if meanwhile == "clear":
+            mem.clear()
+        else:
+            mem.add(late)
+        if meanwhile == "add_and_remove":
+            mem.remove(msgs[1].message_id, msgs[18].message_id)
+        return out
+
+    monkeypatch.setattr(conversation, "_build", build_then_other_writer)
+    win = mem.context(ContextPolicy(max_messages=6, strategy="trim_oldest"))
+    kept = [m.message_id for m in win.messages]
+    assert kept == [msgs[0].message_id] + [m.message_id for m in msgs[-5:]]
+    present = [m.message_id for m in mem.read()]
+    if meanwhile == "clear":
+        assert present == []
+        assert win.dropped_ids == ()
+    elif meanwhile == "add":
+        assert present == [*kept, late.message_id]
+        assert win.dropped_ids == tuple(m.message_id for m in msgs[1:-5])
+    else:  # msgs[18] went meanwhile; msgs[1] too, so this trim did not drop it again
+        assert present == [i for i in kept if i != msgs[18].message_id] + [late.message_id]
+        assert win.dropped_ids == tuple(m.message_id for m in msgs[2:-5])
+    assert mem.total_tokens == recount(mem)
+
+
+async def test_a_summariser_runs_without_the_lock_so_other_threads_keep_writing() -> None:
+    """A slow (LLM) summariser must not block other writers of the memory."""
+    mem = ConversationMemory(
+        [Message.system("rules"), *(Message.user(f"old {i}") for i in range(30))]
+    )
+    calls: list[int] = []
+
+    def summariser(messages: list[Message]) -> str:
+        calls.append(len(messages))
+        other = threading.Thread(target=mem.add, args=(Message.user("from another thread"),))
+        other.start()
+        other.join(10)
+        assert not other.is_alive(), "the add waited for the summariser: lock held"
+        return f"summary of {len(messages)}"
+
+    policy = ContextPolicy(max_messages=6, strategy="summarize", keep_recent=4)
+    win = mem.context(policy, summarizer=summariser)
+    assert win.summary is not None
+    assert win.summary.text.startswith("summary of")
+    assert len(mem) == 32  # the other thread's message arrived while summarising
+    assert mem.read()[-1].text == "from another thread"
+    calls_before = len(calls)
+
+    async def asummariser(messages: list[Message]) -> str:
+        return summariser(messages)
+
+    await mem.acontext(policy, summarizer=asummariser)  # the summary is extended, not redone
+    assert len(calls) == calls_before + 1
+    assert calls[-1] < 10
+    assert len(mem) == 33
