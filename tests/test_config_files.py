@@ -6,6 +6,9 @@ and through the CLI (`marsys-mem validate` / `run` exit 2 with one line).
 """
 
 import json
+import subprocess
+import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -297,3 +300,41 @@ def test_every_example_file_still_reads():
     assert len(files) >= 6
     for path in files:
         assert isinstance(load_file(path).data, dict)
+
+
+FALLBACK = """
+import sys, time
+sys.modules["yaml.cyaml"] = None  # as if PyYAML had been built without libyaml
+import yaml
+yaml.__with_libyaml__ = False
+from marsys_mem import config_files as cf
+from marsys_mem.exceptions import ConfigError
+assert cf._EVENT_PARSER is yaml.SafeLoader and cf._LoaderBase is yaml.SafeLoader
+CASES = [
+    (BOMB, "aliases are expanded"),
+    ("a: " + "[" * 100000 + "]" * 100000, "nested deeper"),
+    ("a: &a [*a]\\n", "recursive alias"),
+    ("a: 1\\na: 2\\n", "duplicate key"),
+    ("a: " + "9" * 5000, "64 bits"),
+]
+for text, says in CASES:
+    started = time.perf_counter()
+    try:
+        cf.parse_text(text, name="x.yaml")
+    except ConfigError as exc:
+        assert says in str(exc), str(exc)
+    else:
+        raise SystemExit("accepted: " + says)
+    assert time.perf_counter() - started < 1.0, says
+print(cf.parse_text("a: {<<: {b: 1}, c: [1, 2]}", name="x.yaml").data)
+"""
+
+
+def test_the_pure_python_parser_has_the_same_limits():
+    # PyYAML without libyaml: the same scan, PyYAML's own (recursive, but bounded) composer
+    script = FALLBACK.replace("BOMB", repr(laughs(9)))
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "{'a': {'b': 1, 'c': [1, 2]}}"
