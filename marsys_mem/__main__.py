@@ -497,7 +497,7 @@ def _report_error(exc: Exception, *, debug: bool) -> int:
         lines = str(exc).splitlines() or [""]
         for line in lines:  # a file's errors: one per line, each marked
             print(f"error: {line}", file=sys.stderr)
-        if len(lines) > 1 and isinstance(exc, ConfigError):
+        if len(lines) > 1 and isinstance(exc, ConfigError) and not lines[-1].startswith("..."):
             print(f"{len(lines)} errors", file=sys.stderr)
     else:
         print(

@@ -119,7 +119,10 @@ def format_path(parts: Iterable[PathPart]) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            out += f".{part}" if out else str(part)
+            text = str(part)
+            if len(text) > 60:  # a key can be anything: never repeat a huge one
+                text = short_repr(text, 60)
+            out += f".{text}" if out else text
     return out
 
 
@@ -330,11 +333,16 @@ def located_errors(
     prefix: Sequence[PathPart] = (),
     tags: Collection[str] = (),
     schema: _Schema | None = None,
+    limit: int | None = None,
 ) -> list[LocatedError]:
-    """Every error of ``exc``, each located at its own line (see :func:`locate_errors`)."""
+    """Every error of ``exc``, each located at its own line (see :func:`locate_errors`).
+
+    ``limit``: look at the first ``limit`` errors only (``exc.error_count()`` says how
+    many there are): a file with thousands of errors is reported quickly.
+    """
     items: list[tuple[list[PathPart], list[PathPart], str, str]] = []
     explained: set[tuple[tuple[PathPart, ...], str]] = set()
-    for err in exc.errors(include_url=False):
+    for err in exc.errors(include_url=False)[:limit]:
         loc = (*prefix, *err["loc"])
         data_path, shown = _resolve(data, loc, tags)
         msg = err["msg"]

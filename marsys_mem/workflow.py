@@ -179,15 +179,18 @@ def validate_config_file(path: str | Path) -> tuple[Literal["workflow", "config"
 
 @dataclass(frozen=True)
 class FileCheck:
-    """What :func:`check_file` found: the file's kind, its validated value, and warnings.
+    r"""What :func:`check_file` found: the file's kind, its validated value, and warnings.
 
     ``warnings`` are settings that are valid but probably not meant, one line each with
     the file and the line.
 
     Example:
-        >>> result = check_file("examples/policies/team.yaml")
-        >>> result.kind, result.warnings
-        ('config', [])
+        >>> import pathlib, tempfile
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "policy.yaml"
+        >>> _ = path.write_text("store: {backend: memory}\ndefaults: {retention: persistent}\n")
+        >>> result = check_file(path)
+        >>> result.kind, result.warnings[0].split(": ", 2)[1]
+        ('config', 'defaults.retention')
     """
 
     kind: Literal["workflow", "config"]

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
-from marsys_mem.config_files import read_text
+from marsys_mem.config_files import read_text, short_repr
 from marsys_mem.coordination.graph import BranchGraph
 from marsys_mem.coordination.transport import BranchError
 from marsys_mem.exceptions import ConfigError
@@ -90,7 +90,28 @@ def config_schema() -> dict[str, Any]:
     return MemoryConfig.model_json_schema()
 
 
+def _shown_path(path: Path) -> str:
+    """The path as text, its middle cut out when it is very long."""
+    text = str(path)
+    return text if len(text) <= 200 else f"{text[:120]}...{text[-60:]}"
+
+
+def _is_file(path: Path) -> bool:
+    """``path.is_file()``, false where the name cannot even be looked up (too long, ...)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def _read_text(path: Path, what: str) -> str:
+    try:
+        path.stat()
+    except FileNotFoundError:
+        pass  # read_text says so
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise WorkflowError(f"{_shown_path(path)}: cannot read the {what}: {reason}") from None
     try:
         return read_text(path, what=what)
     except ConfigError as exc:
@@ -122,6 +143,12 @@ def _raise_all(errors: Sequence[LocatedError | str], first_file: str | None = No
     raise WorkflowError("\n".join(lines))
 
 
+def _hidden(exc: ValidationError) -> list[str]:
+    """A note for the errors past the ones looked at."""
+    hidden = exc.error_count() - (_MAX_ERRORS + 1)
+    return [f"... and {hidden} more errors"] if hidden > 0 else []
+
+
 def _load_memory_config(path: Path, where: str) -> MemoryConfig:
     """A retention-policy file, validated with file/line/field errors (all of them)."""
     config, _, _ = _load_config_file(path, where)
@@ -129,8 +156,8 @@ def _load_memory_config(path: Path, where: str) -> MemoryConfig:
 
 
 def _load_config_file(path: Path, where: str) -> tuple[MemoryConfig, Any, SourceMap | None]:
-    if not path.is_file():
-        raise WorkflowError(f"{where}config file not found: {path}")
+    if not _is_file(path):
+        raise WorkflowError(f"{where}config file not found: {_shown_path(path)}")
     data, lines = _parse(path, "config file")
     config = _validate_config_data(data, lines, path)
     config._source = path.resolve()
@@ -146,7 +173,11 @@ def _validate_config_data(data: Any, lines: SourceMap | None, path: Path | None)
     try:
         return MemoryConfig.model_validate(data)
     except ValidationError as exc:
-        errors = located_errors(exc, data, lines, file=file, schema=config_schema())
+        errors: list[LocatedError | str] = []
+        errors += located_errors(
+            exc, data, lines, file=file, schema=config_schema(), limit=_MAX_ERRORS + 1
+        )
+        errors += _hidden(exc)
         _raise_all(errors, file)
         raise  # pragma: no cover - _raise_all raised
 
@@ -341,8 +372,8 @@ class _Checker:
                 raise _Failed(None)
             raise self.fail(
                 path,
-                f"unknown agent {name!r}{_suggest(name, self.agents)}; "
-                f"the workflow's agents are: {', '.join(self.agents) or 'none'}",
+                f"unknown agent {short_repr(name)}{_suggest(name[:100], self.agents)}; "
+                f"the workflow's agents are: {_listing(self.agents)}",
             )
         return name
 
@@ -363,8 +394,8 @@ class _Checker:
             known = self.graph.branches
             raise self.fail(
                 path,
-                f"unknown branch {name!r}{_suggest(name, known)}; "
-                f"branches at this step: {', '.join(known) or 'none'}",
+                f"unknown branch {short_repr(name)}{_suggest(name[:100], known)}; "
+                f"branches at this step: {_listing(known)}",
             )
         return name
 
@@ -389,7 +420,7 @@ class _Checker:
                 raise self.fail(
                     (*path, field_name),
                     f"agent {agent!r} is not on branch {explicit!r} "
-                    f"(its agents: {', '.join(g.agents(explicit)) or 'none'})",
+                    f"(its agents: {_listing(g.agents(explicit))})",
                 )
             return explicit
         for run_agent, run_branch in reversed(self.runs):
@@ -406,7 +437,7 @@ class _Checker:
             )
         raise self.fail(
             (*path, role),
-            f"agent {agent!r} is on branches {', '.join(active)}: "
+            f"agent {agent!r} is on branches {_listing(active)}: "
             f"say which with {'callee_branch' if role == 'callee' else 'branch'}:",
         )
 
@@ -487,7 +518,9 @@ class _Checker:
     ) -> None:
         outer = self.iteration
         inner = (*path, "steps")
-        templates = [((*inner, j), s, _template(s)) for j, s in enumerate(step.steps)]
+        templates: list[tuple[tuple[PathPart, ...], Any, Any]] = [
+            ((*inner, j), s, _template(s)) for j, s in enumerate(step.steps)
+        ]
         times, items = step.times, step.items
         try:
             for i in range(1, times + 1):
@@ -581,6 +614,14 @@ class _Checker:
             if branch is None:
                 raise _Failed(None)
         return p
+
+
+def _listing(names: Sequence[str], most: int = 10) -> str:
+    """``a, b, c`` (``none`` when empty), at most ``most`` names and then how many in all."""
+    if not names:
+        return "none"
+    shown = ", ".join(names[:most])
+    return shown if len(names) <= most else f"{shown}, ... ({len(names)} in all)"
 
 
 def _template(step: Any) -> tuple[dict[str, Any], list[str]] | None:
@@ -708,6 +749,8 @@ def _salvage(data: dict[Any, Any]) -> tuple[Workflow, bool, set[str], set[str]] 
             name = _agent_item(item)
             if isinstance(name, dict) and isinstance(name.get("name"), str):
                 bad_agents.add(name["name"])
+    if not any(isinstance(a, AgentSpec) for a in agents):
+        return None  # every step would name an unknown agent: nothing more to learn
     branches: list[Any] = []
     bad_branches: set[str] = set()
     for item in raw_branches:
@@ -779,7 +822,10 @@ def check_workflow_data(data: Any, lines: SourceMap | None, path: Path) -> Workf
         wf = Workflow.model_validate(data)
     except ValidationError as exc:
         errors: list[LocatedError | str] = []
-        errors += located_errors(exc, data, lines, file=file, tags=_TAGS, schema=workflow_schema())
+        errors += located_errors(
+            exc, data, lines, file=file, tags=_TAGS, schema=workflow_schema(), limit=_MAX_ERRORS + 1
+        )
+        errors += _hidden(exc)
         salvaged = _salvage(data)
         if salvaged is not None:
             partial, memory_ok, bad_agents, bad_branches = salvaged
@@ -828,8 +874,10 @@ def _check(
         ref = memory.config
         path = ref if ref.is_absolute() else workflow.base_dir / ref
         try:
-            if not path.is_file():
-                raise checker.fail(("memory", "config"), f"config file not found: {path}")
+            if not _is_file(path):
+                raise checker.fail(
+                    ("memory", "config"), f"config file not found: {_shown_path(path)}"
+                )
             config, cdata, clines = _load_config_file(path, "")
         except _Failed as failed:
             if failed.error is not None:
@@ -848,8 +896,9 @@ def _check(
                 errors.append(
                     checker.error(
                         ("memory", "agents", name),
-                        f"no agent {name!r} in this workflow{_suggest(name, checker.agents)}; "
-                        f"its policy would apply to no one (agents: {', '.join(checker.agents)})",
+                        f"no agent {short_repr(name)} in this workflow"
+                        f"{_suggest(name[:100], checker.agents)}; "
+                        f"its policy would apply to no one (agents: {_listing(checker.agents)})",
                     )
                 )
     if config is not None and explicit_store:
@@ -892,11 +941,12 @@ def _policy_warnings(
     out = []
     unlisted = [a for a in checker.agents if a not in config.agents]
     for name in config.agents:
-        hint = _suggest(name, unlisted) if name not in checker.agents else ""
+        hint = _suggest(name[:100], unlisted) if name not in checker.agents else ""
         if hint:
             where = locate(data, ("agents", name), lines, file=file)
             out.append(
-                f"{where}: no agent {name!r} in the workflow{hint}; that agent gets the defaults"
+                f"{where}: no agent {short_repr(name)} in the workflow{hint}; "
+                "that agent gets the defaults"
             )
     return out
 

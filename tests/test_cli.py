@@ -7,9 +7,12 @@ import subprocess
 import sys
 import textwrap
 import time
+import tomllib
 from pathlib import Path
 
+import jsonschema
 import pytest
+import yaml
 
 from marsys_mem.__main__ import build_demo_memory, main
 
@@ -270,10 +273,32 @@ def test_validate_bad_config_names_file_line_and_field(capsys, tmp_path):
 
 
 # ---------------------------------------------------------------------------- schema
+def _schema(capsys, *flags):
+    code, out, _ = run(capsys, "schema", *flags)
+    assert code == 0
+    schema = json.loads(out)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
+
+
+def _load(path: Path):
+    text = path.read_text()
+    if path.suffix == ".toml":
+        return tomllib.loads(text)
+    if path.suffix == ".json":
+        return json.loads(text)
+    return yaml.safe_load(text)
+
+
+def _messages(validator, data):
+    return [f"{list(e.absolute_path)}: {e.message[:120]}" for e in validator.iter_errors(data)]
+
+
 def test_schema_prints_the_config_json_schema(capsys):
     code, out, _ = run(capsys, "schema")
     assert code == 0
     schema = json.loads(out)
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     assert {"version", "store", "defaults", "agents"} <= set(schema["properties"])
 
 
@@ -282,6 +307,80 @@ def test_schema_workflow(capsys):
     assert code == 0
     schema = json.loads(out)
     assert {"memory", "transport", "agents", "branches", "steps"} <= set(schema["properties"])
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*")), ids=lambda p: p.name)
+def test_workflow_schema_accepts_every_bundled_workflow(capsys, path):
+    """It described steps as {kind: say, ...} only: 5, 16 and 5 errors on the examples."""
+    assert _messages(_schema(capsys, "--workflow"), _load(path)) == []
+
+
+@pytest.mark.parametrize("path", sorted(POLICIES.glob("*")), ids=lambda p: p.name)
+def test_config_schema_accepts_every_bundled_policy(capsys, path):
+    assert _messages(_schema(capsys), _load(path)) == []
+
+
+SHORT_FORMS = """
+memory:
+  store: {backend: sqlite, path: m.db}
+  defaults: {retention: persistent, ttl: 1d12h}
+  agents:
+    planner:
+      ttl: 3600
+      context: {max_tokens: 900, strategy: summarize, keep_recent: 4}
+      patterns: {rag: true, episodic: false, hierarchical: {k: 2}}
+transport: inprocess
+agents: [planner, {name: writer, system: You write.}]
+steps:
+  - {kind: say, agent: planner, text: hi}
+  - end_session
+  - end_session:
+  - end_session: {restart: true}
+  - ask: {agent: planner, question: q, expect: one string}
+  - repeat:
+      times: 2
+      steps:
+        - run: {agent: writer, steps: [{tool: {agent: writer, name: t, result: [1, {a: null}]}}]}
+"""
+
+
+def test_workflow_schema_accepts_every_short_form_the_loader_accepts(capsys, tmp_path):
+    path = write(tmp_path, SHORT_FORMS)
+    from marsys_mem.workflow import load_workflow
+
+    load_workflow(path)  # the loader accepts it...
+    assert _messages(_schema(capsys, "--workflow"), _load(path)) == []  # ...and so does the schema
+
+
+BAD_FOR_SCHEMA = [
+    ("agents: [a]\nsteps:\n  - say: {agent: a, txt: hi}\n", ["steps", 0]),
+    ("agents: [a]\nsteps:\n  - sya: {agent: a, text: hi}\n", ["steps", 0]),
+    ("agents: [a]\nsteps:\n  - {kind: say, agent: a, text: hi, pinned: maybe}\n", ["steps", 0]),
+    ("agents: [a]\nsteps:\n  - end_run\n", ["steps", 0]),
+    ("agents: [a]\nmemory: {defaults: {context: {stratgy: summarize}}}\n", ["memory"]),
+    ("agents: [a]\nmemory: {agents: {a: {context: {stratgy: x}}}}\n", ["memory"]),
+    ("agents: [a]\nmemory: {defaults: {ttl: soon}}\n", ["memory"]),
+    ("agents: []\n", ["agents"]),
+    ("agents: [a]\ntransport: {mqtt: {hots: x}}\n", ["transport"]),
+]
+
+
+@pytest.mark.parametrize(("text", "where"), BAD_FOR_SCHEMA)
+def test_workflow_schema_rejects_misspelled_files(capsys, tmp_path, text, where):
+    errors = list(_schema(capsys, "--workflow").iter_errors(yaml.safe_load(text)))
+    assert errors
+    assert [list(e.absolute_path)[: len(where)] for e in errors] == [where] * len(errors)
+
+
+def test_config_schema_rejects_misspelled_files(capsys):
+    validator = _schema(capsys)
+    for text in (
+        "version: 1\nagents: {r: {context: {stratgy: summarize}}}\n",
+        "version: 1\nagents: {r: {retentoin: session}}\n",
+        "version: 1\ndefaults: {ttl: 30 days}\n",
+        "version: 1\nstore: {backend: postgres}\n",
+    ):
+        assert _messages(validator, yaml.safe_load(text)), text
 
 
 # ---------------------------------------------------------------------------- inspect, search
