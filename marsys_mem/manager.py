@@ -554,13 +554,14 @@ class MemoryManager(Closing):
         """Remove what the policy no longer allows; ``extra``: messages about to arrive."""
         if policy.ttl is None and policy.max_stored_messages is None:
             return 0
-        ids = _over_retention(mem, policy, datetime.now(UTC), extra, headroom=headroom, ttl=ttl)
-        if ids:
-            sink, mem.sink = mem.sink, None  # the store already applied the same rule
-            try:
-                mem.remove(*ids)
-            finally:
-                mem.sink = sink
+        with mem.lock:  # one step for concurrent writers: no add slips past a detached sink
+            ids = _over_retention(mem, policy, datetime.now(UTC), extra, headroom=headroom, ttl=ttl)
+            if ids:
+                sink, mem.sink = mem.sink, None  # the store already applied the same rule
+                try:
+                    mem.remove(*ids)
+                finally:
+                    mem.sink = sink
         return len(ids)
 
     def apply_retention(self, agent: str | None = None) -> int:
