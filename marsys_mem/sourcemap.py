@@ -11,6 +11,11 @@ Paths are resolved against the data, so pydantic's union tags (``say`` for a ste
 short form ``- say: {agent: ..., text: ...}`` is addressed like the long form
 ``- {kind: say, agent: ..., text: ...}``.
 
+:func:`located_errors` gives every error of a validation, each at its own line. Given the
+model's JSON Schema it names an unknown field with the closest allowed one
+(``stratgy: unknown field (did you mean 'strategy'?)``, :func:`schema_fields`) and leaves
+out the "Field required" of the field that was misspelled.
+
 Files are read by :mod:`marsys_mem.config_files` (bounded size, nesting and YAML alias
 expansion; duplicate keys refused). JSON files are parsed with :mod:`json` (exact JSON
 errors, with line and column) and mapped with the YAML composer (JSON is YAML), so their

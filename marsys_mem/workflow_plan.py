@@ -126,9 +126,25 @@ def _parse(path: Path, what: str) -> tuple[Any, SourceMap]:
         raise WorkflowError(str(exc)) from None
 
 
-def _raise_all(errors: Sequence[LocatedError | str], first_file: str | None = None) -> None:
-    """One :class:`WorkflowError` with every error on its own line, in file order."""
-    if not errors:
+@dataclass(frozen=True)
+class _More:
+    """Errors left out of a report: ``count`` of them, or ``None``: checking stopped."""
+
+    count: int | None
+
+
+_Problem = LocatedError | str | _More
+"""A located error, a line from another report (a referenced config file), or a note."""
+
+
+def _raise_all(errors: Sequence[_Problem], first_file: str | None = None) -> None:
+    """One :class:`WorkflowError` with every error on its own line, in file order.
+
+    At most 50 are listed, then how many more there are.
+    """
+    notes = [e for e in errors if isinstance(e, _More)]
+    real = [e for e in errors if not isinstance(e, _More)]
+    if not real:
         return
 
     def order(e: LocatedError | str) -> tuple[int, int]:
@@ -136,17 +152,21 @@ def _raise_all(errors: Sequence[LocatedError | str], first_file: str | None = No
             return (2, 0)
         return (0 if e.where.file == first_file else 1, e.where.line or 0)
 
-    ordered = sorted(errors, key=order)
+    ordered = sorted(real, key=order)
     lines = [str(e) for e in ordered[:_MAX_ERRORS]]
-    if len(ordered) > _MAX_ERRORS:
-        lines.append(f"... and {len(ordered) - _MAX_ERRORS} more errors")
+    more = len(ordered) - len(lines) + sum(n.count or 0 for n in notes)
+    stopped = any(n.count is None for n in notes)
+    if stopped:
+        lines.append(f"... and more: checking stopped after {len(ordered) + more} errors")
+    elif more:
+        lines.append(f"... and {more} more error{'s' if more > 1 else ''}")
     raise WorkflowError("\n".join(lines))
 
 
-def _hidden(exc: ValidationError) -> list[str]:
+def _hidden(exc: ValidationError) -> list[_More]:
     """A note for the errors past the ones looked at."""
     hidden = exc.error_count() - (_MAX_ERRORS + 1)
-    return [f"... and {hidden} more errors"] if hidden > 0 else []
+    return [_More(hidden)] if hidden > 0 else []
 
 
 def _load_memory_config(path: Path, where: str) -> MemoryConfig:
@@ -173,7 +193,7 @@ def _validate_config_data(data: Any, lines: SourceMap | None, path: Path | None)
     try:
         return MemoryConfig.model_validate(data)
     except ValidationError as exc:
-        errors: list[LocatedError | str] = []
+        errors: list[_Problem] = []
         errors += located_errors(
             exc, data, lines, file=file, schema=config_schema(), limit=_MAX_ERRORS + 1
         )
@@ -629,11 +649,17 @@ def _template(step: Any) -> tuple[dict[str, Any], list[str]] | None:
 
     ``None``: nothing to substitute, the step is reused as it is.
     """
-    if isinstance(step, _Invalid) or step.kind == "repeat":
-        return None  # a nested repeat substitutes its own values
+    if isinstance(step, _Invalid) or step.kind == "repeat" or _holds_invalid(step):
+        return None  # a nested repeat substitutes its own values; a broken block is reported
     data: dict[str, Any] = step.model_dump(mode="python")
     keys = [k for k, v in data.items() if _has_placeholder(v)]
     return (data, keys) if keys else None
+
+
+def _holds_invalid(step: Any) -> bool:
+    """A block salvaged from an invalid file, with an invalid step somewhere inside."""
+    inner = getattr(step, "steps", None) or ()
+    return any(isinstance(s, _Invalid) or _holds_invalid(s) for s in inner)
 
 
 def _has_placeholder(value: Any) -> bool:
@@ -794,7 +820,8 @@ def _salvage_steps(raw: list[Any], depth: int) -> list[Any]:
             shell = {**norm, "steps": [] if norm["kind"] == "run" else ["end_session"]}
             try:
                 valid = _STEP_ADAPTER.validate_python(shell)
-                block = valid.model_copy(update={"steps": inner}) if inner else block
+                if inner or norm["kind"] == "run":  # a repeat needs a step to repeat
+                    block = valid.model_copy(update={"steps": inner})
             except ValidationError:
                 block.children = inner
         out.append(block)
@@ -821,7 +848,7 @@ def check_workflow_data(data: Any, lines: SourceMap | None, path: Path) -> Workf
     try:
         wf = Workflow.model_validate(data)
     except ValidationError as exc:
-        errors: list[LocatedError | str] = []
+        errors: list[_Problem] = []
         errors += located_errors(
             exc, data, lines, file=file, tags=_TAGS, schema=workflow_schema(), limit=_MAX_ERRORS + 1
         )
@@ -854,10 +881,10 @@ def _check(
     memory_ok: bool = True,
     bad_agents: Collection[str] = (),
     bad_branches: Collection[str] = (),
-) -> tuple[PreparedWorkflow | None, list[LocatedError | str]]:
+) -> tuple[PreparedWorkflow | None, list[_Problem]]:
     """Check everything; the plan when there is no error, and the errors."""
     checker = _Checker(workflow, bad_agents=bad_agents, bad_branches=bad_branches)
-    errors: list[LocatedError | str] = []
+    errors: list[_Problem] = []
     warnings: list[str] = []
     config: MemoryConfig | None = None
     explicit_store = False
@@ -920,7 +947,7 @@ def _check(
         else:
             plan = checker.plan(workflow.steps, ("steps",), False)
     except _TooMany:
-        errors.append(f"... stopped after {len(checker.errors)} errors")
+        errors.append(_More(None))
     errors = [*checker.errors, *errors]
     if errors or config is None:
         return None, errors

@@ -7,6 +7,7 @@ names and step kinds got a "did you mean", a misspelled agent under ``memory.age
 passed, and ``persistent`` retention with the in-memory store passed without a word.
 """
 
+import logging
 import re
 import textwrap
 import time
@@ -414,3 +415,30 @@ def test_every_example_is_valid_without_warnings(path):
 def test_errors_are_library_errors():
     assert issubclass(WorkflowError, MarsysMemError)
     assert issubclass(WorkflowError, ValueError)
+
+
+def test_running_warns_through_the_log_unless_a_store_folder_is_given(tmp_path, caplog):
+    from marsys_mem.workflow import run_workflow
+
+    path = write(
+        tmp_path,
+        """
+        memory:
+          store: {backend: memory}
+          defaults: {retention: persistent}
+        agents: [a]
+        steps:
+          - say: {agent: a, text: hi}
+        """,
+    )
+    with caplog.at_level(logging.WARNING, logger="marsys_mem.workflow"):
+        run_workflow(path)
+    assert [r.getMessage() for r in caplog.records if "in-memory store" in r.getMessage()] == [
+        f"{path}:3: memory.defaults.retention: 'persistent' with the in-memory store "
+        "(store.backend 'memory') keeps nothing once the process ends; use store: "
+        "{backend: sqlite, path: ...}"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="marsys_mem.workflow"):
+        run_workflow(path, store_dir=tmp_path / "store")  # SQLite there: it persists
+    assert not [r for r in caplog.records if "in-memory store" in r.getMessage()]
