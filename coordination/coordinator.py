@@ -16,6 +16,20 @@ Guarantees:
   arrive; a gap that stays open ``gap_timeout`` seconds is skipped (counted in
   ``stats["gaps"]``), and the skipped envelopes are still delivered if they turn up later.
   A coordinator's first envelope from a sender starts that sender's sequence.
+* **Nothing acknowledged lost, even by a crashing broker.** A broker killed mid-stream
+  loses what it had acknowledged but not yet saved or forwarded. Each coordinator keeps
+  its last ``max_outbox`` envelopes and publishes its high-water mark (last ``seq`` sent)
+  on the namespace's control topic every ``heartbeat`` seconds while it shares (backing
+  off to 30 s when idle); a receiver that sees a gap, or a mark past what it received,
+  asks the sender for the missing envelopes every ``resend_after`` seconds until they
+  arrive (see :mod:`~marsys_mem.coordination.repair`).
+* **Restarts.** Every coordinator start draws a new ``epoch``; sequences are per
+  ``(sender_id, epoch)``, so a coordinator restarted with the same ``sender_id`` is heard
+  again (its new ``seq`` 1 is not a duplicate of the old one).
+* **Bounded.** What strangers publish cannot grow this process without bound: route
+  caches do not grow with unknown branch names; buffered envelopes, senders tracked and
+  remembered ``seq`` ranges have limits, and what is dropped to keep them is counted
+  (``stats["evicted"]``, ``stats["forgotten"]``).
 * **Late joiners.** Each coordinator keeps a bounded log of the envelopes of its namespace;
   agents added to the graph later (:meth:`Coordinator.join`, forks, new branches) receive
   the facts already in their scope.
@@ -44,6 +58,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -55,15 +70,19 @@ from pydantic_core import to_json
 
 from marsys_mem.conversation import ConversationMemory
 from marsys_mem.coordination.envelope import (
+    CONTROL_ADAPTER,
     FactCallback,
     FactDelivery,
     FactEnvelope,
+    HighWaterMark,
     MergeResult,
+    ResendRequest,
     inbox_key,
 )
 from marsys_mem.coordination.graph import BranchGraph, BranchInfo, GraphChange, MergeStrategy
 from marsys_mem.coordination.merging import merge_memories
 from marsys_mem.coordination.ordering import SenderOrdering
+from marsys_mem.coordination.repair import Outbox, heartbeats
 from marsys_mem.coordination.transport import (
     DEFAULT_MAX_PAYLOAD,
     BranchError,
@@ -72,6 +91,7 @@ from marsys_mem.coordination.transport import (
     Transport,
     TransportError,
     UnknownBranchError,
+    control_topic,
     fact_topic,
     facts_filter,
     parse_fact_topic,
@@ -99,7 +119,17 @@ _STAT_KEYS = (
     "oversized",
     "gaps",
     "errors",
+    "control",
 )
+_HEARTBEAT_MAX = 30.0  # seconds between high-water marks when idle
+_last_epoch = 0
+
+
+def _new_epoch() -> int:
+    """A number for this coordinator start: microseconds since 1970, unique in the process."""
+    global _last_epoch
+    _last_epoch = max(time.time_ns() // 1000, _last_epoch + 1)
+    return _last_epoch
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +177,10 @@ class Coordinator(AsyncClosing):
         max_log: envelopes kept for late joiners and merges.
         gap_timeout: seconds an ordering gap may stay open before it is skipped.
         max_pending: most early envelopes buffered per sender before a gap is skipped.
+        resend_after: seconds a gap stays open before the sender is asked to send it
+            again, and between asks.
+        heartbeat: seconds between high-water marks while sharing (30 s when idle).
+        max_outbox: envelopes this coordinator keeps to send again on request.
 
     Example:
         >>> import asyncio
@@ -176,11 +210,16 @@ class Coordinator(AsyncClosing):
         max_log: int = 10_000,
         gap_timeout: float = 10.0,
         max_pending: int = 10_000,
+        resend_after: float = 0.25,
+        heartbeat: float = 0.5,
+        max_outbox: int = 10_000,
     ) -> None:
         if not isinstance(graph, BranchGraph):
             raise TypeError(f"graph must be a BranchGraph, got {type(graph).__name__}")
-        if max_payload < 1 or max_log < 1 or max_pending < 1 or gap_timeout <= 0:
-            raise ValueError("max_payload, max_log, max_pending and gap_timeout must be > 0")
+        if min(max_payload, max_log, max_pending, max_outbox) < 1:
+            raise ValueError("max_payload, max_log, max_pending and max_outbox must be >= 1")
+        if min(gap_timeout, resend_after, heartbeat) <= 0:
+            raise ValueError("gap_timeout, resend_after and heartbeat must be > 0")
         if transport is None:
             transport = InProcessTransport(
                 namespace=namespace or "default", max_payload=max_payload
@@ -203,6 +242,8 @@ class Coordinator(AsyncClosing):
         self.pool = pool
         self.max_payload = min(max_payload, transport.max_payload)
         self.sender_id = sender_id or f"coord-{uuid.uuid4().hex}"
+        self.epoch = _new_epoch()  # this start's sequence: (sender_id, epoch, seq) is unique
+        self.heartbeat = heartbeat
         # How every envelope this coordinator sends begins (field order is the model's):
         # our own facts echoed back by the broker (MQTT 3.1.1 has no "no local") are
         # dropped on this prefix, before the JSON is parsed.
@@ -214,14 +255,23 @@ class Coordinator(AsyncClosing):
         self.error: BaseException | None = None  # why receiving stopped, if it did
         self._stats = dict.fromkeys(_STAT_KEYS, 0)
         self._seq = 0
-        self._log: OrderedDict[tuple[str, int], FactEnvelope] = OrderedDict()
-        self._order: SenderOrdering[FactEnvelope] = SenderOrdering(
-            self._deliver, gap_timeout=gap_timeout, max_pending=max_pending
+        self._log: OrderedDict[tuple[str, int, int], FactEnvelope] = OrderedDict()
+        self._order: SenderOrdering[tuple[str, int], FactEnvelope] = SenderOrdering(
+            self._deliver,
+            gap_timeout=gap_timeout,
+            max_pending=max_pending,
+            request=self._ask_resend,
+            resend_after=resend_after,
         )
+        self._control_topic = control_topic(self.namespace)
+        self._outbox = Outbox(self.transport.publish, max_size=max_outbox, quiet=resend_after / 2)
+        self._asking: set[tuple[str, int]] = set()  # senders with a resend request in flight
+        self._control_tasks: set[asyncio.Task[None]] = set()
+        self._beat: asyncio.Task[None] | None = None
         self._callbacks: list[tuple[FactCallback, str | None, str | None]] = []
         self._callback_agents: set[str] | None = set()  # None: some callback takes every agent
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._targets_cache: dict[tuple[str, str], _Targets] = {}
+        self._targets_cache: dict[tuple[str | None, str], _Targets] = {}
         self._cache_version = -1
         self._entered = False
         self._receiver: asyncio.Task[None] | None = None
@@ -240,12 +290,23 @@ class Coordinator(AsyncClosing):
             raise
         try:
             await self.transport.subscribe(facts_filter(self.namespace))
+            await self.transport.subscribe(self._control_topic)
         except BaseException:
             self._entered = False
             await self.transport.__aexit__(None, None, None)
             raise
-        self._receiver = asyncio.get_running_loop().create_task(
+        loop = asyncio.get_running_loop()
+        self._receiver = loop.create_task(
             self._receive(self.transport.messages()), name=f"coordinator-{self.sender_id}"
+        )
+        self._beat = loop.create_task(
+            heartbeats(
+                lambda: self._seq,
+                self._send_mark,
+                interval=self.heartbeat,
+                max_interval=max(self.heartbeat, _HEARTBEAT_MAX),
+            ),
+            name=f"heartbeat-{self.sender_id}",
         )
         return self
 
@@ -260,6 +321,13 @@ class Coordinator(AsyncClosing):
             return
         self._entered = False
         receiver, self._receiver = self._receiver, None
+        beat, self._beat = self._beat, None
+        control = [beat, *self._control_tasks] if beat is not None else list(self._control_tasks)
+        for task in control:
+            task.cancel()
+        if control:
+            await asyncio.wait(control)
+        await self._outbox.close()
         try:
             await self.transport.__aexit__(None, None, None)
         finally:
@@ -295,10 +363,15 @@ class Coordinator(AsyncClosing):
     def stats(self) -> dict[str, int]:
         """Counters: received, delivered, duplicates, skipped, malformed, oversized, gaps, errors.
 
-        ``received``: payloads from the wire; ``delivered``: facts put in an agent's inbox;
-        ``duplicates``: envelopes seen before (dropped); ``skipped``: deliveries an inbox
-        refused (it had the fact, or the fact lost a conflict); ``gaps``: ordering gaps
-        skipped after ``gap_timeout``; ``errors``: failing callbacks. With a signing
+        ``received``: fact payloads from the wire; ``delivered``: facts put in an agent's
+        inbox; ``duplicates``: envelopes seen before (dropped); ``skipped``: deliveries an
+        inbox refused (it had the fact, or the fact lost a conflict); ``gaps``: ordering
+        gaps skipped after ``gap_timeout``; ``errors``: failing callbacks. Repair:
+        ``control``: control payloads received (high-water marks, resend requests);
+        ``resend_requests``: requests this coordinator made; ``resent``: envelopes it
+        published again for others. Bounds: ``evicted``: senders forgotten (over 10,000
+        tracked; their buffered envelopes are delivered first); ``forgotten``: remembered
+        ``seq`` ranges dropped (over 100,000). With a signing
         transport (``signing_key=``), ``unsigned`` and ``bad_signature`` count what it
         dropped before ``received`` (and ``oversized`` includes what it dropped unverified).
         """
@@ -307,6 +380,10 @@ class Coordinator(AsyncClosing):
             **self._stats,
             "duplicates": self._order.duplicates,
             "gaps": self._order.gaps,
+            "resend_requests": self._order.requests,
+            "resent": self._outbox.resent,
+            "evicted": self._order.evicted,
+            "forgotten": self._order.forgotten,
             "oversized": self._stats["oversized"] + rejected.get("oversized", 0),
             "unsigned": rejected.get("unsigned", 0),
             "bad_signature": rejected.get("bad_signature", 0),
@@ -391,7 +468,9 @@ class Coordinator(AsyncClosing):
         if graph.version != self._cache_version:
             self._targets_cache.clear()
             self._cache_version = graph.version
-        key = (branch, scope)
+        # a branch this process does not know routes like every other unknown one: one
+        # cache entry for all of them, however many names arrive from the wire
+        key = (branch if branch in graph else None, scope)
         targets = self._targets_cache.get(key)
         if targets is None:
             try:
@@ -425,7 +504,7 @@ class Coordinator(AsyncClosing):
 
     def _deliver(self, env: FactEnvelope) -> None:
         log_ = self._log
-        log_[(env.sender, env.seq)] = env
+        log_[(env.sender, env.epoch, env.seq)] = env
         if len(log_) > self.max_log:
             log_.popitem(last=False)
         self._deliver_to(env, self._targets(env.branch, env.scope))
@@ -444,7 +523,62 @@ class Coordinator(AsyncClosing):
     # ------------------------------------------------------------------ ordering
     def _accept(self, env: FactEnvelope) -> None:
         """Deliver ``env`` once, in its sender's order (buffering early arrivals)."""
-        self._order.accept(env.sender, env.seq, env)
+        self._order.accept((env.sender, env.epoch), env.seq, env)
+
+    # ------------------------------------------------------------------ repair
+    def _ask_resend(self, stream: tuple[str, int], ranges: list[tuple[int, int]]) -> None:
+        """Ask ``stream``'s sender to publish ``ranges`` again (one request in flight each)."""
+        if not self._entered or stream in self._asking:
+            return
+        sender, epoch = stream
+        try:
+            ask = ResendRequest(
+                namespace=self.namespace, sender=self.sender_id, to=sender, epoch=epoch,
+                ranges=ranges,
+            )
+        except ValueError:  # pragma: no cover - the ranges come from validated envelopes
+            log.exception("cannot ask %s to resend %s", sender, ranges[:3])
+            return
+        self._asking.add(stream)
+        task = asyncio.get_running_loop().create_task(self._publish_control(ask))
+        self._control_tasks.add(task)
+        task.add_done_callback(self._control_tasks.discard)
+        task.add_done_callback(lambda _t: self._asking.discard(stream))
+
+    async def _send_mark(self, seq: int) -> None:
+        mark = HighWaterMark(namespace=self.namespace, sender=self.sender_id, epoch=self.epoch,
+                             seq=seq)
+        await self.transport.publish(self._control_topic, mark.model_dump_json().encode())
+
+    async def _publish_control(self, message: ResendRequest) -> None:
+        try:
+            await self.transport.publish(self._control_topic, message.model_dump_json().encode())
+        except (TransportError, ValueError) as exc:
+            log.debug("publishing a resend request failed: %s", exc)
+
+    def _handle_control(self, payload: bytes) -> None:
+        """A high-water mark or a resend request from another coordinator. Never raises."""
+        stats = self._stats
+        stats["control"] += 1
+        if len(payload) > self.max_payload:
+            stats["oversized"] += 1
+            return
+        try:
+            message = CONTROL_ADAPTER.validate_json(payload)
+        except ValueError as exc:
+            stats["malformed"] += 1
+            log.warning("dropped a malformed control payload: %.200s", exc)
+            return
+        if message.namespace != self.namespace:
+            stats["malformed"] += 1
+            log.warning("dropped a control payload of namespace %.100r", message.namespace)
+            return
+        if message.sender == self.sender_id:
+            return  # our own (MQTT 3.1.1 echoes), or an earlier start of ours
+        if isinstance(message, HighWaterMark):
+            self._order.announce((message.sender, message.epoch), message.seq)
+        elif message.to == self.sender_id and message.epoch == self.epoch:
+            self._outbox.request(message.ranges)
 
     # ------------------------------------------------------------------ receiving
     async def _receive(self, messages: AsyncIterator[tuple[str, bytes]]) -> None:
@@ -462,6 +596,9 @@ class Coordinator(AsyncClosing):
 
     def _handle(self, topic: str, payload: bytes) -> None:
         """One payload from the wire: validate, dedupe, order, deliver. Never raises."""
+        if topic == self._control_topic:
+            self._handle_control(payload)
+            return
         stats = self._stats
         stats["received"] += 1
         if payload.startswith(self._echo_prefix):
@@ -508,6 +645,7 @@ class Coordinator(AsyncClosing):
         env = FactEnvelope(
             namespace=self.namespace,
             sender=self.sender_id,
+            epoch=self.epoch,
             seq=self._seq + 1,
             branch=branch,
             scope=scope,
@@ -531,7 +669,9 @@ class Coordinator(AsyncClosing):
     async def _send(self, env: FactEnvelope, payload: bytes) -> None:
         self._seq = env.seq
         self._accept(env)  # local agents get it now
-        await self.transport.publish(fact_topic(self.namespace, env.branch), payload)
+        topic = fact_topic(self.namespace, env.branch)
+        self._outbox.add(env.seq, topic, payload)  # kept to send again if a receiver asks
+        await self.transport.publish(topic, payload)
 
     async def share(
         self,

@@ -1,17 +1,37 @@
-"""Per-sender ordering: release sequenced items once each, in each sender's order.
+"""Per-sender ordering: release sequenced items once each, in each sender's order, and repair gaps.
 
-A transport may deliver out of order (a reconnect replays what was not acknowledged) and
-more than once (QoS 1). :class:`SenderOrdering` turns that into exactly-once, in-order
-delivery per sender, with bounded memory and without waiting forever:
+A transport may deliver out of order (a reconnect replays what was not acknowledged), more
+than once (QoS 1), and, when a broker crashes, not at all (what it had acknowledged but
+not yet saved or forwarded is gone). :class:`SenderOrdering` turns that into exactly-once,
+in-order delivery per sender, with bounded memory, without waiting forever, and with the
+help of the sender for what the broker lost:
 
 * An item whose ``seq`` is the next one expected from its sender is released at once,
   followed by any buffered items that now follow on.
-* An early item is buffered. A gap that stays open ``gap_timeout`` seconds (or a buffer
+* An early item is buffered: a gap is open. While it is open, every ``resend_after``
+  seconds the ``request`` callback asks the sender for the missing ``seq`` ranges (the
+  sender keeps what it sent). A gap that stays open ``gap_timeout`` seconds (or a buffer
   past ``max_pending`` items) is skipped: the buffered items are released, and the items
   of the gap are still released if they turn up later (``gaps`` counts the skips).
+* The end of a stream leaves no later item to reveal a loss: :meth:`SenderOrdering.announce`
+  takes a sender's *high-water mark* (the last ``seq`` it sent, published now and then);
+  a mark past what arrived opens a gap like an early item does.
 * A ``seq`` already released is a duplicate: dropped and counted in ``duplicates``.
-* The first item seen from a sender starts its sequence; items numbered before it (sent
-  before this receiver started listening) are released once each as they come.
+* The first item (or mark) seen from a sender starts its sequence; items numbered before
+  it (sent before this receiver started listening) are released once each as they come.
+  A mark lower than that start shows what was sent while this receiver was listening:
+  those are asked for too.
+
+A *sender* is any hashable key: the coordinator uses ``(sender id, epoch)``, so a
+restarted sender (a new epoch) starts a new sequence.
+
+Memory is bounded whatever arrives: at most ``max_senders`` senders (the least recently
+heard from is forgotten first, its buffer released; counted in ``evicted``), at most
+``max_pending`` buffered items per sender and ``max_buffered`` in all, and the ``seq``
+numbers remembered below the current position (skipped gaps, items from before the
+start) are kept as ranges, at most ``max_remembered`` ranges in all (beyond that the
+oldest are forgotten and counted in ``forgotten``: a late item in a forgotten skipped
+range is then taken for a duplicate).
 
 Timers need a running event loop; everything else is plain synchronous code, called from
 the loop that receives the items.
@@ -21,8 +41,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -30,24 +51,130 @@ __all__ = ["SenderOrdering"]
 
 log = logging.getLogger("marsys_mem.coordination")
 
+K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
 
-_MAX_REMEMBERED = 100_000  # most skipped / pre-start seqs remembered per sender
+_MAX_RANGES = 4_096  # most remembered ranges per sender, per kind (skipped / pre-start)
+_MAX_REQUEST = 64  # most seq ranges in one resend request
 
 
-@dataclass
-class _Sender(Generic[T]):
-    """Ordering state of one sender: next expected seq, early arrivals, skipped seqs."""
+class _SeqRanges:
+    """A set of ints kept as sorted, disjoint, non-touching half-open ranges ``[start, end)``.
 
+    Memory follows the number of ranges, not of ints: a skipped gap of a million ``seq``
+    numbers is one range.
+    """
+
+    __slots__ = ("ends", "starts")
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+
+    def __len__(self) -> int:
+        """The number of ranges."""
+        return len(self.starts)
+
+    def __contains__(self, x: object) -> bool:
+        if not isinstance(x, int):
+            return False
+        i = bisect_right(self.starts, x) - 1
+        return i >= 0 and x < self.ends[i]
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return zip(self.starts, self.ends, strict=True)
+
+    def add(self, start: int, end: int) -> None:
+        """Add ``[start, end)``, merging with the ranges it overlaps or touches."""
+        if start >= end:
+            return
+        starts, ends = self.starts, self.ends
+        i = bisect_left(ends, start)  # first range ending at or after start
+        j = bisect_right(starts, end)  # first range starting after end
+        if i < j:
+            start = min(start, starts[i])
+            end = max(end, ends[j - 1])
+        starts[i:j] = [start]
+        ends[i:j] = [end]
+
+    def remove(self, start: int, end: int) -> None:
+        """Remove ``[start, end)`` (splitting a range it falls inside)."""
+        starts, ends = self.starts, self.ends
+        i = bisect_right(ends, start)  # first range ending after start
+        j = bisect_left(starts, end)  # first range starting at or after end
+        if i >= j:
+            return
+        new_starts, new_ends = [], []
+        if starts[i] < start:
+            new_starts.append(starts[i])
+            new_ends.append(start)
+        if ends[j - 1] > end:
+            new_starts.append(end)
+            new_ends.append(ends[j - 1])
+        starts[i:j] = new_starts
+        ends[i:j] = new_ends
+
+    def discard(self, x: int) -> bool:
+        """Remove ``x``; True if it was there."""
+        if x not in self:
+            return False
+        self.remove(x, x + 1)
+        return True
+
+    def complement(self, start: int, end: int) -> list[tuple[int, int]]:
+        """The ranges of ``[start, end)`` that are not in the set."""
+        out: list[tuple[int, int]] = []
+        starts, ends = self.starts, self.ends
+        cur = start
+        i = bisect_right(ends, start)
+        while i < len(starts) and starts[i] < end:
+            if starts[i] > cur:
+                out.append((cur, starts[i]))
+            cur = max(cur, ends[i])
+            i += 1
+        if cur < end:
+            out.append((cur, end))
+        return out
+
+    def pop_first(self) -> None:
+        """Forget the lowest range."""
+        del self.starts[0]
+        del self.ends[0]
+
+
+@dataclass(slots=True, eq=False)
+class _Stream(Generic[K, T]):
+    """Ordering state of one sender.
+
+    ``expected``: the next ``seq`` to release in order; ``base``: where this receiver's
+    view of the sequence starts (lower ``seq`` numbers are pre-start); ``high``: the
+    highest ``seq`` the sender announced; ``buffer``: early items; ``missing``: skipped
+    or announced ``seq`` numbers in ``[base, expected)`` that never arrived (released if
+    they do); ``pre_seen``: pre-start ``seq`` numbers already released; ``gap_since``:
+    when the open gap opened (loop time); ``repair_until``: ``missing`` is asked for
+    until then.
+    """
+
+    key: K
     expected: int
     base: int
+    high: int
     buffer: dict[int, T] = field(default_factory=dict)
-    missing: set[int] = field(default_factory=set)
-    pre_seen: set[int] = field(default_factory=set)
+    missing: _SeqRanges = field(default_factory=_SeqRanges)
+    pre_seen: _SeqRanges = field(default_factory=_SeqRanges)
     timer: asyncio.TimerHandle | None = None
+    gap_since: float | None = None
+    repair_until: float = 0.0
 
 
-class SenderOrdering(Generic[T]):
+def _loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:  # no loop (e.g. a doctest): gaps wait for max_pending
+        return None
+
+
+class SenderOrdering(Generic[K, T]):
     """Releases ``(sender, seq, item)`` triples exactly once each, in each sender's order.
 
     Args:
@@ -56,8 +183,16 @@ class SenderOrdering(Generic[T]):
         gap_timeout: seconds a gap in a sender's sequence may stay open before the items
             after it are released anyway.
         max_pending: most early items buffered per sender before its gap is skipped.
-        max_senders: most senders tracked at once (the least recently started is
+        max_senders: most senders tracked at once (the least recently heard from is
             forgotten first).
+        request: called with ``(sender, [(first, last), ...])`` (inclusive ``seq`` ranges,
+            at most 64) to ask a sender to send again what did not arrive; ``None``: no
+            repair, gaps only wait for ``gap_timeout``. Must not raise.
+        resend_after: seconds a gap stays open before it is asked for, and between asks.
+        max_buffered: most early items buffered over all senders (default
+            ``4 * max_pending``); past it, the gap of the sender that overflowed is skipped.
+        max_remembered: most ranges of skipped and pre-start ``seq`` numbers remembered
+            over all senders (4,096 per sender and kind at most).
 
     Example:
         >>> out = []
@@ -77,92 +212,266 @@ class SenderOrdering(Generic[T]):
         gap_timeout: float,
         max_pending: int,
         max_senders: int = 10_000,
+        request: Callable[[K, list[tuple[int, int]]], None] | None = None,
+        resend_after: float = 0.25,
+        max_buffered: int | None = None,
+        max_remembered: int = 100_000,
     ) -> None:
+        if gap_timeout <= 0 or resend_after <= 0:
+            raise ValueError("gap_timeout and resend_after must be > 0")
+        if max_pending < 1 or max_senders < 1 or max_remembered < 1:
+            raise ValueError("max_pending, max_senders and max_remembered must be >= 1")
         self._release = release
+        self._request = request
         self.gap_timeout = gap_timeout
+        self.resend_after = resend_after
         self.max_pending = max_pending
         self.max_senders = max_senders
-        self.duplicates = 0
-        self.gaps = 0
-        self._senders: OrderedDict[str, _Sender[T]] = OrderedDict()
+        self.max_buffered = max(max_pending, max_buffered or 4 * max_pending)
+        self.max_remembered = max_remembered
+        self.duplicates = 0  # items dropped: released before
+        self.gaps = 0  # gaps skipped (after gap_timeout or past a buffer limit)
+        self.late = 0  # items released after their gap was skipped
+        self.requests = 0  # resend requests made
+        self.forgotten = 0  # remembered ranges dropped to stay within max_remembered
+        self.evicted = 0  # senders forgotten to stay within max_senders
+        self._buffered = 0
+        self._remembered = 0
+        self._senders: OrderedDict[K, _Stream[K, T]] = OrderedDict()
 
-    def accept(self, sender: str, seq: int, item: T) -> None:
+    @property
+    def buffered(self) -> int:
+        """Early items waiting for a gap to close, over all senders."""
+        return self._buffered
+
+    @property
+    def remembered(self) -> int:
+        """Ranges of skipped and pre-start ``seq`` numbers remembered, over all senders."""
+        return self._remembered
+
+    def __len__(self) -> int:
+        """The number of senders tracked."""
+        return len(self._senders)
+
+    # ------------------------------------------------------------------ receiving
+    def accept(self, sender: K, seq: int, item: T) -> None:
         """Release ``item`` now, later (after the items before it), or never (a duplicate)."""
-        state = self._senders.get(sender)
+        senders = self._senders
+        state = senders.get(sender)
         if state is None:
-            state = self._senders[sender] = _Sender(expected=seq, base=seq)
-            if len(self._senders) > self.max_senders:
-                _, old = self._senders.popitem(last=False)
-                if old.timer is not None:
-                    old.timer.cancel()
-        if seq == state.expected:
+            state = self._start(sender, seq)
+        else:
+            senders.move_to_end(sender)
+        expected = state.expected
+        if seq == expected:
             self._release(item)
-            state.expected += 1
+            state.expected = expected + 1
             if state.buffer:
                 self._drain(state)
+            if state.gap_since is not None:
+                self._update(state)
             return
-        if seq < state.expected:
-            if seq in state.missing:
-                state.missing.discard(seq)
-                self._release(item)  # late, after its gap was skipped
-            elif seq < state.base and seq not in state.pre_seen:
-                if len(state.pre_seen) < _MAX_REMEMBERED:
-                    state.pre_seen.add(seq)
-                self._release(item)  # sent before the first one this receiver saw
-            else:
+        if seq < expected:
+            if seq >= state.base:
+                if self._take(state.missing, seq):
+                    self.late += 1
+                    self._release(item)  # late, after its gap was skipped
+                else:
+                    self.duplicates += 1
+            elif seq in state.pre_seen:
                 self.duplicates += 1
+            else:
+                self._remember(state.pre_seen, seq, seq + 1)
+                self._release(item)  # sent before the first one this receiver saw
             return
-        if seq in state.buffer:
+        buffer = state.buffer
+        if seq in buffer:
             self.duplicates += 1
             return
-        state.buffer[seq] = item
-        if len(state.buffer) > self.max_pending:
-            self._skip_gap(sender)
-        elif state.timer is None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # no loop (e.g. a doctest): the gap waits for max_pending
-                return
-            state.timer = loop.call_later(self.gap_timeout, self._skip_gap, sender)
+        buffer[seq] = item
+        self._buffered += 1
+        if len(buffer) > self.max_pending or self._buffered > self.max_buffered:
+            self._skip_gap(state)
+        elif state.timer is None or state.gap_since is None:
+            self._update(state)
 
-    def _drain(self, state: _Sender[T]) -> None:
-        buffer = state.buffer
-        while state.expected in buffer:
-            self._release(buffer.pop(state.expected))
-            state.expected += 1
-        if not buffer and state.timer is not None:
-            state.timer.cancel()
-            state.timer = None
-
-    def _skip_gap(self, sender: str) -> None:
-        state = self._senders.get(sender)
+    def announce(self, sender: K, last: int) -> None:
+        """``sender`` says it has sent every ``seq`` up to ``last``: ask for what is missing."""
+        senders = self._senders
+        state = senders.get(sender)
         if state is None:
+            self._start(sender, last + 1)  # what comes next is this receiver's to get
             return
+        senders.move_to_end(sender)
+        if last + 1 < state.base:
+            self._lower_base(state, last + 1)
+        if last > state.high:
+            state.high = last
+            if last >= state.expected:
+                self._update(state)
+
+    # ------------------------------------------------------------------ state
+    def _start(self, sender: K, seq: int) -> _Stream[K, T]:
+        state: _Stream[K, T] = _Stream(sender, expected=seq, base=seq, high=seq - 1)
+        senders = self._senders
+        senders[sender] = state
+        if len(senders) > self.max_senders:
+            _, old = senders.popitem(last=False)
+            self._evict(old)
+        return state
+
+    def _evict(self, state: _Stream[K, T]) -> None:
+        """Forget a sender: its buffered items are released first (nothing is dropped)."""
+        self.evicted += 1
         if state.timer is not None:
             state.timer.cancel()
             state.timer = None
-        if not state.buffer:
+        buffer = state.buffer
+        if buffer:
+            self.gaps += 1
+            log.warning("forgetting sender %r (over max_senders): releasing %d early items",
+                        state.key, len(buffer))
+            for seq in sorted(buffer):
+                self._release(buffer[seq])
+            self._buffered -= len(buffer)
+            buffer.clear()
+        self._remembered -= len(state.missing) + len(state.pre_seen)
+
+    def _remember(self, ranges: _SeqRanges, start: int, end: int) -> None:
+        before = len(ranges)
+        ranges.add(start, end)
+        self._remembered += len(ranges) - before
+        self._trim(ranges)
+
+    def _take(self, ranges: _SeqRanges, seq: int) -> bool:
+        before = len(ranges)
+        if not ranges.discard(seq):
+            return False
+        self._remembered += len(ranges) - before
+        self._trim(ranges)
+        return True
+
+    def _trim(self, ranges: _SeqRanges) -> None:
+        while ranges and (len(ranges) > _MAX_RANGES or self._remembered > self.max_remembered):
+            ranges.pop_first()
+            self._remembered -= 1
+            self.forgotten += 1
+
+    def _lower_base(self, state: _Stream[K, T], base: int) -> None:
+        """The sequence started before this receiver's first item: ask for that part too."""
+        old = state.base
+        wanted = state.pre_seen.complement(base, old)
+        before = len(state.pre_seen)
+        state.pre_seen.remove(base, old)  # now below ``expected``, not missing: released
+        self._remembered += len(state.pre_seen) - before
+        state.base = base
+        for start, end in wanted:
+            self._remember(state.missing, start, end)
+        loop = _loop()
+        if wanted and loop is not None and self._request is not None:
+            state.repair_until = loop.time() + self.gap_timeout
+            self._schedule(state, loop)
+
+    def _drain(self, state: _Stream[K, T]) -> None:
+        buffer = state.buffer
+        expected = state.expected
+        start = expected
+        while expected in buffer:
+            self._release(buffer.pop(expected))
+            expected += 1
+        state.expected = expected
+        self._buffered -= expected - start
+
+    def _gap_open(self, state: _Stream[K, T]) -> bool:
+        return bool(state.buffer) or state.high >= state.expected
+
+    def _update(self, state: _Stream[K, T]) -> None:
+        """Note whether a gap is open now; keep its timer running while one is."""
+        if not self._gap_open(state):
+            state.gap_since = None  # a timer left running finds nothing to do
             return
-        first = min(state.buffer)
-        if first - state.expected <= _MAX_REMEMBERED:
-            state.missing.update(range(state.expected, first))
-        self.gaps += 1
-        log.warning(
-            "facts %d..%d from %s did not arrive within %.1fs: delivering the later ones",
-            state.expected,
-            first - 1,
-            sender,
-            self.gap_timeout,
-        )
+        loop = _loop()
+        if loop is None:
+            return
+        if state.gap_since is None:
+            state.gap_since = loop.time()
+        self._schedule(state, loop)
+
+    def _schedule(self, state: _Stream[K, T], loop: asyncio.AbstractEventLoop) -> None:
+        if state.timer is not None:
+            return
+        now = loop.time()
+        delay: float | None = None
+        if state.gap_since is not None:
+            delay = max(0.0, state.gap_since + self.gap_timeout - now)
+            if self._request is not None:
+                delay = min(delay, self.resend_after)
+        elif self._request is not None and state.missing and now < state.repair_until:
+            delay = self.resend_after
+        if delay is not None:
+            state.timer = loop.call_later(delay, self._tick, state)
+
+    def _tick(self, state: _Stream[K, T]) -> None:
+        state.timer = None
+        if self._senders.get(state.key) is not state:
+            return  # forgotten meanwhile
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if state.gap_since is not None and now >= state.gap_since + self.gap_timeout:
+            self._skip_gap(state)
+        if self._request is not None:
+            wanted = self._wanted(state, now)
+            if wanted:
+                self.requests += 1
+                self._request(state.key, wanted)
+        if state.timer is None:
+            self._schedule(state, loop)
+
+    def _wanted(self, state: _Stream[K, T], now: float) -> list[tuple[int, int]]:
+        """The ``seq`` ranges (inclusive) of the open gap, and of ``missing`` while repairing."""
+        out: list[tuple[int, int]] = []
+        if state.gap_since is not None:
+            nxt = state.expected
+            for seq in sorted(state.buffer):
+                if seq > nxt:
+                    out.append((nxt, seq - 1))
+                    if len(out) == _MAX_REQUEST:
+                        return out
+                nxt = seq + 1
+            if state.high >= nxt:
+                out.append((nxt, state.high))
+        if state.missing and now < state.repair_until:
+            for start, end in state.missing:
+                if len(out) == _MAX_REQUEST:
+                    break
+                out.append((start, end - 1))
+        return out
+
+    def _skip_gap(self, state: _Stream[K, T]) -> None:
+        """Give up on the open gap: release what follows it, remember it as missing."""
+        if state.buffer:
+            first = min(state.buffer)
+        elif state.high >= state.expected:
+            first = state.high + 1
+        else:
+            return
+        gap = (state.expected, first - 1)
+        self._remember(state.missing, state.expected, first)
         state.expected = first
         self._drain(state)
-        if state.buffer and state.timer is None:
-            state.timer = asyncio.get_running_loop().call_later(
-                self.gap_timeout, self._skip_gap, sender
-            )
+        self.gaps += 1
+        log.warning(
+            "facts %d..%d from %r did not arrive within %.1fs: delivering the later ones",
+            gap[0],
+            gap[1],
+            state.key,
+            self.gap_timeout,
+        )
+        state.gap_since = None
+        self._update(state)  # a further gap gets its own gap_timeout
 
     def close(self) -> None:
-        """Cancel the gap timers (buffered items stay buffered)."""
+        """Cancel the timers (buffered items stay buffered)."""
         for state in self._senders.values():
             if state.timer is not None:
                 state.timer.cancel()

@@ -2,9 +2,10 @@
 
 A transport moves opaque payloads (bytes) between coordinators on MQTT-style topics. Fact
 topics are ``marsys/<namespace>/branch/<branch>/facts`` (:func:`fact_topic`); a coordinator
-subscribes to ``marsys/<namespace>/branch/+/facts`` (:func:`facts_filter`). Every transport
-is bound to one namespace and refuses topics outside ``marsys/<namespace>/``, so no payload
-crosses namespaces.
+subscribes to ``marsys/<namespace>/branch/+/facts`` (:func:`facts_filter`) and to
+``marsys/<namespace>/control`` (:func:`control_topic`: high-water marks, resend requests).
+Every transport is bound to one namespace and refuses topics outside ``marsys/<namespace>/``,
+so no payload crosses namespaces.
 
 :class:`InProcessTransport` talks to an :class:`InProcessBroker` (one per process by default)
 with asyncio queues. It mirrors what the MQTT transport guarantees with QoS 1 and a persistent
@@ -52,6 +53,7 @@ __all__ = [
     "Transport",
     "TransportError",
     "UnknownBranchError",
+    "control_topic",
     "fact_topic",
     "facts_filter",
     "namespace_prefix",
@@ -133,6 +135,16 @@ def facts_filter(namespace: str) -> str:
         'marsys/team-a/branch/+/facts'
     """
     return f"{namespace_prefix(namespace)}branch/+/facts"
+
+
+def control_topic(namespace: str) -> str:
+    """The topic coordinators of ``namespace`` exchange high-water marks and resend requests on.
+
+    Example:
+        >>> control_topic("team-a")
+        'marsys/team-a/control'
+    """
+    return f"{namespace_prefix(namespace)}control"
 
 
 def parse_fact_topic(topic: str) -> tuple[str, str] | None:

@@ -45,7 +45,8 @@ def _mosquitto_passwd() -> str | None:
 
 
 class Broker:
-    """A broker process on ``127.0.0.1:port``: ``start()``, ``stop()``, ``restart()``."""
+    """A broker process on ``127.0.0.1:port``: ``start()``, ``stop()``, ``restart()``,
+    ``kill()`` (SIGKILL) and ``crash_restart()``."""
 
     def __init__(self, workdir: Path, *, users: dict[str, str] | None = None) -> None:
         self.workdir = workdir
@@ -168,6 +169,21 @@ class Broker:
         time.sleep(down_for)
         self.start()
 
+    def kill(self) -> None:
+        """Crash: SIGKILL, so nothing is written to disk first (what was not yet saved
+        by ``autosave_interval`` is lost, as after a power cut)."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+
+    def crash_restart(self, down_for: float = 0.3) -> None:
+        """``kill()``, stay down ``down_for`` seconds, start again on the same port."""
+        self.kill()
+        time.sleep(down_for)
+        self.start()
+
     def __repr__(self) -> str:
         return f"Broker({self.kind}, {self.host}:{self.port})"
 
@@ -185,6 +201,18 @@ def mqtt_broker(tmp_path_factory: pytest.TempPathFactory):
 def secure_broker(tmp_path_factory: pytest.TempPathFactory):
     """A broker that requires username ``agent`` / password ``s3cret``."""
     broker = Broker(tmp_path_factory.mktemp("mqtt-auth"), users={"agent": "s3cret"})
+    broker.start()
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture(scope="module")
+def crash_broker(tmp_path_factory: pytest.TempPathFactory):
+    """A mosquitto of the test module's own, with persistence, for tests that kill it."""
+    broker = Broker(tmp_path_factory.mktemp("mqtt-crash"))
+    if broker.kind != "mosquitto":
+        pytest.fail("the broker fault tests need mosquitto (apt-get install -y mosquitto): "
+                    "the amqtt fallback has no persistence to crash")
     broker.start()
     yield broker
     broker.stop()

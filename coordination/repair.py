@@ -1,0 +1,185 @@
+"""The sender's side of gap repair: a bounded outbox that sends again on request, heartbeats.
+
+A broker acknowledges a publish and can still lose it: killed before it saved or forwarded
+it, it restarts without it (and without the sessions it had not saved, so a receiver that
+reconnects late also misses what was published before it subscribed again). The
+coordinators repair that end to end, over the namespace's control topic:
+
+* the sender keeps its last ``max_size`` envelopes (:class:`Outbox`) and publishes them
+  again when a receiver asks (:class:`~marsys_mem.coordination.envelope.ResendRequest`),
+  each at most once per ``quiet`` seconds however many receivers ask;
+* the sender publishes its high-water mark (the last ``seq`` it sent,
+  :class:`~marsys_mem.coordination.envelope.HighWaterMark`) every ``interval`` seconds while
+  it shares, backing off to ``max_interval`` when idle (:func:`heartbeats`), so a loss at
+  the end of a stream, which no later envelope reveals, is noticed too;
+* the receiver's :class:`~marsys_mem.coordination.ordering.SenderOrdering` asks for what a
+  gap or a mark shows missing, every ``resend_after`` seconds until it arrives or the gap
+  times out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable
+
+__all__ = ["Outbox", "heartbeats"]
+
+log = logging.getLogger("marsys_mem.coordination")
+
+_BATCH = 256  # envelopes published again at once (the transport pipelines them)
+
+Publish = Callable[[str, bytes], Awaitable[None]]
+
+
+class _Sent:
+    __slots__ = ("payload", "resent", "topic")
+
+    def __init__(self, topic: str, payload: bytes) -> None:
+        self.topic = topic
+        self.payload = payload
+        self.resent = float("-inf")  # loop time of the last resend
+
+
+class Outbox:
+    """The last ``max_size`` envelopes one sender published, to publish again on request.
+
+    Args:
+        publish: ``await publish(topic, payload)`` (the transport's publish).
+        max_size: envelopes kept (the oldest is dropped first).
+        quiet: seconds during which an envelope just sent again is not sent again (many
+            receivers asking for the same gap get one resend).
+
+    Example:
+        >>> import asyncio
+        >>> sent = []
+        >>> async def publish(topic, payload):
+        ...     sent.append(payload)
+        >>> async def demo():
+        ...     outbox = Outbox(publish, max_size=2, quiet=0.1)
+        ...     for seq in (1, 2, 3):
+        ...         outbox.add(seq, "t", b"e%d" % seq)
+        ...     queued = outbox.request([(1, 3)])  # 1 is no longer kept
+        ...     await outbox.flush()
+        ...     return queued, outbox.request([(2, 2)])  # just sent: quiet
+        >>> asyncio.run(demo()), sent
+        ((2, 0), [b'e2', b'e3'])
+    """
+
+    def __init__(self, publish: Publish, *, max_size: int, quiet: float) -> None:
+        if max_size < 1 or quiet < 0:
+            raise ValueError("max_size must be >= 1 and quiet >= 0")
+        self._publish = publish
+        self.max_size = max_size
+        self.quiet = quiet
+        self.resent = 0  # envelopes published again
+        self.failed = 0  # resends the transport refused
+        self._sent: OrderedDict[int, _Sent] = OrderedDict()
+        self._pending: set[int] = set()
+        self._worker: asyncio.Task[None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._sent)
+
+    def add(self, seq: int, topic: str, payload: bytes) -> None:
+        """Keep envelope ``seq`` (numbers only grow)."""
+        sent = self._sent
+        sent[seq] = _Sent(topic, payload)
+        if len(sent) > self.max_size:
+            sent.popitem(last=False)
+
+    def request(self, ranges: Iterable[tuple[int, int]]) -> int:
+        """Queue the kept envelopes in the inclusive ``ranges`` to be published again.
+
+        Returns how many were queued (not kept, already queued, or sent again less than
+        ``quiet`` seconds ago: not queued). Needs a running event loop.
+        """
+        sent = self._sent
+        if not sent:
+            return 0
+        first, last = next(iter(sent)), next(reversed(sent))
+        now = asyncio.get_running_loop().time()
+        pending = self._pending
+        queued = 0
+        covered = -1  # ranges may overlap: each seq is looked at once
+        for start, end in sorted(ranges):
+            lo, hi = max(start, first, covered + 1), min(end, last)
+            for seq in range(lo, hi + 1):
+                item = sent.get(seq)
+                if item is None or seq in pending or now - item.resent < self.quiet:
+                    continue
+                pending.add(seq)
+                queued += 1
+            covered = max(covered, hi)
+        if pending and (self._worker is None or self._worker.done()):
+            self._worker = asyncio.get_running_loop().create_task(self._run(), name="resend")
+        return queued
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        pending, sent = self._pending, self._sent
+        while pending:
+            batch = sorted(pending)[:_BATCH]
+            pending.difference_update(batch)
+            now = loop.time()
+            sends = []
+            for seq in batch:
+                item = sent.get(seq)
+                if item is not None:
+                    item.resent = now
+                    sends.append(self._publish(item.topic, item.payload))
+            results = await asyncio.gather(*sends, return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException):
+                    self.failed += 1
+                    if isinstance(result, asyncio.CancelledError):
+                        raise result
+                    log.warning("sending an envelope again failed: %s", result)
+                else:
+                    self.resent += 1
+
+    async def flush(self) -> None:
+        """Wait until what is queued has been published again."""
+        while self._worker is not None and not self._worker.done():
+            await asyncio.shield(self._worker)
+
+    async def close(self) -> None:
+        """Stop sending again (what is queued is dropped; the kept envelopes stay)."""
+        worker, self._worker = self._worker, None
+        self._pending.clear()
+        if worker is not None and not worker.done():
+            worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await worker
+
+
+async def heartbeats(
+    last_seq: Callable[[], int],
+    send: Callable[[int], Awaitable[None]],
+    *,
+    interval: float,
+    max_interval: float,
+) -> None:
+    """Publish the high-water mark every ``interval`` s while it grows, backing off when idle.
+
+    ``last_seq()`` is the last ``seq`` sent; ``await send(seq)`` publishes the mark. Runs
+    until cancelled; a mark that cannot be sent (the transport is down for good) is
+    logged and tried again later.
+    """
+    delay = interval
+    told = 0
+    while True:
+        await asyncio.sleep(delay)
+        seq = last_seq()
+        if seq == 0:
+            continue  # nothing sent yet: nothing to lose
+        delay = interval if seq != told else min(delay * 2, max_interval)
+        try:
+            await send(seq)
+        except Exception as exc:  # e.g. TransportError: the next beat tries again
+            log.debug("publishing the high-water mark failed: %s", exc)
+            delay = max(delay, 1.0)
+            continue
+        told = seq
