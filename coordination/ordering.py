@@ -99,6 +99,8 @@ class _SeqRanges:
 
     def remove(self, start: int, end: int) -> None:
         """Remove ``[start, end)`` (splitting a range it falls inside)."""
+        if start >= end:
+            return
         starts, ends = self.starts, self.ends
         i = bisect_right(ends, start)  # first range ending after start
         j = bisect_left(starts, end)  # first range starting at or after end

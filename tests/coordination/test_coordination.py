@@ -26,6 +26,8 @@ from marsys_mem.coordination import (
     fact_topic,
     inbox_key,
 )
+from marsys_mem.coordination.envelope import HighWaterMark, ResendRequest
+from marsys_mem.coordination.transport import control_topic
 from marsys_mem.facts import SharedFact
 from marsys_mem.manager import MemoryManager
 from marsys_mem.messages import Message
@@ -702,6 +704,92 @@ async def test_facts_for_a_branch_not_known_yet_are_delivered_when_it_appears(ne
         assert [f.text for f in b.facts_for("visitor", "elsewhere")] == [env.fact.text]
         assert [f.text for f in b.facts_for("diver", "deeper")] == [env.fact.text]
         assert b.facts_for("writer") == []
+
+
+async def test_route_cache_does_not_grow_with_unknown_branch_names(net, ns):
+    # strangers publishing on made-up branches must not grow the route cache (issue 9)
+    graph = fork_tree()
+    b = Coordinator(graph, transport=net.transport(ns), pool=SharedMemoryPool())
+    raw = net.raw(ns)
+    async with b, raw:
+        for i in range(300):
+            for scope in ("branch", "global"):
+                env = envelope(ns, 2 * i + 1 + (scope == "global"), f"made up {i}",
+                               branch=f"nowhere-{i}", scope=scope)
+                await raw.publish(fact_topic(ns, f"nowhere-{i}"), raw_bytes(env))
+        await settle(b, 600)
+        assert len(b._targets_cache) <= 2  # one entry per scope for every unknown branch
+        assert b.stats["delivered"] == 300 * len(ALL)  # the global ones reached everyone
+
+
+# ---------------------------------------------------------------------------- repair
+@pytest.mark.parametrize("away", ["queue overflowed", "session lost"])
+async def test_what_the_broker_lost_is_sent_again(away, ns):
+    # b is away; the broker loses what it published meanwhile: the oldest of its queue
+    # (a gap b sees when the rest arrives) or everything (b's session is gone: only a's
+    # high-water mark shows the loss). a sends the missing facts again when b asks.
+    broker = InProcessBroker(max_queued=5)
+    graph = fork_tree()
+    pool = SharedMemoryPool()
+    a = Coordinator(graph, transport=InProcessTransport(broker, namespace=ns),
+                    pool=SharedMemoryPool(), heartbeat=0.02)
+    clean = away == "session lost"
+    b = Coordinator(graph, transport=InProcessTransport(
+        broker, namespace=ns, client_id=f"b-{ns}", clean_session=clean), pool=pool,
+        resend_after=0.02)
+    texts = [f"fact {i}" for i in range(21)]
+    async with a:
+        async with b:
+            await a.share("planner", texts[0], scope="global")
+        for text in texts[1:]:
+            await a.share("planner", text, scope="global")
+        assert broker.dropped == (0 if clean else 15)
+        async with b:
+            await until(lambda: len(pool.facts_for("writer")) == len(texts))
+            await asyncio.sleep(0.1)
+            assert [f.text for f in pool.facts_for("writer")] == texts  # in order, once
+            assert b.stats["resend_requests"] >= 1
+            assert a.stats["resent"] == (20 if clean else 15)
+            assert b.stats["gaps"] == 0
+
+
+async def test_control_payloads_are_checked_and_resend_requests_answered_once(net, ns):
+    graph = fork_tree()
+    pool = SharedMemoryPool()
+    a = Coordinator(graph, transport=net.transport(ns), pool=SharedMemoryPool(),
+                    resend_after=1.0)
+    b = Coordinator(graph, transport=net.transport(ns), pool=pool)
+    raw = net.raw(ns)
+    topic = control_topic(ns)
+    async with a, b, raw:
+        for i in range(3):
+            await a.share("planner", f"kept {i}", scope="global")
+        await settle(b, 3)
+        for payload in (b"not json", b'{"v":1,"kind":"resend"}', b'{"v":1,"kind":"nope"}',
+                        ResendRequest(namespace=ns, sender="x", to=a.sender_id, epoch=a.epoch,
+                                      ranges=[(1, 1)]).model_dump_json().encode().replace(
+                                          b'"ranges":[[1,1]]', b'"ranges":[[5,2]]'),
+                        HighWaterMark(namespace=ns + "x", sender="x", epoch=1,
+                                      seq=1).model_dump_json().encode()):
+            await raw.publish(topic, payload)
+        await until(lambda: a.stats["malformed"] == 5)
+        # a request from anyone: a sends again what it has, once per quiet period,
+        # and b drops the copies as duplicates
+        ask = ResendRequest(namespace=ns, sender="x", to=a.sender_id, epoch=a.epoch,
+                            ranges=[(2, 3), (1, 2), (3, 99)])
+        for _ in range(3):
+            await raw.publish(topic, ask.model_dump_json().encode())
+        await until(lambda: b.stats["duplicates"] == 3)
+        await asyncio.sleep(0.1)
+        assert a.stats["resent"] == 3
+        # a request for another start of a (an older epoch) is not answered
+        old = ResendRequest(namespace=ns, sender="x", to=a.sender_id, epoch=a.epoch - 1,
+                            ranges=[(1, 3)])
+        await raw.publish(topic, old.model_dump_json().encode())
+        await asyncio.sleep(0.1)
+        assert a.stats["resent"] == 3
+        assert [f.text for f in pool.facts_for("writer")] == [f"kept {i}" for i in range(3)]
+        assert b.stats["received"] == 6
 
 
 async def test_close_delivers_what_the_transport_already_received():
