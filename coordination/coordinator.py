@@ -180,7 +180,10 @@ class Coordinator(AsyncClosing):
         resend_after: seconds a gap stays open before the sender is asked to send it
             again, and between asks.
         heartbeat: seconds between high-water marks while sharing (30 s when idle).
-        max_outbox: envelopes this coordinator keeps to send again on request.
+        max_outbox: envelopes this coordinator keeps to send again on request (at least
+            the broker's per-client queue: what a crashed broker held for a receiver
+            further behind cannot be repaired).
+        max_outbox_bytes: payload bytes it keeps for that, at most.
 
     Example:
         >>> import asyncio
@@ -212,12 +215,15 @@ class Coordinator(AsyncClosing):
         max_pending: int = 10_000,
         resend_after: float = 0.25,
         heartbeat: float = 0.5,
-        max_outbox: int = 10_000,
+        max_outbox: int = 100_000,
+        max_outbox_bytes: int = 64 * 2**20,
     ) -> None:
         if not isinstance(graph, BranchGraph):
             raise TypeError(f"graph must be a BranchGraph, got {type(graph).__name__}")
-        if min(max_payload, max_log, max_pending, max_outbox) < 1:
-            raise ValueError("max_payload, max_log, max_pending and max_outbox must be >= 1")
+        if min(max_payload, max_log, max_pending, max_outbox, max_outbox_bytes) < 1:
+            raise ValueError(
+                "max_payload, max_log, max_pending, max_outbox and max_outbox_bytes must be >= 1"
+            )
         if min(gap_timeout, resend_after, heartbeat) <= 0:
             raise ValueError("gap_timeout, resend_after and heartbeat must be > 0")
         if transport is None:
@@ -264,7 +270,12 @@ class Coordinator(AsyncClosing):
             resend_after=resend_after,
         )
         self._control_topic = control_topic(self.namespace)
-        self._outbox = Outbox(self.transport.publish, max_size=max_outbox, quiet=resend_after / 2)
+        self._outbox = Outbox(
+            self.transport.publish,
+            max_size=max_outbox,
+            max_bytes=max_outbox_bytes,
+            quiet=resend_after / 2,
+        )
         self._asking: set[tuple[str, int]] = set()  # senders with a resend request in flight
         self._control_tasks: set[asyncio.Task[None]] = set()
         self._beat: asyncio.Task[None] | None = None

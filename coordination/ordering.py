@@ -8,11 +8,14 @@ help of the sender for what the broker lost:
 
 * An item whose ``seq`` is the next one expected from its sender is released at once,
   followed by any buffered items that now follow on.
-* An early item is buffered: a gap is open. While it is open, every ``resend_after``
-  seconds the ``request`` callback asks the sender for the missing ``seq`` ranges (the
-  sender keeps what it sent). A gap that stays open ``gap_timeout`` seconds (or a buffer
-  past ``max_pending`` items) is skipped: the buffered items are released, and the items
-  of the gap are still released if they turn up later (``gaps`` counts the skips).
+* An early item is buffered: a gap is open. While it is open, the ``request`` callback
+  asks the sender for the missing ``seq`` ranges (the sender keeps what it sent): after
+  ``resend_after`` seconds, then again at growing intervals (doubling, up to a quarter of
+  ``gap_timeout``) while no progress is made, so a receiver far behind does not flood the
+  sender. A gap that stays open ``gap_timeout`` seconds (or a buffer past ``max_pending``
+  items) is skipped: the buffered items are released, the items of the gap are still
+  released if they turn up later (``gaps`` counts the skips), and they are asked for
+  during one more ``gap_timeout``.
 * The end of a stream leaves no later item to reveal a loss: :meth:`SenderOrdering.announce`
   takes a sender's *high-water mark* (the last ``seq`` it sent, published now and then);
   a mark past what arrived opens a gap like an early item does.
@@ -154,7 +157,8 @@ class _Stream(Generic[K, T]):
     or announced ``seq`` numbers in ``[base, expected)`` that never arrived (released if
     they do); ``pre_seen``: pre-start ``seq`` numbers already released; ``gap_since``:
     when the open gap opened (loop time); ``repair_until``: ``missing`` is asked for
-    until then.
+    until then; ``asks`` / ``asked_at``: asks made without progress since ``expected``
+    was ``asked_at`` (they space out the next ask).
     """
 
     key: K
@@ -167,6 +171,8 @@ class _Stream(Generic[K, T]):
     timer: asyncio.TimerHandle | None = None
     gap_since: float | None = None
     repair_until: float = 0.0
+    asks: int = 0
+    asked_at: int = 0
 
 
 def _loop() -> asyncio.AbstractEventLoop | None:
@@ -190,7 +196,8 @@ class SenderOrdering(Generic[K, T]):
         request: called with ``(sender, [(first, last), ...])`` (inclusive ``seq`` ranges,
             at most 64) to ask a sender to send again what did not arrive; ``None``: no
             repair, gaps only wait for ``gap_timeout``. Must not raise.
-        resend_after: seconds a gap stays open before it is asked for, and between asks.
+        resend_after: seconds a gap stays open before it is asked for, and between the
+            first asks (doubling while nothing arrives, up to ``gap_timeout / 4``).
         max_buffered: most early items buffered over all senders (default
             ``4 * max_pending``); past it, the gap of the sender that overflowed is skipped.
         max_remembered: most ranges of skipped and pre-start ``seq`` numbers remembered
@@ -389,10 +396,16 @@ class SenderOrdering(Generic[K, T]):
 
     def _update(self, state: _Stream[K, T]) -> None:
         """Note whether a gap is open now; keep its timer running while one is."""
-        if not self._gap_open(state):
-            state.gap_since = None  # a timer left running finds nothing to do
-            return
         loop = _loop()
+        if not self._gap_open(state):
+            state.gap_since = None
+            timer = state.timer
+            if timer is not None and not (
+                state.missing and loop is not None and loop.time() < state.repair_until
+            ):
+                timer.cancel()  # the next gap is asked for promptly, on a timer of its own
+                state.timer = None
+            return
         if loop is None:
             return
         if state.gap_since is None:
@@ -407,11 +420,19 @@ class SenderOrdering(Generic[K, T]):
         if state.gap_since is not None:
             delay = max(0.0, state.gap_since + self.gap_timeout - now)
             if self._request is not None:
-                delay = min(delay, self.resend_after)
+                delay = min(delay, self._ask_interval(state))
         elif self._request is not None and state.missing and now < state.repair_until:
-            delay = self.resend_after
+            delay = self._ask_interval(state)
         if delay is not None:
             state.timer = loop.call_later(delay, self._tick, state)
+
+    def _ask_interval(self, state: _Stream[K, T]) -> float:
+        """``resend_after``, doubled for each ask that brought nothing, up to gap_timeout/4."""
+        if state.expected != state.asked_at:
+            state.asks = 0  # progress since the last ask
+        longest = max(self.resend_after, self.gap_timeout / 4)
+        backoff: float = self.resend_after * (1 << min(state.asks, 16))
+        return min(backoff, longest)
 
     def _tick(self, state: _Stream[K, T]) -> None:
         state.timer = None
@@ -425,6 +446,10 @@ class SenderOrdering(Generic[K, T]):
             wanted = self._wanted(state, now)
             if wanted:
                 self.requests += 1
+                if state.expected != state.asked_at:
+                    state.asks = 0
+                state.asks += 1
+                state.asked_at = state.expected
                 self._request(state.key, wanted)
         if state.timer is None:
             self._schedule(state, loop)
@@ -470,7 +495,13 @@ class SenderOrdering(Generic[K, T]):
             self.gap_timeout,
         )
         state.gap_since = None
+        loop = _loop()
+        if loop is not None and self._request is not None:
+            state.repair_until = loop.time() + self.gap_timeout  # still worth asking for
+            state.asks = 0
         self._update(state)  # a further gap gets its own gap_timeout
+        if state.timer is None and loop is not None:
+            self._schedule(state, loop)
 
     def close(self) -> None:
         """Cancel the timers (buffered items stay buffered)."""

@@ -5,9 +5,10 @@ it, it restarts without it (and without the sessions it had not saved, so a rece
 reconnects late also misses what was published before it subscribed again). The
 coordinators repair that end to end, over the namespace's control topic:
 
-* the sender keeps its last ``max_size`` envelopes (:class:`Outbox`) and publishes them
-  again when a receiver asks (:class:`~marsys_mem.coordination.envelope.ResendRequest`),
-  each at most once per ``quiet`` seconds however many receivers ask;
+* the sender keeps its last ``max_size`` envelopes (at most ``max_bytes`` of them,
+  :class:`Outbox`) and publishes them again when a receiver asks
+  (:class:`~marsys_mem.coordination.envelope.ResendRequest`), each at most once per
+  ``quiet`` seconds however many receivers ask;
 * the sender publishes its high-water mark (the last ``seq`` it sent,
   :class:`~marsys_mem.coordination.envelope.HighWaterMark`) every ``interval`` seconds while
   it shares, backing off to ``max_interval`` when idle (:func:`heartbeats`), so a loss at
@@ -15,6 +16,12 @@ coordinators repair that end to end, over the namespace's control topic:
 * the receiver's :class:`~marsys_mem.coordination.ordering.SenderOrdering` asks for what a
   gap or a mark shows missing, every ``resend_after`` seconds until it arrives or the gap
   times out.
+
+What it cannot repair: envelopes older than the sender's outbox. Those a broker held for a
+receiver that was more than ``max_size`` envelopes behind when the broker crashed are
+lost for it (the gap is skipped after ``gap_timeout`` and counted in ``stats["gaps"]``).
+Keep ``max_outbox`` at least as large as the broker's per-client queue
+(``max_queued_messages`` in mosquitto; its default is 1,000).
 """
 
 from __future__ import annotations
@@ -49,6 +56,8 @@ class Outbox:
     Args:
         publish: ``await publish(topic, payload)`` (the transport's publish).
         max_size: envelopes kept (the oldest is dropped first).
+        max_bytes: payload bytes kept (the oldest is dropped first; the newest is always
+            kept).
         quiet: seconds during which an envelope just sent again is not sent again (many
             receivers asking for the same gap get one resend).
 
@@ -68,11 +77,15 @@ class Outbox:
         ((2, 0), [b'e2', b'e3'])
     """
 
-    def __init__(self, publish: Publish, *, max_size: int, quiet: float) -> None:
-        if max_size < 1 or quiet < 0:
-            raise ValueError("max_size must be >= 1 and quiet >= 0")
+    def __init__(
+        self, publish: Publish, *, max_size: int, quiet: float, max_bytes: int = 64 * 2**20
+    ) -> None:
+        if max_size < 1 or max_bytes < 1 or quiet < 0:
+            raise ValueError("max_size and max_bytes must be >= 1, quiet >= 0")
         self._publish = publish
         self.max_size = max_size
+        self.max_bytes = max_bytes
+        self.bytes = 0  # payload bytes kept
         self.quiet = quiet
         self.resent = 0  # envelopes published again
         self.failed = 0  # resends the transport refused
@@ -87,8 +100,10 @@ class Outbox:
         """Keep envelope ``seq`` (numbers only grow)."""
         sent = self._sent
         sent[seq] = _Sent(topic, payload)
-        if len(sent) > self.max_size:
-            sent.popitem(last=False)
+        self.bytes += len(payload)
+        while len(sent) > self.max_size or (self.bytes > self.max_bytes and len(sent) > 1):
+            _, old = sent.popitem(last=False)
+            self.bytes -= len(old.payload)
 
     def request(self, ranges: Iterable[tuple[int, int]]) -> int:
         """Queue the kept envelopes in the inclusive ``ranges`` to be published again.

@@ -27,6 +27,7 @@ from marsys_mem.coordination import (
     inbox_key,
 )
 from marsys_mem.coordination.envelope import HighWaterMark, ResendRequest
+from marsys_mem.coordination.repair import Outbox
 from marsys_mem.coordination.transport import control_topic
 from marsys_mem.facts import SharedFact
 from marsys_mem.manager import MemoryManager
@@ -751,6 +752,25 @@ async def test_what_the_broker_lost_is_sent_again(away, ns):
             assert b.stats["resend_requests"] >= 1
             assert a.stats["resent"] == (20 if clean else 15)
             assert b.stats["gaps"] == 0
+
+
+async def test_the_outbox_is_bounded_by_count_and_bytes():
+    sent: list[bytes] = []
+
+    async def publish(topic: str, payload: bytes) -> None:
+        sent.append(payload)
+
+    outbox = Outbox(publish, max_size=100, max_bytes=1000, quiet=0)
+    for seq in range(1, 51):
+        outbox.add(seq, "t", b"x" * 100)  # 10 fit in 1000 bytes
+    assert len(outbox) == 10
+    assert outbox.bytes == 1000
+    assert outbox.request([(1, 50)]) == 10  # only what is kept: 41..50
+    await outbox.flush()
+    assert len(sent) == 10
+    outbox.add(51, "t", b"y" * 5000)  # larger than max_bytes: kept alone
+    assert len(outbox) == 1
+    await outbox.close()
 
 
 async def test_control_payloads_are_checked_and_resend_requests_answered_once(net, ns):

@@ -275,3 +275,20 @@ def test_seq_ranges_behave_like_a_set(ops):
         assert all((x in ranges) == (x in model) for x in range(-1, 70))
         holes = ranges.complement(10, 50)
         assert {x for a, b in holes for x in range(a, b)} == set(range(10, 50)) - model
+
+
+async def test_asks_space_out_while_nothing_arrives():
+    # a receiver far behind must not ask for the same gap every resend_after seconds
+    asks = Asks()
+    seq = SenderOrdering(lambda _: None, gap_timeout=1.0, max_pending=100, request=asks,
+                         resend_after=0.01)
+    seq.accept("a", 1, 1)
+    seq.accept("a", 3, 3)
+    await asyncio.sleep(0.4)
+    assert 3 <= len(asks.calls) <= 7  # 0.01, 0.02, 0.04, 0.08, 0.16, then every 0.25
+    seq.accept("a", 2, 2)  # progress: the next gap is asked for promptly again
+    seq.accept("a", 5, 5)
+    before = len(asks.calls)
+    await asyncio.sleep(0.05)
+    assert len(asks.calls) >= before + 2
+    seq.close()
