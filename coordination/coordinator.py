@@ -276,6 +276,7 @@ class Coordinator(AsyncClosing):
             max_bytes=max_outbox_bytes,
             quiet=resend_after / 2,
         )
+        self._topics: dict[str, str] = {}  # fact topic by branch (branches we share on)
         self._asking: set[tuple[str, int]] = set()  # senders with a resend request in flight
         self._control_tasks: set[asyncio.Task[None]] = set()
         self._beat: asyncio.Task[None] | None = None
@@ -680,7 +681,9 @@ class Coordinator(AsyncClosing):
     async def _send(self, env: FactEnvelope, payload: bytes) -> None:
         self._seq = env.seq
         self._accept(env)  # local agents get it now
-        topic = fact_topic(self.namespace, env.branch)
+        topic = self._topics.get(env.branch)
+        if topic is None:  # one str per branch, shared by every envelope the outbox keeps
+            topic = self._topics[env.branch] = fact_topic(self.namespace, env.branch)
         self._outbox.add(env.seq, topic, payload)  # kept to send again if a receiver asks
         await self.transport.publish(topic, payload)
 

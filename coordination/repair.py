@@ -29,7 +29,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import OrderedDict
+import math
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 
 __all__ = ["Outbox", "heartbeats"]
@@ -37,17 +38,9 @@ __all__ = ["Outbox", "heartbeats"]
 log = logging.getLogger("marsys_mem.coordination")
 
 _BATCH = 256  # envelopes published again at once (the transport pipelines them)
+_MAX_PER_REQUEST = 10_000  # most envelopes one request queues (the receiver asks again)
 
 Publish = Callable[[str, bytes], Awaitable[None]]
-
-
-class _Sent:
-    __slots__ = ("payload", "resent", "topic")
-
-    def __init__(self, topic: str, payload: bytes) -> None:
-        self.topic = topic
-        self.payload = payload
-        self.resent = float("-inf")  # loop time of the last resend
 
 
 class Outbox:
@@ -89,32 +82,52 @@ class Outbox:
         self.quiet = quiet
         self.resent = 0  # envelopes published again
         self.failed = 0  # resends the transport refused
-        self._sent: OrderedDict[int, _Sent] = OrderedDict()
+        # envelopes first .. first + len - 1 (a sender's seq numbers have no holes)
+        self._first = 1
+        self._payloads: deque[bytes] = deque()
+        self._topics: deque[str] = deque()
+        self._resent: dict[int, float] = {}  # loop time of the last resend, by seq
         self._pending: set[int] = set()
         self._worker: asyncio.Task[None] | None = None
 
     def __len__(self) -> int:
-        return len(self._sent)
+        return len(self._payloads)
+
+    def _get(self, seq: int) -> tuple[str, bytes] | None:
+        i = seq - self._first
+        if 0 <= i < len(self._payloads):
+            return self._topics[i], self._payloads[i]
+        return None
 
     def add(self, seq: int, topic: str, payload: bytes) -> None:
-        """Keep envelope ``seq`` (numbers only grow)."""
-        sent = self._sent
-        sent[seq] = _Sent(topic, payload)
+        """Keep envelope ``seq`` (the next number after the last one kept)."""
+        payloads, topics = self._payloads, self._topics
+        if seq != self._first + len(payloads):  # not the next one: start over from it
+            payloads.clear()
+            topics.clear()
+            self._resent.clear()
+            self.bytes = 0
+            self._first = seq
+        payloads.append(payload)
+        topics.append(topic)
         self.bytes += len(payload)
-        while len(sent) > self.max_size or (self.bytes > self.max_bytes and len(sent) > 1):
-            _, old = sent.popitem(last=False)
-            self.bytes -= len(old.payload)
+        while len(payloads) > self.max_size or (self.bytes > self.max_bytes and len(payloads) > 1):
+            self.bytes -= len(payloads.popleft())
+            topics.popleft()
+            self._resent.pop(self._first, None)
+            self._first += 1
 
     def request(self, ranges: Iterable[tuple[int, int]]) -> int:
         """Queue the kept envelopes in the inclusive ``ranges`` to be published again.
 
         Returns how many were queued (not kept, already queued, or sent again less than
-        ``quiet`` seconds ago: not queued). Needs a running event loop.
+        ``quiet`` seconds ago: not queued; at most 10,000, the lowest first: a receiver
+        further behind asks again). Needs a running event loop.
         """
-        sent = self._sent
-        if not sent:
+        if not self._payloads:
             return 0
-        first, last = next(iter(sent)), next(reversed(sent))
+        first, last = self._first, self._first + len(self._payloads) - 1
+        resent = self._resent
         now = asyncio.get_running_loop().time()
         pending = self._pending
         queued = 0
@@ -122,29 +135,32 @@ class Outbox:
         for start, end in sorted(ranges):
             lo, hi = max(start, first, covered + 1), min(end, last)
             for seq in range(lo, hi + 1):
-                item = sent.get(seq)
-                if item is None or seq in pending or now - item.resent < self.quiet:
+                if seq in pending or now - resent.get(seq, -math.inf) < self.quiet:
                     continue
                 pending.add(seq)
                 queued += 1
+                if queued == _MAX_PER_REQUEST:
+                    break
             covered = max(covered, hi)
+            if queued == _MAX_PER_REQUEST:
+                break
         if pending and (self._worker is None or self._worker.done()):
             self._worker = asyncio.get_running_loop().create_task(self._run(), name="resend")
         return queued
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        pending, sent = self._pending, self._sent
+        pending = self._pending
         while pending:
             batch = sorted(pending)[:_BATCH]
             pending.difference_update(batch)
             now = loop.time()
             sends = []
             for seq in batch:
-                item = sent.get(seq)
-                if item is not None:
-                    item.resent = now
-                    sends.append(self._publish(item.topic, item.payload))
+                kept = self._get(seq)
+                if kept is not None:
+                    self._resent[seq] = now
+                    sends.append(self._publish(*kept))
             results = await asyncio.gather(*sends, return_exceptions=True)
             for result in results:
                 if isinstance(result, BaseException):
