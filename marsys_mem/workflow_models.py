@@ -163,6 +163,15 @@ class MqttSettings(_Model):
     protocol: Literal["5", "3.1.1"] = "5"
     tls: bool = False
     connect_timeout: float = Field(default=10.0, gt=0, description="Seconds to keep trying.")
+    signing_key_env: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$",
+        description=(
+            "Environment variable holding the namespace's signing key: every envelope is "
+            "signed (HMAC-SHA256) and unsigned or forged ones are dropped. The key never "
+            "sits in the file."
+        ),
+    )
 
 
 class MqttTransportSpec(_Model):

@@ -25,6 +25,7 @@ from marsys_mem.conversation import ConversationMemory
 from marsys_mem.coordination import (
     BranchGraph,
     Coordinator,
+    EnvelopeSigner,
     InProcessBroker,
     InProcessTransport,
     MqttTransport,
@@ -183,6 +184,9 @@ class WorkflowRunner:
             clean_session=True,
             protocol=m.protocol,
             connect_timeout=m.connect_timeout,
+            signing_key=(
+                EnvelopeSigner.from_env(m.signing_key_env) if m.signing_key_env else None
+            ),
         )
 
     def _transport_name(self) -> str:

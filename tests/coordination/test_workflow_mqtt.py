@@ -50,3 +50,49 @@ def test_unreachable_broker_is_a_runtime_failure(tmp_path, capsys):
     )
     assert main(["run", str(path), "-q", "--store", str(tmp_path / "store")]) == 1
     assert "error:" in capsys.readouterr().err
+
+
+def _signed_workflow(tmp_path, broker, var):
+    path = tmp_path / "wf.yaml"
+    path.write_text(
+        "memory: {store: {backend: memory}}\n"
+        "transport:\n"
+        f"  mqtt: {{host: {broker.host}, port: {broker.port}, namespace: team,"
+        f" protocol: '{broker.protocol}', signing_key_env: {var}}}\n"
+        "agents: [a, b]\n"
+        "steps:\n"
+        "  - share: {agent: a, fact: The build is green, scope: global}\n"
+        "  - ask: {agent: b, question: 'Is the build green?', expect: [green]}\n"
+    )
+    return path
+
+
+def test_workflow_signs_its_envelopes_with_a_key_from_the_environment(
+    mqtt_broker, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setenv("TEAM_SIGNING_KEY", "a-test-key-of-at-least-16-bytes")
+    path = _signed_workflow(tmp_path, mqtt_broker, "TEAM_SIGNING_KEY")
+    assert "a-test-key" not in path.read_text()
+    assert main(["run", str(path), "-q"]) == 0
+    assert "✓ 'green'" in capsys.readouterr().out
+
+
+def test_signed_workflow_without_its_key_fails_naming_the_variable(
+    mqtt_broker, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.delenv("TEAM_SIGNING_KEY", raising=False)
+    path = _signed_workflow(tmp_path, mqtt_broker, "TEAM_SIGNING_KEY")
+    assert main(["run", str(path), "-q"]) != 0
+    err = capsys.readouterr().err
+    assert "TEAM_SIGNING_KEY" in err
+    assert "Traceback" not in err
+
+
+def test_signing_key_env_must_be_a_variable_name(tmp_path, capsys):
+    path = tmp_path / "wf.yaml"
+    path.write_text(
+        "agents: [a]\n"
+        "transport: {mqtt: {host: 127.0.0.1, signing_key_env: 'not a name'}}\n"
+    )
+    assert main(["validate", str(path)]) == 2
+    assert "signing_key_env" in capsys.readouterr().err
