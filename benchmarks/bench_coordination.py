@@ -233,7 +233,7 @@ async def bench_raw(port: int, n_latency: int, n_throughput: int, size: int,
 
 def envelope_size() -> int:
     from marsys_mem.coordination import FactEnvelope
-    from marsys_mem.facts import SharedFact
+    from marsys_mem.model.facts import SharedFact
 
     fact = SharedFact.create("throughput fact 1234", agent="sender")
     env = FactEnvelope(namespace="bench-12345678", sender=f"coord-{uuid.uuid4().hex}", seq=1234,

@@ -71,7 +71,7 @@ try:
     import faiss
     import torch
 
-    from marsys_mem.embeddings import SentenceTransformerEmbedder, embeddings_available
+    from marsys_mem.retrieval.embeddings import SentenceTransformerEmbedder, embeddings_available
 except ImportError as exc:  # pragma: no cover - depends on the environment
     sys.exit(f"This benchmark needs the embeddings extra ({exc}): "
              "pip install 'marsys-mem[embeddings]'")

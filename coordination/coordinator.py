@@ -96,9 +96,9 @@ from marsys_mem.coordination.transport import (
     facts_filter,
     parse_fact_topic,
 )
-from marsys_mem.facts import FactScope, SharedFact
 from marsys_mem.lifecycle import AsyncClosing
-from marsys_mem.messages import Message
+from marsys_mem.model.facts import FactScope, SharedFact
+from marsys_mem.model.messages import Message
 from marsys_mem.patterns.shared import ConflictRule, SharedMemoryPool
 
 if TYPE_CHECKING:
@@ -792,7 +792,7 @@ class Coordinator(AsyncClosing):
           by ``conflict`` (``newest`` / ``confidence`` / ``keep_both``).
         * ``strategy="summary"``: the child's agents' new messages (added since the fork)
           are summarised (``summarizer``, sync or async; default
-          :class:`~marsys_mem.summarize.ExtractiveSummarizer`) into one system message
+          :class:`~marsys_mem.context.summarize.ExtractiveSummarizer`) into one system message
           appended to the memory of every agent of ``into``.
         * ``strategy="messages"``: each child agent's new messages are appended to the
           same agent's memory on ``into`` (an agent not on ``into`` joins it).

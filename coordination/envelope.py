@@ -21,8 +21,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from marsys_mem.coordination.graph import MergeStrategy
-from marsys_mem.facts import FactScope, SharedFact
-from marsys_mem.names import NAME_PATTERN
+from marsys_mem.model.facts import FactScope, SharedFact
+from marsys_mem.model.names import NAME_PATTERN
 from marsys_mem.patterns.shared import ConflictRule, member_key
 
 __all__ = [
@@ -37,7 +37,7 @@ __all__ = [
     "inbox_key",
 ]
 
-_NAME_PATTERN = NAME_PATTERN  # the one naming rule (marsys_mem.names)
+_NAME_PATTERN = NAME_PATTERN  # the one naming rule (marsys_mem.model.names)
 _MAX_SEQ = 2**63 - 1
 _Seq = Annotated[int, Field(ge=1, le=_MAX_SEQ)]
 

@@ -44,7 +44,7 @@ from marsys_mem.coordination.transport import (
     validate_name,
 )
 from marsys_mem.exceptions import MissingDependencyError
-from marsys_mem.facts import SCOPES, FactScope
+from marsys_mem.model.facts import SCOPES, FactScope
 from marsys_mem.patterns.shared import ConflictRule
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ _COLORS = {"active": "#4C9BE8", "merged": "#8BC34A", "closed": "#B0B0B0"}
 
 
 def _check_agent(agent: object) -> str:
-    return validate_name("agent name", agent)  # the one naming rule (marsys_mem.names)
+    return validate_name("agent name", agent)  # the one naming rule (marsys_mem.model.names)
 
 
 def _agent_list(agents: Iterable[str] | None) -> list[str]:

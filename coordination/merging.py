@@ -19,9 +19,9 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from marsys_mem.context.summarize import ExtractiveSummarizer
 from marsys_mem.coordination.graph import BranchGraph, MergeStrategy
-from marsys_mem.messages import Message
-from marsys_mem.summarize import ExtractiveSummarizer
+from marsys_mem.model.messages import Message
 
 if TYPE_CHECKING:
     from marsys_mem.manager import MemoryManager
@@ -46,7 +46,7 @@ async def merge_memories(
         into: the branch merged into.
         strategy: ``"summary"`` or ``"messages"`` (``"facts"`` does nothing here).
         summarizer: ``list[Message] -> str``, sync or async; default: the manager's, else
-            :class:`~marsys_mem.summarize.ExtractiveSummarizer`.
+            :class:`~marsys_mem.context.summarize.ExtractiveSummarizer`.
 
     Returns:
         ``(messages appended to the target's memories, the summary or None)``.

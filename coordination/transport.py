@@ -35,9 +35,9 @@ from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Final, Protocol, Self, cast, runtime_checkable
 
-from marsys_mem import names
 from marsys_mem.exceptions import MarsysMemError
 from marsys_mem.lifecycle import AsyncClosing
+from marsys_mem.model import names
 
 if TYPE_CHECKING:
     from marsys_mem.coordination.signing import EnvelopeSigner, SignedWire
@@ -96,7 +96,7 @@ class AuthenticationError(TransportError, PermissionError):
 
 # ---------------------------------------------------------------------------- topics
 def validate_name(kind: str, value: object) -> str:
-    """Check a namespace or branch name by the one naming rule (:mod:`marsys_mem.names`).
+    """Check a namespace or branch name by the one naming rule (:mod:`marsys_mem.model.names`).
 
     1-256 characters of valid Unicode without ``/``, ``+``, ``#``, ``@`` or control
     characters; raises :class:`~marsys_mem.exceptions.InvalidNameError` (a ``ValueError``).

@@ -11,7 +11,24 @@ Example:
     True
 """
 
-from marsys_mem.context import (
+from marsys_mem.config.models import (
+    AgentConfig,
+    MemoryConfig,
+    RetentionPolicy,
+    StoreConfig,
+    load_config,
+    parse_duration,
+)
+from marsys_mem.context.summarize import ExtractiveSummarizer
+from marsys_mem.context.tokens import (
+    CallableCounter,
+    HeuristicCounter,
+    TiktokenCounter,
+    TokenCounter,
+    count_message,
+    get_counter,
+)
+from marsys_mem.context.window import (
     ContextPolicy,
     ContextWindow,
     Strategy,
@@ -20,23 +37,6 @@ from marsys_mem.context import (
     build_context,
 )
 from marsys_mem.conversation import ConversationMemory
-from marsys_mem.embeddings import (
-    Embedder,
-    HashingEmbedder,
-    SentenceTransformerEmbedder,
-    default_embedder,
-)
-from marsys_mem.events import (
-    AddEvent,
-    ClearEvent,
-    EventBus,
-    ForkEvent,
-    MemoryEvent,
-    RemoveEvent,
-    SummarizeEvent,
-    TrimEvent,
-    WindowEvent,
-)
 from marsys_mem.exceptions import (
     ConfigError,
     ContextOverflowError,
@@ -57,11 +57,20 @@ from marsys_mem.exceptions import (
     WorkflowError,
     WorkflowRunError,
 )
-from marsys_mem.facts import SharedFact
-from marsys_mem.index import FaissIndex, VectorIndex
-from marsys_mem.ingest import EmbeddingQueue
 from marsys_mem.manager import MemoryManager
-from marsys_mem.messages import (
+from marsys_mem.model.events import (
+    AddEvent,
+    ClearEvent,
+    EventBus,
+    ForkEvent,
+    MemoryEvent,
+    RemoveEvent,
+    SummarizeEvent,
+    TrimEvent,
+    WindowEvent,
+)
+from marsys_mem.model.facts import SharedFact
+from marsys_mem.model.messages import (
     MESSAGE_LIST_ADAPTER,
     AgentCall,
     ImagePart,
@@ -71,26 +80,17 @@ from marsys_mem.messages import (
     ToolCall,
     to_llm_format,
 )
-from marsys_mem.names import validate_name
-from marsys_mem.retention import (
-    AgentConfig,
-    MemoryConfig,
-    RetentionPolicy,
-    StoreConfig,
-    load_config,
-    parse_duration,
+from marsys_mem.model.names import validate_name
+from marsys_mem.model.runs import RunContext, RunSnapshot, history
+from marsys_mem.retrieval.embeddings import (
+    Embedder,
+    HashingEmbedder,
+    SentenceTransformerEmbedder,
+    default_embedder,
 )
-from marsys_mem.runs import RunContext, RunSnapshot, history
+from marsys_mem.retrieval.index import FaissIndex, VectorIndex
+from marsys_mem.retrieval.ingest import EmbeddingQueue
 from marsys_mem.store import InMemoryStore, MemoryStore, SQLiteStore
-from marsys_mem.summarize import ExtractiveSummarizer
-from marsys_mem.tokens import (
-    CallableCounter,
-    HeuristicCounter,
-    TiktokenCounter,
-    TokenCounter,
-    count_message,
-    get_counter,
-)
 from marsys_mem.workflow import (
     Workflow,
     WorkflowReport,

@@ -22,7 +22,8 @@ from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, 
 from datetime import datetime
 from typing import Any, Protocol, overload, runtime_checkable
 
-from marsys_mem.context import (
+from marsys_mem.context.tokens import TokenCounter, count_message, get_counter
+from marsys_mem.context.window import (
     ContextPolicy,
     ContextWindow,
     Summarizer,
@@ -32,7 +33,13 @@ from marsys_mem.context import (
     _Prepared,
     _SummaryState,
 )
-from marsys_mem.events import (
+from marsys_mem.exceptions import (
+    DuplicateMessageError,
+    DuplicateToolCallError,
+    MessageNotFoundError,
+    OrphanToolResultError,
+)
+from marsys_mem.model.events import (
     AddEvent,
     ClearEvent,
     EventBus,
@@ -42,14 +49,7 @@ from marsys_mem.events import (
     TrimEvent,
     WindowEvent,
 )
-from marsys_mem.exceptions import (
-    DuplicateMessageError,
-    DuplicateToolCallError,
-    MessageNotFoundError,
-    OrphanToolResultError,
-)
-from marsys_mem.messages import Message, Provider, to_llm_format
-from marsys_mem.tokens import TokenCounter, count_message, get_counter
+from marsys_mem.model.messages import Message, Provider, to_llm_format
 
 __all__ = ["ConversationMemory", "MemorySink"]
 
@@ -225,7 +225,7 @@ class ConversationMemory:
     Args:
         messages: the initial history (validated like :meth:`add_many`).
         policy: the default :class:`ContextPolicy` for :meth:`context`.
-        counter: token counter (default :class:`~marsys_mem.tokens.HeuristicCounter`).
+        counter: token counter (default :class:`~marsys_mem.context.tokens.HeuristicCounter`).
         summarizer: default summariser for the ``summarize`` strategy.
         strict_tools: reject tool results that answer no earlier tool call, and tool call
             ids used twice.

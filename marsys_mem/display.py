@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from marsys_mem.messages import Message
-from marsys_mem.tokens import TokenCounter, count_message
+from marsys_mem.context.tokens import TokenCounter, count_message
+from marsys_mem.model.messages import Message
 
 if TYPE_CHECKING:
-    from marsys_mem.context import ContextWindow
+    from marsys_mem.context.window import ContextWindow
     from marsys_mem.conversation import ConversationMemory
     from marsys_mem.coordination.graph import BranchGraph
 
@@ -474,7 +474,7 @@ class _Renderer:
         self.max_chars = max_chars
 
     def value(self, value: Any, depth: int) -> str:
-        from marsys_mem.context import ContextWindow
+        from marsys_mem.context.window import ContextWindow
         from marsys_mem.conversation import ConversationMemory
 
         if _is_scalar(value):

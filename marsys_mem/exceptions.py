@@ -110,12 +110,12 @@ class ConfigError(MarsysMemError, ValueError):
 class InvalidNameError(ConfigError):
     """An agent, branch or namespace name that breaks the one naming rule.
 
-    The rule (:mod:`marsys_mem.names`): 1-256 characters of valid Unicode, without ``/``,
+    The rule (:mod:`marsys_mem.model.names`): 1-256 characters of valid Unicode, without ``/``,
     ``+``, ``#``, ``@`` or control characters. The message names the kind of name and
     shows the value (truncated). It is a :class:`ConfigError` (a ``ValueError``).
 
     Example:
-        >>> from marsys_mem.names import validate_name
+        >>> from marsys_mem.model.names import validate_name
         >>> try:
         ...     validate_name("branch", "main#rag")
         ... except InvalidNameError as exc:

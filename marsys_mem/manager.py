@@ -1,7 +1,7 @@
 """MemoryManager: the composition root that applies retention policies.
 
 The manager owns a store and one :class:`ConversationMemory` per ``(agent, branch)``, each
-governed by the agent's :class:`~marsys_mem.retention.RetentionPolicy`:
+governed by the agent's :class:`~marsys_mem.config.models.RetentionPolicy`:
 
 * ``persistent`` memories are loaded from the store on first use and written through
   (every append is durable when ``add`` returns; or buffered until :meth:`flush` with
@@ -20,10 +20,10 @@ first, system / pinned messages last), in chunks of at most a tenth of the bound
 ``limit`` messages; a persistent memory holds the newest part of what its store holds.
 Messages older than ``ttl`` leave it every ``retention_every`` appends.
 
-Runs (:meth:`run`) record what an agent did as a :class:`~marsys_mem.runs.RunSnapshot`:
+Runs (:meth:`run`) record what an agent did as a :class:`~marsys_mem.model.runs.RunSnapshot`:
 saved in the store for persistent agents, kept in process otherwise. A run started with
 ``parent_id`` works on its own memory that continues the parent's chain
-(:func:`~marsys_mem.runs.history`), so sibling runs never see each other.
+(:func:`~marsys_mem.model.runs.history`), so sibling runs never see each other.
 """
 
 from __future__ import annotations
@@ -37,22 +37,22 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from marsys_mem.agent_patterns import AgentPatterns, resolve_embedder
-from marsys_mem.compose import Block, aassemble, assemble
-from marsys_mem.context import ContextPolicy, Summarizer
+from marsys_mem.config.models import MemoryConfig, RetentionPolicy, load_config
+from marsys_mem.context.compose import Block, aassemble, assemble
+from marsys_mem.context.tokens import TokenCounter, get_counter
+from marsys_mem.context.window import ContextPolicy, Summarizer
 from marsys_mem.conversation import ConversationMemory, MemorySink
-from marsys_mem.embeddings import Embedder, default_embedder
-from marsys_mem.events import EventBus
 from marsys_mem.exceptions import ContextOverflowError, MarsysMemError, MessageNotFoundError
 from marsys_mem.lifecycle import Closing
-from marsys_mem.messages import Message, Provider, to_llm_format
-from marsys_mem.names import validate_name
+from marsys_mem.model.events import EventBus
+from marsys_mem.model.messages import Message, Provider, to_llm_format
+from marsys_mem.model.names import validate_name
+from marsys_mem.model.runs import RunContext, RunSnapshot, history
+from marsys_mem.patterns.agent import AgentPatterns, resolve_embedder
 from marsys_mem.patterns.shared import SharedMemoryPool, member_key
-from marsys_mem.retention import MemoryConfig, RetentionPolicy, load_config
-from marsys_mem.runs import RunContext, RunSnapshot, history
+from marsys_mem.retrieval.embeddings import Embedder, default_embedder
 from marsys_mem.store.base import Append, EnforceRetention, Key, MemoryStore, Op
 from marsys_mem.store.memory import InMemoryStore
-from marsys_mem.tokens import TokenCounter, get_counter
 
 __all__ = ["MemoryManager"]
 

@@ -4,12 +4,12 @@ Every pattern works with no arguments and composes on top of the conversation me
 ``MemoryManager`` builds them per agent from the ``patterns:`` section of a config file.
 """
 
-from marsys_mem.patterns.bm25 import BM25Index
 from marsys_mem.patterns.episodic import Episode, EpisodeMatch, EpisodicMemory
 from marsys_mem.patterns.hierarchical import HierarchicalMemory, Tier
 from marsys_mem.patterns.importance import default_importance
 from marsys_mem.patterns.rag import Fusion, RAGMemory, ScoredMessage, SearchMode
 from marsys_mem.patterns.shared import ConflictRule, SharedMemoryPool, member_key
+from marsys_mem.retrieval.bm25 import BM25Index
 
 __all__ = [
     "BM25Index",

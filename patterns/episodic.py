@@ -9,7 +9,7 @@ hybrid), so a question that paraphrases a message finds it; every stored message
 ``metadata["episode_id"]``.
 
 :meth:`~EpisodicMemory.summaries` gives one summary per episode, computed by the
-summariser (default :class:`~marsys_mem.summarize.ExtractiveSummarizer`; any
+summariser (default :class:`~marsys_mem.context.summarize.ExtractiveSummarizer`; any
 ``list[Message] -> str`` callable, sync or async). A summary is cached with a fingerprint
 of the episode's message ids and recomputed only when the episode changed.
 
@@ -17,7 +17,7 @@ Persistence (everything goes through one :class:`~marsys_mem.store.MemoryStore`)
 
 * messages live under the key ``(namespace, agent, "episodes")``, written through by the
   RAGMemory (durable when :meth:`~EpisodicMemory.add` returns);
-* each episode is a run snapshot (:class:`~marsys_mem.runs.RunSnapshot`, ``run_id`` = the
+* each episode is a run snapshot (:class:`~marsys_mem.model.runs.RunSnapshot`, ``run_id`` = the
   episode id, ``branch="episodes"``, ``status`` ``running`` while open, ``ok`` once ended),
   whose ``metadata`` holds the episode's metadata and its cached summary. Snapshots are
   replaced in place when an episode ends or its summary changes, so nothing grows with the
@@ -45,16 +45,16 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue
 
-from marsys_mem.embeddings import Embedder
+from marsys_mem.context.summarize import ExtractiveSummarizer
 from marsys_mem.exceptions import StoreError, SummarizerError
 from marsys_mem.lifecycle import Closing
-from marsys_mem.messages import Message
+from marsys_mem.model.messages import Message
+from marsys_mem.model.runs import RunSnapshot
 from marsys_mem.patterns.rag import RAGMemory
-from marsys_mem.patterns.retrieval import ScoredMessage, check_query, positive_int
-from marsys_mem.runs import RunSnapshot
+from marsys_mem.retrieval.embeddings import Embedder
+from marsys_mem.retrieval.scoring import ScoredMessage, check_query, positive_int
 from marsys_mem.store.base import Key, MemoryStore, SaveRun, validate_key
 from marsys_mem.store.memory import InMemoryStore
-from marsys_mem.summarize import ExtractiveSummarizer
 
 __all__ = ["Episode", "EpisodeMatch", "EpisodicMemory"]
 
@@ -191,7 +191,7 @@ class EpisodicMemory(Closing):
     """Messages grouped into episodes, recalled by meaning, summarised per episode.
 
     Args:
-        embedder: an :class:`~marsys_mem.embeddings.Embedder`, ``"default"`` (the packaged
+        embedder: an :class:`~marsys_mem.retrieval.embeddings.Embedder`, ``"default"`` (the packaged
             all-MiniLM-L6-v2 if installed, else keyword search only) or ``None`` (keyword
             search only).
         store: where messages and episodes persist (default: a private
@@ -200,7 +200,7 @@ class EpisodicMemory(Closing):
         namespace: first part of the store key.
         agent: second part of the store key (and the ``agent`` of the episode snapshots).
         summarizer: ``list[Message] -> str``, sync or async (default
-            :class:`~marsys_mem.summarize.ExtractiveSummarizer`). An async one needs
+            :class:`~marsys_mem.context.summarize.ExtractiveSummarizer`). An async one needs
             :meth:`asummaries`.
         index_path: where the RAGMemory saves its vector index (rebuilt from the store if
             missing or corrupt).
@@ -210,7 +210,7 @@ class EpisodicMemory(Closing):
     Thread-safe. Messages get ``metadata["episode_id"]`` (replacing any such key they had).
 
     Example:
-        >>> from marsys_mem.embeddings import HashingEmbedder
+        >>> from marsys_mem.retrieval.embeddings import HashingEmbedder
         >>> mem = EpisodicMemory(HashingEmbedder())
         >>> trip = mem.start_episode({"task": "plan trip"})
         >>> _ = mem.add("We booked the hotel in Porto for May 3rd")

@@ -38,8 +38,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from marsys_mem.context import ContextPolicy
-from marsys_mem.embeddings import Embedder
+from marsys_mem.context.tokens import TokenCounter, count_message, get_counter
+from marsys_mem.context.window import ContextPolicy
 from marsys_mem.exceptions import (
     ContextOverflowError,
     DuplicateMessageError,
@@ -48,12 +48,12 @@ from marsys_mem.exceptions import (
     StoreError,
 )
 from marsys_mem.lifecycle import Closing
-from marsys_mem.messages import Message
+from marsys_mem.model.messages import Message
 from marsys_mem.patterns.importance import Scorer, check_importance, default_importance
 from marsys_mem.patterns.rag import RAGMemory, ScoredMessage
+from marsys_mem.retrieval.embeddings import Embedder
 from marsys_mem.store.base import Append, Delete, Key, MemoryStore, validate_key
 from marsys_mem.store.memory import InMemoryStore
-from marsys_mem.tokens import TokenCounter, count_message, get_counter
 
 __all__ = ["HierarchicalMemory", "Tier", "default_importance"]
 
@@ -117,7 +117,7 @@ class HierarchicalMemory(Closing):
     """Core, working and archival memory tiers, assembled into one context.
 
     Args:
-        embedder: the archive's embedder: an :class:`~marsys_mem.embeddings.Embedder`,
+        embedder: the archive's embedder: an :class:`~marsys_mem.retrieval.embeddings.Embedder`,
             ``"default"`` (packaged all-MiniLM-L6-v2 if installed, else keyword search) or
             ``None`` (keyword search). Ignored when ``archive`` is given.
         core_threshold: messages with importance at or above it go to core (in ``[0, 1]``).
@@ -138,7 +138,7 @@ class HierarchicalMemory(Closing):
     Thread-safe. System and pinned messages always go to core, whatever their importance.
 
     Example:
-        >>> from marsys_mem.embeddings import HashingEmbedder
+        >>> from marsys_mem.retrieval.embeddings import HashingEmbedder
         >>> mem = HierarchicalMemory(HashingEmbedder(), working_size=2)
         >>> _ = mem.add(Message.system("You are a travel assistant."))
         >>> _ = mem.add("Remember: my passport number is X1234567")

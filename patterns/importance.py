@@ -13,7 +13,7 @@ import math
 import re
 from collections.abc import Callable
 
-from marsys_mem.messages import Message
+from marsys_mem.model.messages import Message
 
 __all__ = ["Scorer", "check_importance", "default_importance"]
 

@@ -1,7 +1,7 @@
 """RAGMemory: retrieval over messages, dense (embeddings) + BM25 keywords, fused.
 
 Writes are fast and never wait for a model: :meth:`RAGMemory.add` indexes the text for
-BM25 at once and hands it to a background :class:`~marsys_mem.ingest.EmbeddingQueue`
+BM25 at once and hands it to a background :class:`~marsys_mem.retrieval.ingest.EmbeddingQueue`
 that embeds in batches; :meth:`RAGMemory.search` first waits for what is still pending, so
 a search always sees every message added before it.
 
@@ -28,7 +28,7 @@ Persistence: with a ``store`` the store is the source of truth. Every add and re
 written through to it under ``key`` before memory changes, and a new ``RAGMemory`` loads
 the key's messages back. With ``index_path`` the vector index is saved there (atomically,
 with a checksum) by :meth:`~RAGMemory.flush` and :meth:`~RAGMemory.close` (a memory never
-closed: at interpreter exit, with the vectors done by then; see :mod:`marsys_mem.ingest`);
+closed: at interpreter exit, with the vectors done by then; see :mod:`marsys_mem.retrieval.ingest`);
 on open it is loaded and checked against the store: a missing or corrupt file is rebuilt
 by re-embedding the messages, a stale one (messages added or removed by another process)
 is repaired by embedding only what it lacks and dropping what the store no longer has.
@@ -52,20 +52,19 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from marsys_mem.embeddings import Embedder, default_embedder
 from marsys_mem.exceptions import (
     DuplicateMessageError,
     EmbeddingError,
     MessageNotFoundError,
     StoreError,
 )
-from marsys_mem.index import FaissIndex
-from marsys_mem.ingest import EmbeddingQueue
 from marsys_mem.lifecycle import Closing
-from marsys_mem.messages import Message
-from marsys_mem.patterns.bm25 import BM25Index
-from marsys_mem.patterns.rag_vectors import VectorSync
-from marsys_mem.patterns.retrieval import (
+from marsys_mem.model.messages import Message
+from marsys_mem.retrieval.bm25 import BM25Index
+from marsys_mem.retrieval.embeddings import Embedder, default_embedder
+from marsys_mem.retrieval.index import FaissIndex
+from marsys_mem.retrieval.ingest import EmbeddingQueue
+from marsys_mem.retrieval.scoring import (
     MODES,
     Candidate,
     Fusion,
@@ -78,6 +77,7 @@ from marsys_mem.patterns.retrieval import (
     make_filter,
     positive_int,
 )
+from marsys_mem.retrieval.vector_sync import VectorSync
 from marsys_mem.store.base import Key, MemoryStore, validate_key
 
 __all__ = ["Fusion", "RAGMemory", "ScoredMessage", "SearchMode"]
@@ -104,7 +104,7 @@ class RAGMemory(VectorSync, Closing):
     """Searchable memory of messages: dense + BM25 hybrid retrieval, durable if asked.
 
     Args:
-        embedder: an :class:`~marsys_mem.embeddings.Embedder`; ``"default"`` (the packaged
+        embedder: an :class:`~marsys_mem.retrieval.embeddings.Embedder`; ``"default"`` (the packaged
             all-MiniLM-L6-v2 when the ``embeddings`` extra is installed, else BM25 only
             with one logged notice); ``None`` for BM25 only.
         store: a :class:`~marsys_mem.store.MemoryStore` to write through to and load from.
@@ -127,7 +127,7 @@ class RAGMemory(VectorSync, Closing):
         candidates: how many candidates each retriever proposes to the fusion (at least
             ``k``; widened when filters reject candidates).
         max_chars: the longest text accepted by ``add``.
-        index_kind: the :class:`~marsys_mem.index.FaissIndex` kind. ``"flat"`` (the
+        index_kind: the :class:`~marsys_mem.retrieval.index.FaissIndex` kind. ``"flat"`` (the
             default) searches exactly: about 1 ms per query over 10k messages and 10 ms over
             100k on one core, next to 15-20 ms for MiniLM to embed the query. ``"auto"``
             / ``"hnsw"`` are faster past 50k messages but approximate: on the benchmark's
@@ -142,7 +142,7 @@ class RAGMemory(VectorSync, Closing):
     the vectors of a finished batch.
 
     Example:
-        >>> from marsys_mem.embeddings import HashingEmbedder
+        >>> from marsys_mem.retrieval.embeddings import HashingEmbedder
         >>> mem = RAGMemory(HashingEmbedder())
         >>> mid = mem.add("My sister Clara lives in Lisbon", name="alice")
         >>> ids = mem.add_many(["I parked the car on level 4", "Lovely weather today"])

@@ -1,6 +1,6 @@
 """SharedMemoryPool: facts and messages shared between agents, with provenance.
 
-Agents *share* facts (:class:`~marsys_mem.facts.SharedFact`) and the pool *delivers* them
+Agents *share* facts (:class:`~marsys_mem.model.facts.SharedFact`) and the pool *delivers* them
 to agents. Each agent has an inbox of facts in delivery order, deduplicated by fact id:
 the same fact delivered twice (a retry, a second sender, a transport that delivers twice)
 is stored once per agent. ``context_for(agent)`` renders the agent's facts as one system
@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 from marsys_mem.conversation import ConversationMemory
-from marsys_mem.facts import FactScope, SharedFact
-from marsys_mem.messages import Message
-from marsys_mem.names import inbox_key
+from marsys_mem.model.facts import FactScope, SharedFact
+from marsys_mem.model.messages import Message
+from marsys_mem.model.names import inbox_key
 
 __all__ = ["ConflictRule", "SharedMemoryPool", "member_key"]
 
@@ -37,7 +37,7 @@ def member_key(agent: str, branch: str = "main") -> str:
 
     Agents of different branches have separate inboxes, so facts scoped to one branch do
     not leak into a sibling's context. The coordinator and the manager both use this. It
-    is :func:`marsys_mem.names.inbox_key`: both names are checked (no ``@`` in either), so
+    is :func:`marsys_mem.model.names.inbox_key`: both names are checked (no ``@`` in either), so
     no other pair spells the same member.
 
     Raises:

@@ -30,7 +30,7 @@ from marsys_mem import (
     build_context,
     to_llm_format,
 )
-from marsys_mem.tokens import count_message
+from marsys_mem.context.tokens import count_message
 
 
 def recount(mem: ConversationMemory) -> int:
@@ -938,8 +938,8 @@ def test_concurrent_adds_trims_removes_and_forks_keep_memory_and_sink_in_step(
 
 
 def test_concurrent_writers_on_a_persistent_bounded_manager_agent(tmp_path, busy_switching) -> None:
+    from marsys_mem.config.models import MemoryConfig
     from marsys_mem.manager import MemoryManager
-    from marsys_mem.retention import MemoryConfig
     from marsys_mem.store import SQLiteStore
 
     config = MemoryConfig.model_validate(

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from marsys_mem import MemoryManager, Message
+from marsys_mem.config.models import MemoryConfig
 from marsys_mem.coordination import BranchGraph, Coordinator, InProcessBroker, InProcessTransport
 from marsys_mem.exceptions import InvalidNameError
-from marsys_mem.retention import MemoryConfig
 from marsys_mem.store.sqlite import SQLiteStore
 
 SECRET = "The vault code is 7421"

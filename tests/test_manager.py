@@ -14,8 +14,8 @@ from marsys_mem import (
     MessageNotFoundError,
     ToolCall,
 )
+from marsys_mem.config.models import MemoryConfig, load_config
 from marsys_mem.manager import MemoryManager
-from marsys_mem.retention import MemoryConfig, load_config
 from marsys_mem.store import InMemoryStore, SQLiteStore
 
 

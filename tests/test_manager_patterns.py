@@ -1,8 +1,8 @@
 import yaml
 
 from marsys_mem import MemoryManager, Message
-from marsys_mem.retention import load_config
-from marsys_mem.tokens import HeuristicCounter, count_message
+from marsys_mem.config.models import load_config
+from marsys_mem.context.tokens import HeuristicCounter, count_message
 
 CHATTER = [
     "Lovely weather today, isn't it?",

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from marsys_mem import names
 from marsys_mem.lifecycle import Closing
-from marsys_mem.messages import Message
-from marsys_mem.runs import RunSnapshot
+from marsys_mem.model import names
+from marsys_mem.model.messages import Message
+from marsys_mem.model.runs import RunSnapshot
 
 __all__ = [
     "Append",
@@ -52,9 +52,9 @@ Key = tuple[str, str, str]
 def validate_key(key: object) -> Key:
     """Check that ``key`` is a ``(namespace, agent, branch)`` tuple of names.
 
-    The naming rule is :func:`marsys_mem.names.validate_name`; internal keys (pattern data,
-    facts) are accepted only as :mod:`marsys_mem.names` builds them or ``list_keys``
-    returns them, never spelled by hand (see :func:`marsys_mem.names.validate_key`).
+    The naming rule is :func:`marsys_mem.model.names.validate_name`; internal keys (pattern data,
+    facts) are accepted only as :mod:`marsys_mem.model.names` builds them or ``list_keys``
+    returns them, never spelled by hand (see :func:`marsys_mem.model.names.validate_key`).
 
     Raises:
         InvalidNameError: the key is malformed (a ``ValueError``; the message shows it).

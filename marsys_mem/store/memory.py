@@ -18,8 +18,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from marsys_mem.exceptions import DuplicateMessageError, StoreError
-from marsys_mem.messages import Message
-from marsys_mem.runs import RunSnapshot
+from marsys_mem.model.messages import Message
+from marsys_mem.model.runs import RunSnapshot
 from marsys_mem.store.base import (
     Append,
     CountMessages,
@@ -96,7 +96,7 @@ class InMemoryStore(MemoryStore):
     the keys it touches and commits them only when every operation succeeded.
 
     Example:
-        >>> from marsys_mem.messages import Message
+        >>> from marsys_mem.model.messages import Message
         >>> store = InMemoryStore()
         >>> key = ("default", "researcher", "main")
         >>> store.append_messages(key, [Message.user("hi"), Message.assistant("hello")])

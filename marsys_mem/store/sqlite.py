@@ -67,8 +67,8 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from marsys_mem.exceptions import DuplicateMessageError, StoreError
-from marsys_mem.messages import MESSAGE_LIST_ADAPTER, Message
-from marsys_mem.runs import RunSnapshot
+from marsys_mem.model.messages import MESSAGE_LIST_ADAPTER, Message
+from marsys_mem.model.runs import RunSnapshot
 from marsys_mem.store.base import (
     Append,
     CountMessages,
@@ -385,7 +385,7 @@ class SQLiteStore(MemoryStore):
         ValueError: ``synchronous`` or ``busy_timeout`` is invalid.
 
     Example:
-        >>> from marsys_mem.messages import Message
+        >>> from marsys_mem.model.messages import Message
         >>> with SQLiteStore(":memory:") as store:
         ...     key = ("default", "researcher", "main")
         ...     store.append_messages(key, [Message.user("hi")])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from marsys_mem.messages import Message
+from marsys_mem.model.messages import Message
 
 __all__ = ["AsyncFakeSummarizer", "fake_summarizer"]
 

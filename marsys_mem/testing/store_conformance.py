@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from marsys_mem.exceptions import DuplicateMessageError
-from marsys_mem.messages import Message
+from marsys_mem.model.messages import Message
 from marsys_mem.store.base import (
     Append,
     CountMessages,

@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from marsys_mem.exceptions import DuplicateMessageError, StoreError
-from marsys_mem.messages import AgentCall, ImagePart, Message, TextPart, ToolCall
+from marsys_mem.model.messages import AgentCall, ImagePart, Message, TextPart, ToolCall
 from marsys_mem.store.base import (
     Append,
     CountMessages,

@@ -9,8 +9,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from marsys_mem.messages import Message
-from marsys_mem.runs import RunSnapshot
+from marsys_mem.model.messages import Message
+from marsys_mem.model.runs import RunSnapshot
 from marsys_mem.store.base import Key, MemoryStore
 
 __all__ = ["KEY", "OTHER_KEY", "T0", "snapshot_of", "user_messages"]
@@ -52,7 +52,7 @@ def snapshot_of(
     parent_id: str | None = None,
     started_at: datetime = T0,
 ) -> RunSnapshot:
-    """A small :class:`~marsys_mem.runs.RunSnapshot` with one input and one output.
+    """A small :class:`~marsys_mem.model.runs.RunSnapshot` with one input and one output.
 
     Args:
         run_id: the run id.

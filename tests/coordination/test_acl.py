@@ -31,7 +31,7 @@ from marsys_mem.coordination import (
     MqttTransport,
     fact_topic,
 )
-from marsys_mem.facts import SharedFact
+from marsys_mem.model.facts import SharedFact
 from marsys_mem.patterns.shared import SharedMemoryPool
 from tests.coordination.conftest import Broker, _mosquitto_passwd
 

@@ -29,9 +29,9 @@ from marsys_mem.coordination import (
 from marsys_mem.coordination.envelope import HighWaterMark, ResendRequest
 from marsys_mem.coordination.repair import Outbox
 from marsys_mem.coordination.transport import control_topic
-from marsys_mem.facts import SharedFact
 from marsys_mem.manager import MemoryManager
-from marsys_mem.messages import Message
+from marsys_mem.model.facts import SharedFact
+from marsys_mem.model.messages import Message
 from marsys_mem.patterns.shared import SharedMemoryPool
 
 WAIT = 10.0  # upper bound of any single wait

@@ -32,7 +32,7 @@ from marsys_mem.coordination import (
 )
 from marsys_mem.coordination.signing import SIGNATURE_OVERHEAD, SignedWire, as_signer
 from marsys_mem.exceptions import ConfigError
-from marsys_mem.facts import SharedFact
+from marsys_mem.model.facts import SharedFact
 from marsys_mem.patterns.shared import SharedMemoryPool
 
 KEY = "team-secret-0123456789abcdef-xyz"  # a test key, not a real secret

@@ -3,7 +3,7 @@
 import socket
 from pathlib import Path
 
-from marsys_mem.__main__ import main
+from marsys_mem.cli.main import main
 from marsys_mem.workflow import MqttSettings, run_workflow
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "workflows" / "research_team.yaml"

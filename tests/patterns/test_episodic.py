@@ -4,19 +4,19 @@ import re
 
 import pytest
 
-from marsys_mem.embeddings import HashingEmbedder
+from marsys_mem.context.summarize import ExtractiveSummarizer
 from marsys_mem.exceptions import (
     DuplicateMessageError,
     EmbeddingError,
     StoreError,
     SummarizerError,
 )
-from marsys_mem.messages import Message
+from marsys_mem.model.messages import Message
+from marsys_mem.model.runs import RunSnapshot
 from marsys_mem.patterns.episodic import Episode, EpisodeMatch, EpisodicMemory
 from marsys_mem.patterns.rag import ScoredMessage
-from marsys_mem.runs import RunSnapshot
+from marsys_mem.retrieval.embeddings import HashingEmbedder
 from marsys_mem.store import InMemoryStore, SQLiteStore
-from marsys_mem.summarize import ExtractiveSummarizer
 
 
 class CountingSummarizer:
@@ -416,7 +416,7 @@ def minilm():
     pytest.importorskip("sentence_transformers", reason="needs the embeddings extra")
     import torch
 
-    from marsys_mem.embeddings import SentenceTransformerEmbedder
+    from marsys_mem.retrieval.embeddings import SentenceTransformerEmbedder
 
     torch.set_num_threads(1)
     emb = SentenceTransformerEmbedder()

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 WRITER = r"""
 import json, random, sys, time
-from marsys_mem.embeddings import default_embedder
+from marsys_mem.retrieval.embeddings import default_embedder
 from marsys_mem.patterns import RAGMemory
 from marsys_mem.store import SQLiteStore
 
@@ -54,8 +54,8 @@ while i < first + 5000:  # far more than the test lets it write
 
 VERIFIER = r"""
 import json, random, sys
-from marsys_mem.embeddings import default_embedder
-from marsys_mem.index import FaissIndex
+from marsys_mem.retrieval.embeddings import default_embedder
+from marsys_mem.retrieval.index import FaissIndex
 from marsys_mem.patterns import RAGMemory
 from marsys_mem.store import SQLiteStore
 

@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from marsys_mem.context import ContextPolicy
-from marsys_mem.embeddings import HashingEmbedder
+from marsys_mem.context.tokens import HeuristicCounter, count_message
+from marsys_mem.context.window import ContextPolicy
 from marsys_mem.exceptions import (
     ContextOverflowError,
     DuplicateMessageError,
@@ -14,11 +14,11 @@ from marsys_mem.exceptions import (
     MessageNotFoundError,
     StoreError,
 )
-from marsys_mem.messages import Message, ToolCall
+from marsys_mem.model.messages import Message, ToolCall
 from marsys_mem.patterns.hierarchical import HierarchicalMemory, default_importance
 from marsys_mem.patterns.rag import RAGMemory
+from marsys_mem.retrieval.embeddings import HashingEmbedder
 from marsys_mem.store import InMemoryStore, SQLiteStore
-from marsys_mem.tokens import HeuristicCounter, count_message
 
 PREFIX = ("ns", "agent")
 COUNTER = HeuristicCounter()
@@ -556,7 +556,7 @@ def minilm():
     pytest.importorskip("sentence_transformers", reason="needs the embeddings extra")
     import torch
 
-    from marsys_mem.embeddings import SentenceTransformerEmbedder
+    from marsys_mem.retrieval.embeddings import SentenceTransformerEmbedder
 
     torch.set_num_threads(1)
     emb = SentenceTransformerEmbedder()

@@ -8,16 +8,16 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from marsys_mem.embeddings import HashingEmbedder
 from marsys_mem.exceptions import (
     DuplicateMessageError,
     EmbeddingError,
     MessageNotFoundError,
     StoreError,
 )
-from marsys_mem.messages import Message
+from marsys_mem.model.messages import Message
 from marsys_mem.patterns import RAGMemory, ScoredMessage
 from marsys_mem.patterns import rag as rag_module
+from marsys_mem.retrieval.embeddings import HashingEmbedder
 from marsys_mem.store import InMemoryStore, SQLiteStore
 
 KEY = ("ns", "rag", "main")
@@ -732,7 +732,7 @@ def test_existing_store_messages_are_loaded_without_index_path():
 
 
 def test_index_saved_with_meta(tmp_path):
-    from marsys_mem.index import FaissIndex
+    from marsys_mem.retrieval.index import FaissIndex
 
     emb = CountingEmbedder()
     store, mem = _open(tmp_path, emb)
@@ -753,7 +753,7 @@ def minilm():
     pytest.importorskip("sentence_transformers", reason="needs the embeddings extra")
     import torch
 
-    from marsys_mem.embeddings import SentenceTransformerEmbedder
+    from marsys_mem.retrieval.embeddings import SentenceTransformerEmbedder
 
     torch.set_num_threads(1)
     emb = SentenceTransformerEmbedder()

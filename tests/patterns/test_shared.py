@@ -4,7 +4,7 @@ import pytest
 from pydantic import ValidationError
 
 from marsys_mem import ConversationMemory, Message
-from marsys_mem.facts import SharedFact, fact_id
+from marsys_mem.model.facts import SharedFact, fact_id
 from marsys_mem.patterns.shared import SharedMemoryPool
 
 

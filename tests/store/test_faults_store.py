@@ -41,7 +41,7 @@ KEY = ("default", "team", "main")
 CHILD = r"""
 import os, sys
 from marsys_mem.manager import MemoryManager
-from marsys_mem.messages import Message
+from marsys_mem.model.messages import Message
 
 config, writer, incarnation, ack_path = sys.argv[1:5]
 fd = os.open(ack_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 import marsys_mem.store.sqlite as sqlite_mod
 from marsys_mem.exceptions import DuplicateMessageError, StoreError
-from marsys_mem.messages import Message
-from marsys_mem.runs import RunSnapshot
+from marsys_mem.model.messages import Message
+from marsys_mem.model.runs import RunSnapshot
 from marsys_mem.store import InMemoryStore, SQLiteStore
 from marsys_mem.store.base import (
     Append,
@@ -431,7 +431,7 @@ def test_sql_is_parameterised(store: SQLiteStore) -> None:
 # ---------------------------------------------------------------------- crash
 WRITER = """
 import sys
-from marsys_mem.messages import Message
+from marsys_mem.model.messages import Message
 from marsys_mem.store import SQLiteStore
 from marsys_mem.store.base import Append
 

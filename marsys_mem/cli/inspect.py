@@ -1,0 +1,430 @@
+"""Looking inside a SQLite store: what it holds, and searching it.
+
+:func:`inspect_store` summarises a store file (``marsys-mem inspect``): every
+``(namespace, agent, branch)`` conversation with its message count and last activity,
+the runs, the memory-pattern keys (RAG, episodes, tiers), and the facts a workflow run
+recorded. :func:`search_store` searches the stored messages (``marsys-mem search``): BM25
+over the conversations, or the agents' persisted RAG memory (dense + BM25) when there is
+one and the embeddings extra is installed.
+
+Keys other than conversations are internal (:func:`marsys_mem.model.names.parse_key`): pattern
+data (``rag``, ``episodes``, ``tiers``) and the facts of workflow runs (agent ``#facts``).
+Keys whose names break the naming rule (written before it existed) are listed as
+``invalid``; they stay readable but are not searched.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from marsys_mem.exceptions import StoreError, StoreNotFoundError
+from marsys_mem.model.facts import SharedFact
+from marsys_mem.model.names import KeyInfo, parse_key
+from marsys_mem.store.base import Key
+from marsys_mem.store.sqlite import SQLiteStore
+
+__all__ = [
+    "ConversationSummary",
+    "InternalKeySummary",
+    "SearchHit",
+    "StoreNotFoundError",
+    "StoreSummary",
+    "StoredFact",
+    "find_store",
+    "inspect_store",
+    "search_store",
+]
+
+log = logging.getLogger("marsys_mem.cli.inspect")
+
+SearchMode = Literal["auto", "bm25", "hybrid"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ConversationSummary(_Model):
+    """One agent's conversation on one branch.
+
+    Example:
+        >>> ConversationSummary(namespace="default", agent="a", branch="main", messages=3,
+        ...                     runs=1).key
+        'a@main'
+    """
+
+    namespace: str
+    agent: str
+    branch: str
+    messages: int
+    runs: int = 0
+    last_message: datetime | None = None
+    last_text: str | None = None
+
+    @property
+    def key(self) -> str:
+        """``agent@branch``."""
+        return f"{self.agent}@{self.branch}"
+
+
+class InternalKeySummary(_Model):
+    """A key holding pattern data (``rag``, ``episodic``, ``hierarchical``) or facts.
+
+    ``kind`` is ``invalid`` for a key whose names break the naming rule (an older store).
+
+    Example:
+        >>> InternalKeySummary(namespace="d", agent="a", branch="main#rag", kind="rag",
+        ...                    messages=4).kind
+        'rag'
+    """
+
+    namespace: str
+    agent: str
+    branch: str
+    kind: str
+    messages: int
+
+
+class StoredFact(_Model):
+    """A fact a workflow run recorded (agent ``#facts``).
+
+    Example:
+        >>> StoredFact(namespace="d", branch="main", text="Q4 grew 12%", source_agent="r",
+        ...            source_branch="r1", scope="lineage").source_agent
+        'r'
+    """
+
+    namespace: str
+    branch: str
+    text: str
+    source_agent: str
+    source_branch: str
+    scope: str
+    confidence: float = 1.0
+    topic: str | None = None
+    merged_from: str | None = None
+
+
+class StoreSummary(_Model):
+    """What a store holds (``marsys-mem inspect``).
+
+    Example:
+        >>> StoreSummary(path="m.db", namespaces=[]).messages
+        0
+    """
+
+    path: str
+    integrity: str = "ok"
+    namespaces: list[str]
+    conversations: list[ConversationSummary] = Field(default_factory=list)
+    internal: list[InternalKeySummary] = Field(default_factory=list)
+    facts: list[StoredFact] = Field(default_factory=list)
+    runs: int = Field(default=0, description="Runs of the conversations (not pattern episodes).")
+
+    @property
+    def messages(self) -> int:
+        """Messages in all conversations."""
+        return sum(c.messages for c in self.conversations)
+
+    @property
+    def agents(self) -> list[str]:
+        """Agents with a conversation, sorted."""
+        return sorted({c.agent for c in self.conversations})
+
+    @property
+    def branches(self) -> list[str]:
+        """Branches with a conversation, sorted."""
+        return sorted({c.branch for c in self.conversations})
+
+
+class SearchHit(_Model):
+    """A search result: the message, where it is stored, and its score.
+
+    Example:
+        >>> SearchHit(rank=1, score=2.5, agent="a", branch="main", role="user",
+        ...           text="hi", message_id="m1").where
+        'a@main'
+    """
+
+    rank: int
+    score: float
+    agent: str
+    branch: str
+    role: str
+    text: str
+    message_id: str
+    timestamp: datetime | None = None
+    source: Literal["bm25", "rag"] = "bm25"
+
+    @property
+    def where(self) -> str:
+        """``agent@branch``."""
+        return f"{self.agent}@{self.branch}"
+
+
+def find_store(path: str | Path) -> Path:
+    """The SQLite file at ``path``: the file, or the ``memory.db`` of a folder.
+
+    In a folder (such as ``.marsys_mem/`` or a ``--store`` folder) without ``memory.db``,
+    the only ``*.db`` file.
+
+    Raises:
+        StoreNotFoundError: nothing there (nothing is created).
+    """
+    path = Path(path)
+    if path.is_file():
+        return path
+    if path.is_dir():
+        default = path / "memory.db"
+        if default.is_file():
+            return default
+        found = sorted(path.glob("*.db"))
+        if len(found) == 1:
+            return found[0]
+        if found:
+            names = ", ".join(p.name for p in found)
+            raise StoreNotFoundError(f"{path}: several stores here ({names}); name one")
+        raise StoreNotFoundError(f"{path}: no store here (no memory.db or *.db file)")
+    raise StoreNotFoundError(f"{path}: no such store file or folder")
+
+
+def _open(path: str | Path) -> SQLiteStore:
+    file = find_store(path)
+    try:
+        return SQLiteStore(file)
+    except StoreError as exc:
+        raise StoreError(f"{file}: not a marsys-mem store ({exc})") from exc
+
+
+_KINDS = {"rag": "rag", "episodes": "episodic", "tiers": "hierarchical", "facts": "facts"}
+
+
+def _info(key: Key) -> KeyInfo | None:
+    """What ``key`` holds (``None``: names that break the naming rule)."""
+    try:
+        return parse_key(key)
+    except ValueError:
+        return None
+
+
+def _internal_kind(key: Key) -> str | None:
+    """``None`` for a conversation, else the kind shown by ``inspect``."""
+    info = _info(key)
+    if info is None:
+        return "invalid"
+    return _KINDS.get(info.kind)
+
+
+def _stored_fact(key: Key, data: object) -> StoredFact | None:
+    try:
+        fact = SharedFact.model_validate(data)
+    except ValidationError:
+        return None
+    topic = fact.metadata.get("topic")
+    merged = fact.metadata.get("merged_from")
+    return StoredFact(
+        namespace=key[0],
+        branch=key[2],
+        text=fact.text,
+        source_agent=fact.source_agent,
+        source_branch=fact.source_branch,
+        scope=fact.scope,
+        confidence=fact.confidence,
+        topic=str(topic) if topic is not None else None,
+        merged_from=str(merged) if merged is not None else None,
+    )
+
+
+def inspect_store(path: str | Path) -> StoreSummary:
+    """Summarise the store at ``path`` (a SQLite file or a folder holding one).
+
+    Raises:
+        StoreNotFoundError: no store there.
+        StoreError: the file is not a marsys-mem store.
+    """
+    with _open(path) as store:
+        keys = store.list_keys()
+        conversations: list[ConversationSummary] = []
+        internal: list[InternalKeySummary] = []
+        facts: list[StoredFact] = []
+        runs_by: dict[Key, int] = {}
+        namespaces = sorted({k[0] for k in keys})
+        total_runs = 0
+        for ns in namespaces:
+            for run_id in store.list_runs(namespace=ns):
+                snap = store.load_run(run_id)
+                if snap is not None and _internal_kind((ns, snap.agent, snap.branch)) is None:
+                    runs_by[(ns, snap.agent, snap.branch)] = (
+                        runs_by.get((ns, snap.agent, snap.branch), 0) + 1
+                    )
+                    total_runs += 1
+        for key in keys:
+            count = store.count_messages(key)
+            kind = _internal_kind(key)
+            if kind == "facts":
+                for m in store.load_messages(key):
+                    fact = _stored_fact(key, m.metadata.get("fact"))
+                    if fact is not None:
+                        facts.append(fact)
+            if kind is not None:
+                internal.append(
+                    InternalKeySummary(
+                        namespace=key[0], agent=key[1], branch=key[2], kind=kind, messages=count
+                    )
+                )
+                continue
+            last = store.load_messages(key, last=1)
+            conversations.append(
+                ConversationSummary(
+                    namespace=key[0],
+                    agent=key[1],
+                    branch=key[2],
+                    messages=count,
+                    runs=runs_by.get(key, 0),
+                    last_message=last[0].timestamp if last else None,
+                    last_text=" ".join(last[0].text.split())[:200] if last else None,
+                )
+            )
+        return StoreSummary(
+            path=str(store.path),
+            integrity=store.integrity_check(),
+            namespaces=namespaces,
+            conversations=conversations,
+            internal=internal,
+            facts=facts,
+            runs=total_runs,
+        )
+
+
+def _index_file(db: Path, key: Key) -> Path:
+    """Where ``AgentPatterns`` saves the RAG index of a SQLite-backed agent."""
+    from marsys_mem.patterns.agent import index_file
+
+    conversation = parse_key(key).conversation
+    assert conversation is not None
+    return index_file(db.parent / "indexes", conversation, "rag")
+
+
+def _branch(key: Key) -> str:
+    """The conversation branch a key belongs to (its branch, or the one its data is of)."""
+    info = _info(key)
+    return info.branch if info is not None else key[2]
+
+
+def search_store(
+    path: str | Path,
+    query: str,
+    *,
+    agent: str | None = None,
+    branch: str | None = None,
+    namespace: str | None = None,
+    k: int = 5,
+    mode: SearchMode = "auto",
+    status: Callable[[str], None] | None = None,
+) -> tuple[list[SearchHit], str]:
+    """Search the stored messages for ``query``; returns ``(hits, how)``.
+
+    ``mode``: ``bm25`` (keywords over the conversations), ``hybrid`` (the agents'
+    persisted RAG memory, dense + BM25; needs the embeddings extra and an agent with
+    ``patterns: {rag: ...}``), or ``auto`` (hybrid when possible, else BM25). ``how``
+    says which ran. ``status(text)`` is called before slow work (loading the model).
+
+    Raises:
+        ValueError: an empty query, or ``k < 1``.
+        StoreNotFoundError: no store there.
+    """
+    if not isinstance(query, str) or not query.strip():
+        raise ValueError("the query must be a non-empty string")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive integer, got {k!r}")
+    with _open(path) as store:
+        keys = [
+            key
+            for key in store.list_keys(namespace)
+            if agent in (None, key[1]) and branch in (None, _branch(key))
+        ]
+        rag_keys = [key for key in keys if _internal_kind(key) == "rag"]
+        how = "bm25"
+        if mode != "bm25" and rag_keys:
+            from marsys_mem.retrieval.embeddings import default_embedder
+
+            embedder = default_embedder()
+            if embedder is not None:
+                if status is not None:
+                    status("loading the embedding model and the RAG indexes")
+                return _search_rag(store, rag_keys, query, k, embedder), "hybrid (RAG index)"
+            how = "bm25 (the embeddings extra is not installed)"
+        elif mode == "hybrid":
+            how = "bm25 (no agent in this store has a RAG memory)"
+        conv_keys = [key for key in keys if _internal_kind(key) is None]
+        return _search_bm25(store, conv_keys, query, k), how
+
+
+def _search_bm25(store: SQLiteStore, keys: list[Key], query: str, k: int) -> list[SearchHit]:
+    from marsys_mem.retrieval.bm25 import BM25Index
+
+    index = BM25Index()
+    found: dict[str, tuple[Key, object]] = {}
+    for key in keys:
+        for m in store.load_messages(key):
+            text = m.text
+            if not text.strip():
+                continue
+            doc_id = f"{len(found)}"
+            found[doc_id] = (key, m)
+            index.add(doc_id, text)
+    hits = []
+    for rank, (doc_id, score) in enumerate(index.search(query, k=k), 1):
+        key, msg = found[doc_id]
+        hits.append(_hit(rank, score, key, msg, "bm25"))
+    return hits
+
+
+def _hit(
+    rank: int, score: float, key: Key, msg: object, source: Literal["bm25", "rag"]
+) -> SearchHit:
+    from marsys_mem.model.messages import Message
+
+    assert isinstance(msg, Message)
+    return SearchHit(
+        rank=rank,
+        score=round(float(score), 4),
+        agent=key[1],
+        branch=_branch(key),
+        role=msg.role,
+        text=" ".join(msg.text.split()),
+        message_id=msg.message_id,
+        timestamp=msg.timestamp,
+        source=source,
+    )
+
+
+def _search_rag(
+    store: SQLiteStore, keys: list[Key], query: str, k: int, embedder: object
+) -> list[SearchHit]:
+    from marsys_mem.patterns.rag import RAGMemory
+
+    db = Path(store.path)
+    scored: list[tuple[float, Key, object]] = []
+    for key in keys:
+        index_file = _index_file(db, key)
+        rag = RAGMemory(
+            embedder,  # type: ignore[arg-type]
+            store=store,
+            key=key,
+            index_path=index_file if index_file.is_file() else None,
+        )
+        try:
+            rag.flush()  # messages without a saved vector are embedded first
+            for hit in rag.search(query, k=k):
+                scored.append((hit.score, key, hit.message))
+        finally:
+            rag.close()
+    scored.sort(key=lambda t: -t[0])
+    return [_hit(rank, s, key, m, "rag") for rank, (s, key, m) in enumerate(scored[:k], 1)]

@@ -1,0 +1,510 @@
+"""Command line: ``marsys-mem`` (or ``python -m marsys_mem``).
+
+Commands::
+
+    marsys-mem demo                       run the bundled research-team workflow, print its report
+    marsys-mem demo --windows             one conversation, three context strategies, one budget
+    marsys-mem run WORKFLOW [--json] [--store DIR] [--mqtt HOST:PORT]
+    marsys-mem validate FILE [--strict]   a workflow or a retention-policy file (every error)
+    marsys-mem schema [--workflow]        JSON Schema of the config (or workflow) format
+    marsys-mem inspect STORE [--json]     what a SQLite store holds
+    marsys-mem search STORE QUERY [--agent A] [--branch B] [-k K] [--mode auto|bm25|hybrid]
+
+Exit codes: 0 ok; 1 a runtime failure, or a question whose ``expect`` was not found;
+2 bad input (a bad file, flag or argument; with ``validate --strict`` also a warning).
+Output is coloured on a terminal and plain otherwise; progress goes to stderr, on a
+terminal only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any, TextIO
+
+from marsys_mem.context.window import ContextPolicy, ContextWindow
+from marsys_mem.conversation import ConversationMemory
+from marsys_mem.exceptions import ConfigError, MarsysMemError, StoreError
+from marsys_mem.model.messages import Message, ToolCall
+
+__all__ = ["DEMO_WORKFLOW", "build_demo_memory", "demo_workflow_path", "main"]
+
+DEMO_WORKFLOW = "research_team.yaml"
+"""The workflow ``marsys-mem demo`` runs (shipped in ``marsys_mem/data/``; the same file
+as ``examples/workflows/research_team.yaml``)."""
+
+_CITIES = ["Tokyo", "Paris", "Lima", "Oslo", "Cairo", "Perth", "Quito", "Seoul"]
+
+
+# ---------------------------------------------------------------------------- output
+class _Output:
+    """stdout: rich on a terminal (unless NO_COLOR), plain text otherwise."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.console: Any = None
+        if _isatty(stream) and "NO_COLOR" not in os.environ:
+            try:
+                from rich.console import Console
+            except ImportError:  # pragma: no cover - rich is a dependency
+                return
+            self.console = Console(file=stream, highlight=False, soft_wrap=True)
+
+    def print(self, text: str = "", style: str | None = None) -> None:
+        if self.console is None:
+            print(text, file=self.stream)
+            return
+        from rich.text import Text
+
+        self.console.print(Text(text, style=style or ""))
+
+    def report(self, text: str) -> None:
+        """A report: ``==`` headers bold, ✓ green, ✗ and FAILED red."""
+        for line in text.splitlines():
+            style = None
+            if line.startswith("=="):
+                style = "bold cyan"
+            elif line.startswith("FAILED") or "✗" in line:
+                style = "bold red"
+            elif line == "ok" or ("✓" in line and "✗" not in line):
+                style = "green"
+            self.print(line, style)
+
+    def table(self, headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+        cells = [[str(c) for c in row] for row in rows]
+        widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
+        head = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
+        self.print(head.rstrip(), "bold")
+        for row in cells:
+            self.print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+@contextlib.contextmanager
+def _progress(title: str, enabled: bool) -> Iterator[Callable[[int, int, str], None] | None]:
+    """A progress bar on stderr (terminal only); yields the workflow progress callback."""
+    if not enabled or not _isatty(sys.stderr):
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as bar:
+        task = bar.add_task(title, total=None)
+
+        def update(done: int, total: int, label: str) -> None:
+            bar.update(task, completed=done, total=total, description=f"{title}: {label}")
+
+        yield update
+
+
+@contextlib.contextmanager
+def _status(text: str) -> Iterator[Callable[[str], None]]:
+    """A spinner on stderr (terminal only) for slow work without steps."""
+    if not _isatty(sys.stderr):
+        yield lambda _text: None
+        return
+    from rich.console import Console
+
+    with Console(stderr=True).status(text) as status:
+        yield lambda new: status.update(new)
+
+
+# ---------------------------------------------------------------------------- windows demo
+def build_demo_memory(turns: int = 40) -> ConversationMemory:
+    """A travel-planning conversation with ``turns`` user turns, half of them tool calls."""
+    mem = ConversationMemory(agent="planner")
+    mem.add(Message.system("You are a travel planner. Answer briefly and cite tool results."))
+    mem.add(Message.user("Goal: plan a 10-day trip under 4000 EUR.", pinned=True))
+    for i in range(turns):
+        city = _CITIES[i % len(_CITIES)]
+        mem.add(Message.user(f"What is the weather like in {city} in week {i % 52 + 1}?"))
+        if i % 2 == 0:
+            call = ToolCall(id=f"call_{i}", name="weather", arguments={"city": city, "week": i})
+            mem.add(Message.assistant(None, tool_calls=[call]))
+            mem.add(
+                Message.tool(
+                    f"{city}: {15 + i % 12}C, light wind", tool_call_id=call.id, name="weather"
+                )
+            )
+        mem.add(
+            Message.assistant(
+                f"{city} should be mild then, around {15 + i % 12}C; pack a light jacket. "
+                f"Flights from Berlin to {city} cost about {180 + 7 * i} EUR."
+            )
+        )
+    return mem
+
+
+def _print_window(out: _Output, title: str, win: ContextWindow) -> None:
+    out.print(
+        f"\n== {title}: {len(win)} messages, {win.tokens} tokens "
+        f"(history {win.history_messages} messages, {win.history_tokens} tokens; "
+        f"saved {win.tokens_saved} tokens, dropped {win.dropped})",
+        "bold cyan",
+    )
+    for m in win.messages:
+        label = "summary" if m is win.summary else m.role
+        flag = " [pinned]" if m.pinned else ""
+        body = m.text or ", ".join(f"{c.name}({c.arguments})" for c in m.tool_calls)
+        body = " ".join(body.split())
+        out.print(f"  {label:>9}{flag}: {body[:96]}{'...' if len(body) > 96 else ''}")
+
+
+def windows_demo(out: _Output, max_tokens: int, turns: int) -> None:
+    """One conversation, three context strategies, one budget."""
+    out.print(f"marsys-mem demo: a {turns}-turn agent conversation under max_tokens={max_tokens}")
+    mem = build_demo_memory(turns)
+    _print_window(
+        out,
+        "sliding_window (a view: the history stays whole)",
+        mem.context(ContextPolicy(max_tokens=max_tokens)),
+    )
+    _print_window(
+        out,
+        "summarize (older turns folded into one summary message)",
+        mem.context(ContextPolicy(max_tokens=max_tokens, strategy="summarize", keep_recent=6)),
+    )
+    trimmed = mem.fork()
+    win = trimmed.context(ContextPolicy(max_tokens=max_tokens, strategy="trim_oldest"))
+    _print_window(out, "trim_oldest (destructive: the dropped turns are deleted)", win)
+    out.print(
+        f"\nafter trim_oldest the fork holds {len(trimmed)} messages; "
+        f"the original still holds {len(mem)}."
+    )
+    out.print(
+        "Invariants: system + pinned kept, tool calls never split from results, "
+        "every window fits its budget."
+    )
+
+
+# ---------------------------------------------------------------------------- commands
+def demo_workflow_path() -> Any:
+    """The bundled demo workflow (an ``importlib.resources`` traversable)."""
+    return resources.files("marsys_mem").joinpath("data", DEMO_WORKFLOW)
+
+
+def _run_and_print(
+    out: _Output,
+    workflow: Path,
+    *,
+    store: str | None,
+    mqtt: str | None,
+    as_json: bool,
+    progress: bool,
+) -> int:
+    from marsys_mem.workflow import load_workflow, run_workflow
+
+    wf = load_workflow(workflow)  # validate before anything is written
+    with _progress(f"running {wf.name}", progress and not as_json) as callback:
+        report = run_workflow(wf, store_dir=store, mqtt=mqtt, progress=callback)
+    if as_json:
+        print(report.to_json(), file=out.stream)
+    else:
+        out.report(report.to_text())
+    return 0 if report.ok else 1
+
+
+def cmd_demo(out: _Output, args: argparse.Namespace) -> int:
+    if args.windows:
+        windows_demo(out, args.max_tokens, args.turns)
+        return 0
+    started = time.perf_counter()
+    if not args.json:
+        out.print(
+            f"marsys-mem demo: running the bundled workflow {DEMO_WORKFLOW} "
+            "(also in examples/workflows/)\n"
+        )
+    with contextlib.ExitStack() as stack:
+        path = stack.enter_context(resources.as_file(demo_workflow_path()))
+        store = args.store
+        if store is None:
+            store = stack.enter_context(tempfile.TemporaryDirectory(prefix="marsys-mem-demo-"))
+        code = _run_and_print(
+            out, Path(path), store=store, mqtt=args.mqtt, as_json=args.json, progress=True
+        )
+    if not args.json:
+        out.print(
+            f"\ndemo finished in {time.perf_counter() - started:.1f} s. "
+            "Keep its store with --store DIR, then: marsys-mem inspect DIR; "
+            "marsys-mem search DIR 'market size'"
+        )
+    return code
+
+
+def cmd_run(out: _Output, args: argparse.Namespace) -> int:
+    return _run_and_print(
+        out,
+        Path(args.workflow),
+        store=args.store,
+        mqtt=args.mqtt,
+        as_json=args.json,
+        progress=not args.quiet,
+    )
+
+
+def cmd_validate(out: _Output, args: argparse.Namespace) -> int:
+    from marsys_mem.workflow import Workflow, check_file, prepare_workflow
+
+    result = check_file(args.file)
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if args.strict and result.warnings:
+        count = len(result.warnings)
+        print(f"error: {count} warning{'s' if count > 1 else ''} (--strict)", file=sys.stderr)
+        return 2
+    value = result.value
+    if isinstance(value, Workflow):
+        prepared = prepare_workflow(value)
+        out.print(
+            f"ok: workflow {value.name!r}: {len(value.agents)} agents, "
+            f"{len(prepared.initial)} initial branch(es), {prepared.count} steps to run",
+            "green",
+        )
+    else:
+        agents = ", ".join(value.agents) or "none"
+        out.print(
+            f"ok: retention config: store {value.store.backend}, default retention "
+            f"{value.defaults.retention}, agents: {agents}",
+            "green",
+        )
+    return 0
+
+
+def cmd_schema(out: _Output, args: argparse.Namespace) -> int:
+    from marsys_mem.workflow.plan import config_schema, workflow_schema
+
+    schema = workflow_schema() if args.workflow else config_schema()
+    document = {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
+    print(json.dumps(document, indent=2), file=out.stream)
+    return 0
+
+
+def cmd_inspect(out: _Output, args: argparse.Namespace) -> int:
+    from marsys_mem.cli.inspect import inspect_store
+
+    summary = inspect_store(args.store)
+    if args.json:
+        print(summary.model_dump_json(indent=2), file=out.stream)
+        return 0
+    out.print(f"== store {summary.path}", "bold cyan")
+    out.print(
+        f"   integrity {summary.integrity}; namespaces: {', '.join(summary.namespaces) or '-'}; "
+        f"{len(summary.agents)} agents, {len(summary.branches)} branches, "
+        f"{summary.messages} messages, {summary.runs} runs"
+    )
+    if summary.conversations:
+        out.print("\n== Conversations", "bold cyan")
+        out.table(
+            ["namespace", "agent@branch", "messages", "runs", "last message"],
+            [
+                [
+                    c.namespace,
+                    c.key,
+                    c.messages,
+                    c.runs,
+                    (c.last_message.strftime("%Y-%m-%d %H:%M:%S") if c.last_message else "-")
+                    + (f"  {c.last_text[:50]}" if c.last_text else ""),
+                ]
+                for c in summary.conversations
+            ],
+        )
+    if summary.internal:
+        out.print("\n== Memory patterns and records", "bold cyan")
+        out.table(
+            ["namespace", "key", "kind", "entries"],
+            [[i.namespace, f"{i.agent}/{i.branch}", i.kind, i.messages] for i in summary.internal],
+        )
+    if summary.facts:
+        out.print(f"\n== Facts recorded by workflow runs ({len(summary.facts)})", "bold cyan")
+        for f in summary.facts:
+            how = f"merged from {f.merged_from}" if f.merged_from else f.scope
+            topic = f", topic {f.topic}" if f.topic else ""
+            out.print(
+                f"   [{f.branch}] {f.source_agent}@{f.source_branch} ({how}{topic}): {f.text}"
+            )
+    if not summary.conversations and not summary.internal:
+        out.print("\n(the store is empty)")
+    return 0
+
+
+def cmd_search(out: _Output, args: argparse.Namespace) -> int:
+    from marsys_mem.cli.inspect import search_store
+
+    with _status("searching") as status:
+        hits, how = search_store(
+            args.store,
+            args.query,
+            agent=args.agent,
+            branch=args.branch,
+            k=args.k,
+            mode=args.mode,
+            status=status,
+        )
+    if args.json:
+        data = {"query": args.query, "how": how, "hits": [h.model_dump(mode="json") for h in hits]}
+        print(json.dumps(data, indent=2, ensure_ascii=False), file=out.stream)
+        return 0
+    out.print(f"== {len(hits)} hit(s) for {args.query!r} ({how})", "bold cyan")
+    if hits:
+        out.table(
+            ["#", "score", "agent@branch", "role", "text"],
+            [[h.rank, f"{h.score:.3f}", h.where, h.role, h.text[:90]] for h in hits],
+        )
+    return 0
+
+
+# ---------------------------------------------------------------------------- parser
+class _Parser(argparse.ArgumentParser):
+    """argparse with exit code 2 for every usage error (argparse's own convention)."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="marsys-mem",
+        description="Memory for multi-agent LLM systems: run workflows, inspect stores.",
+        epilog="Exit codes: 0 ok, 1 runtime failure or an unmet expectation, 2 bad input.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def mqtt_arg(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--mqtt", metavar="HOST:PORT", help="share facts through this broker")
+
+    p = sub.add_parser("demo", help="run the bundled research-team workflow")
+    p.add_argument("--store", metavar="DIR", help="keep the store in DIR (default: a temp dir)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    mqtt_arg(p)
+    p.add_argument(
+        "--windows",
+        action="store_true",
+        help="instead: the context windows of one conversation, three strategies",
+    )
+    p.add_argument("--max-tokens", type=int, default=400, help="--windows: the budget")
+    p.add_argument("--turns", type=int, default=40, help="--windows: conversation length")
+    p.set_defaults(handler=cmd_demo)
+
+    p = sub.add_parser("run", help="run a workflow file (YAML or JSON)")
+    p.add_argument("workflow", metavar="WORKFLOW")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--store", metavar="DIR", help="folder of the SQLite store (memory.db)")
+    mqtt_arg(p)
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(handler=cmd_run)
+
+    p = sub.add_parser(
+        "validate", help="check a workflow or retention-policy file (every error at once)"
+    )
+    p.add_argument("file", metavar="CONFIG_OR_WORKFLOW")
+    p.add_argument("--strict", action="store_true", help="warnings are errors (exit 2)")
+    p.set_defaults(handler=cmd_validate)
+
+    p = sub.add_parser("schema", help="print the JSON Schema of the config format")
+    p.add_argument("--workflow", action="store_true", help="the workflow format instead")
+    p.set_defaults(handler=cmd_schema)
+
+    p = sub.add_parser("inspect", help="show what a SQLite store holds")
+    p.add_argument("store", metavar="STORE", help="a store file, or a folder holding memory.db")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_inspect)
+
+    p = sub.add_parser("search", help="search the messages of a store")
+    p.add_argument("store", metavar="STORE")
+    p.add_argument("query", metavar="QUERY")
+    p.add_argument("--agent")
+    p.add_argument("--branch")
+    p.add_argument("-k", type=int, default=5, help="number of hits (default 5)")
+    p.add_argument(
+        "--mode",
+        choices=["auto", "bm25", "hybrid"],
+        default="auto",
+        help="hybrid: the agents' RAG memory (needs the embeddings extra)",
+    )
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_search)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``marsys-mem`` console script; returns the exit code."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2)
+        return exc.code if isinstance(exc.code, int) else 2
+    out = _Output(sys.stdout)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        code: int = args.handler(out, args)
+        return code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. `marsys-mem schema | head`: the reader left
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except Exception as exc:
+        return _report_error(exc, debug=args.debug)
+
+
+def _report_error(exc: Exception, *, debug: bool) -> int:
+    from marsys_mem.cli.inspect import StoreNotFoundError
+
+    bad_input = isinstance(exc, ConfigError | StoreNotFoundError) or (
+        isinstance(exc, MarsysMemError) and isinstance(exc, ValueError)
+    )
+    if isinstance(exc, StoreError) and "not a marsys-mem store" in str(exc):
+        bad_input = True
+    if isinstance(exc, ValueError) and not isinstance(exc, MarsysMemError):
+        bad_input = True  # bad arguments (an empty query, k < 1, ...)
+    if debug:
+        traceback.print_exception(exc, file=sys.stderr)
+    if isinstance(exc, MarsysMemError | ValueError | OSError):
+        lines = str(exc).splitlines() or [""]
+        for line in lines:  # a file's errors: one per line, each marked
+            print(f"error: {line}", file=sys.stderr)
+        if len(lines) > 1 and isinstance(exc, ConfigError) and not lines[-1].startswith("..."):
+            print(f"{len(lines)} errors", file=sys.stderr)
+    else:
+        print(
+            f"error: unexpected {type(exc).__name__}: {exc} (--debug shows where)", file=sys.stderr
+        )
+    return 2 if bad_input else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

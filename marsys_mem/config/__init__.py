@@ -1,0 +1,23 @@
+"""The memory configuration format and the one bounded reader for YAML, TOML and JSON files.
+
+``load_config`` reads a retention-policy file into a validated ``MemoryConfig``; errors name
+the file, the line and the field.
+"""
+
+from marsys_mem.config.models import (
+    AgentConfig,
+    MemoryConfig,
+    RetentionPolicy,
+    StoreConfig,
+    load_config,
+    parse_duration,
+)
+
+__all__ = [
+    "AgentConfig",
+    "MemoryConfig",
+    "RetentionPolicy",
+    "StoreConfig",
+    "load_config",
+    "parse_duration",
+]

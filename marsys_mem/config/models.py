@@ -1,0 +1,521 @@
+"""Retention policies and the config file format.
+
+A config file (YAML, TOML or JSON) says where memory is stored and, per agent, how long it
+lives and how much of it goes into the context window::
+
+    version: 1
+    store: {backend: sqlite, path: .marsys_mem/memory.db}
+    defaults:
+      retention: session                     # single_run | session | persistent
+      context: {max_messages: 50, max_tokens: 8000, strategy: sliding_window}
+    agents:
+      researcher:
+        retention: persistent
+        ttl: 30d                              # enforced by the store
+        max_stored_messages: 10000
+        context: {max_tokens: 4000, strategy: summarize, keep_recent: 20}
+      scratchpad: {retention: single_run}
+
+Each agent's settings are the defaults overridden field by field (``context`` key by key;
+when an agent changes the strategy, summarize-only keys of the defaults are dropped).
+A relative ``store.path`` is resolved against the config file's folder.
+
+Retention kinds:
+
+* ``single_run``: memory lives for one ``MemoryManager.run``; cleared when it ends.
+* ``session``: memory lives until ``MemoryManager.end_session()``; never written to disk.
+* ``persistent``: memory is written to the store and reloaded by the next process;
+  ``ttl`` and ``max_stored_messages`` bound it.
+
+Errors are :class:`~marsys_mem.exceptions.ConfigError` naming the file, the field path and
+the bad value. ``MemoryConfig.model_json_schema()`` gives the JSON Schema for editors.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from marsys_mem.config.files import DEFAULT_LIMITS, FileLimits, load_file, short_repr
+from marsys_mem.config.schema_forms import AlsoAccepts, SchemaAs, SchemaOf
+from marsys_mem.context.compose import BudgetSplit
+from marsys_mem.context.window import ContextPolicy
+from marsys_mem.exceptions import ConfigError
+from marsys_mem.model.names import NAME_PATTERN
+
+__all__ = [
+    "AgentConfig",
+    "Duration",
+    "EpisodicPatternConfig",
+    "HierarchicalPatternConfig",
+    "MemoryConfig",
+    "PatternsConfig",
+    "RagPatternConfig",
+    "RetentionKind",
+    "RetentionPolicy",
+    "StoreConfig",
+    "format_validation_error",
+    "load_config",
+    "parse_duration",
+]
+
+RetentionKind = Literal["single_run", "session", "persistent"]
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
+
+
+def parse_duration(value: object) -> timedelta:
+    """Parse ``30d``, ``12h``, ``1d12h``, ``90m``, ``45s``, ``2w``, seconds, or a timedelta.
+
+    Raises:
+        ValueError: anything else, a duration that is not positive, not finite, or longer
+            than ``timedelta`` can hold (999,999,999 days).
+    """
+    if isinstance(value, timedelta):
+        result = value
+    elif isinstance(value, bool):
+        raise ValueError(f"invalid duration {short_repr(value)}")
+    elif isinstance(value, int | float):
+        result = _from_seconds(value, value)
+    elif isinstance(value, str):
+        text = value.strip().lower().replace(" ", "")
+        pos, seconds = 0, 0.0
+        for match in _DURATION.finditer(text):
+            if match.start() != pos:
+                break
+            seconds += float(match.group(1)) * _UNITS[match.group(2)]
+            pos = match.end()
+        if not text or pos != len(text):
+            raise ValueError(
+                f"invalid duration {short_repr(value)}: use a number and a unit s/m/h/d/w, "
+                "e.g. 30d, 12h, 1d12h"
+            )
+        result = _from_seconds(seconds, value)
+    else:
+        raise ValueError(
+            f"invalid duration {short_repr(value)}: expected a string like '30d' or seconds"
+        )
+    if result <= timedelta(0):
+        raise ValueError(f"duration must be positive, got {short_repr(value)}")
+    return result
+
+
+_MAX_SECONDS = timedelta.max.total_seconds()
+
+
+def _from_seconds(seconds: float, value: object) -> timedelta:
+    """``timedelta(seconds=...)`` with NaN, infinity and overflow as ``ValueError``."""
+    if isinstance(seconds, float) and math.isnan(seconds):
+        raise ValueError(f"invalid duration {short_repr(value)}: not a number")
+    if abs(seconds) > _MAX_SECONDS:  # also infinity; an int is compared exactly
+        raise ValueError(
+            f"duration {short_repr(value)} is too long: at most 999999999 days "
+            "(leave ttl unset to keep messages forever)"
+        )
+    try:
+        return timedelta(seconds=seconds)
+    except OverflowError:  # rounding at the very edge of the range
+        raise ValueError(f"duration {short_repr(value)} is too long") from None
+
+
+Duration = Annotated[
+    timedelta,
+    BeforeValidator(parse_duration),
+    SchemaAs(
+        {
+            "anyOf": [
+                {"type": "string", "pattern": r"^\s*(\d+(\.\d+)?\s*[smhdwSMHDW]\s*)+$"},
+                {"type": "number", "exclusiveMinimum": 0},
+            ]
+        }
+    ),
+]
+"""A positive duration, written ``30d``, ``12h``, ``1d12h`` or as seconds."""
+
+
+def _enabled(value: object) -> object:
+    """``true`` enables a pattern with its defaults; ``false`` disables it."""
+    if value is True:
+        return {}
+    if value is False:
+        return None
+    return value
+
+
+_OR_BOOL = AlsoAccepts({"type": "boolean"})
+
+
+class RagPatternConfig(BaseModel):
+    """Retrieval over the agent's whole history (``patterns.rag``).
+
+    Example:
+        >>> RagPatternConfig(k=4, mode="bm25").k
+        4
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    k: int = Field(default=4, ge=1, le=100)
+    min_score: float | None = None
+    mode: Literal["hybrid", "dense", "bm25"] = "hybrid"
+    dense_weight: float = Field(default=1.0, ge=0.0)
+    bm25_weight: float = Field(default=1.0, ge=0.0)
+
+
+class EpisodicPatternConfig(BaseModel):
+    """Episodes (one per run) recalled by meaning (``patterns.episodic``).
+
+    Example:
+        >>> EpisodicPatternConfig().k
+        3
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    k: int = Field(default=3, ge=1, le=100)
+
+
+class HierarchicalPatternConfig(BaseModel):
+    """Core / working / archival tiers (``patterns.hierarchical``).
+
+    Example:
+        >>> HierarchicalPatternConfig(core_threshold=0.9).working_size
+        20
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    core_threshold: float = Field(default=0.8, ge=0.0, le=1.0)
+    working_size: int = Field(default=20, ge=1)
+    k: int = Field(default=3, ge=1, le=100)
+
+
+class PatternsConfig(BaseModel):
+    """Which memory patterns an agent uses, their parameters, and the budget split.
+
+    ``embedder``: ``default`` (the packaged MiniLM when the ``embeddings`` extra is
+    installed, else BM25 only with one notice), ``hashing`` (deterministic, not semantic)
+    or ``none`` (BM25 only). ``budget``: the most of ``max_tokens`` each block may take.
+
+    Example:
+        >>> cfg = PatternsConfig.model_validate({"rag": True, "budget": {"retrieval": 0.3}})
+        >>> cfg.rag.k, cfg.episodic is None, cfg.budget.retrieval
+        (4, True, 0.3)
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    embedder: Literal["default", "hashing", "none"] = "default"
+    rag: Annotated[RagPatternConfig | None, BeforeValidator(_enabled), _OR_BOOL] = None
+    episodic: Annotated[EpisodicPatternConfig | None, BeforeValidator(_enabled), _OR_BOOL] = None
+    hierarchical: Annotated[
+        HierarchicalPatternConfig | None, BeforeValidator(_enabled), _OR_BOOL
+    ] = None
+    budget: BudgetSplit = Field(default_factory=BudgetSplit)
+
+    @property
+    def any(self) -> bool:
+        """True if some retrieval pattern is enabled."""
+        return any(p is not None for p in (self.rag, self.episodic, self.hierarchical))
+
+
+class RetentionPolicy(BaseModel):
+    """How long an agent's memory lives, how much is stored, and its context window.
+
+    Example:
+        >>> p = RetentionPolicy(retention="persistent", ttl="30d", max_stored_messages=10_000)
+        >>> p.ttl.days, p.context.strategy
+        (30, 'sliding_window')
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    retention: RetentionKind = "session"
+    ttl: Duration | None = None
+    max_stored_messages: int | None = Field(default=None, ge=1)
+    context: ContextPolicy = Field(default_factory=ContextPolicy)
+    patterns: PatternsConfig = Field(default_factory=PatternsConfig)
+
+    @property
+    def is_persistent(self) -> bool:
+        """True for ``persistent`` retention."""
+        return self.retention == "persistent"
+
+
+class AgentConfig(BaseModel):
+    """One agent's overrides of the defaults; every field is optional.
+
+    Example:
+        >>> AgentConfig(retention="single_run").retention
+        'single_run'
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    retention: RetentionKind | None = None
+    ttl: Duration | None = None
+    max_stored_messages: int | None = Field(default=None, ge=1)
+    context: Annotated[dict[str, Any], SchemaOf(ContextPolicy)] | None = None
+    patterns: Annotated[dict[str, Any], SchemaOf(PatternsConfig)] | None = None
+
+
+class StoreConfig(BaseModel):
+    """Where persistent memory lives.
+
+    ``backend``: ``memory`` (nothing survives the process) or ``sqlite`` (``path``,
+    default ``.marsys_mem/memory.db``). ``namespace`` separates projects sharing a store.
+
+    Example:
+        >>> StoreConfig(backend="sqlite", path="mem.db").namespace
+        'default'
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    backend: Literal["memory", "sqlite"] = "memory"
+    path: Path | None = None
+    namespace: str = Field(default="default", pattern=NAME_PATTERN)  # marsys_mem.model.names
+
+    @model_validator(mode="after")
+    def _check(self) -> StoreConfig:
+        if self.backend == "memory" and self.path is not None:
+            raise ValueError("path is only used by backend 'sqlite'")
+        return self
+
+    def resolved_path(self, base: Path | None = None) -> Path:
+        """The SQLite path, relative paths resolved against ``base`` (the config's folder)."""
+        path = self.path or Path(".marsys_mem/memory.db")
+        if not path.is_absolute() and base is not None:
+            path = base / path
+        return path
+
+
+_SUMMARIZE_ONLY = ("keep_recent", "summary_max_tokens")
+
+
+def _merge_context(defaults: dict[str, Any], override: dict[str, Any] | None) -> dict[str, Any]:
+    merged = dict(defaults)
+    if override:
+        if "strategy" in override and override["strategy"] != defaults.get("strategy"):
+            for key in _SUMMARIZE_ONLY:
+                if key not in override:
+                    merged.pop(key, None)
+        merged.update(override)
+    return merged
+
+
+def _error_details(
+    exc: ValidationError, prefix: tuple[str, ...] = (), *, fields_only: bool = False
+) -> list[InitErrorDetails]:
+    """``exc``'s errors, under ``prefix``, to raise again as part of a larger error."""
+    return [
+        InitErrorDetails(
+            type=PydanticCustomError(err["type"], err["msg"]),
+            loc=(*prefix, *err["loc"]),
+            input=err["input"],
+        )
+        for err in exc.errors(include_url=False)
+        if err["loc"] or not fields_only
+    ]
+
+
+def _merge_errors(name: str, raw: object, defaults: object) -> list[InitErrorDetails]:
+    """Errors of an agent's context and patterns merged over the defaults (as ``policy_for``).
+
+    With invalid defaults only the override's own fields are checked.
+    """
+    if isinstance(raw, AgentConfig):
+        context, patterns = raw.context, raw.patterns
+    elif isinstance(raw, dict):
+        context, patterns = raw.get("context"), raw.get("patterns")
+    else:
+        return []
+    base = defaults if isinstance(defaults, RetentionPolicy) else None
+    out: list[InitErrorDetails] = []
+    if isinstance(context, dict):
+        ctx = base.context.model_dump(exclude_unset=True) if base is not None else {}
+        try:
+            ContextPolicy.model_validate(_merge_context(ctx, context))
+        except ValidationError as exc:
+            out += _error_details(exc, (name, "context"), fields_only=base is None)
+    if isinstance(patterns, dict):
+        pat = base.patterns.model_dump(exclude_unset=True) if base is not None else {}
+        try:
+            PatternsConfig.model_validate({**pat, **patterns})
+        except ValidationError as exc:
+            out += _error_details(exc, (name, "patterns"), fields_only=base is None)
+    return out
+
+
+class MemoryConfig(BaseModel):
+    """A whole config file: store, defaults and per-agent policies.
+
+    Example:
+        >>> cfg = MemoryConfig.model_validate({
+        ...     "version": 1,
+        ...     "defaults": {"retention": "session", "context": {"max_tokens": 8000}},
+        ...     "agents": {"researcher": {"retention": "persistent", "ttl": "30d",
+        ...                               "context": {"max_tokens": 4000}}},
+        ... })
+        >>> p = cfg.policy_for("researcher")
+        >>> p.retention, p.context.max_tokens, cfg.policy_for("anyone").retention
+        ('persistent', 4000, 'session')
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: Literal[1] = 1
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    defaults: RetentionPolicy = Field(default_factory=RetentionPolicy)
+    agents: dict[str, AgentConfig] = Field(default_factory=dict)
+    _source: Path | None = PrivateAttr(default=None)
+
+    @field_validator("agents", mode="wrap")
+    @classmethod
+    def _check_agents(
+        cls, value: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo
+    ) -> dict[str, AgentConfig]:
+        """Merged policies must validate too; every error is reported, each at its field."""
+        errors: list[InitErrorDetails] = []
+        agents: dict[str, AgentConfig] = {}
+        try:
+            agents = handler(value)
+        except ValidationError as exc:
+            errors.extend(_error_details(exc))
+        defaults = info.data.get("defaults")
+        for name, raw in value.items() if isinstance(value, dict) else ():
+            if name == "":
+                errors.append(
+                    InitErrorDetails(
+                        type=PydanticCustomError("value_error", "agent names must be non-empty"),
+                        loc=(),
+                        input=value,
+                    )
+                )
+            elif isinstance(name, str):
+                errors.extend(_merge_errors(name, raw, defaults))
+        if errors:
+            raise ValidationError.from_exception_data("agents", errors)
+        return agents
+
+    def policy_for(self, agent: str) -> RetentionPolicy:
+        """The agent's effective policy (defaults for an agent not listed)."""
+        override = self.agents.get(agent)
+        if override is None:
+            return self.defaults
+        base = self.defaults
+        defaults_ctx = base.context.model_dump(exclude_unset=True)
+        fields: dict[str, Any] = {
+            "retention": override.retention or base.retention,
+            "ttl": override.ttl if override.ttl is not None else base.ttl,
+            "max_stored_messages": (
+                override.max_stored_messages
+                if override.max_stored_messages is not None
+                else base.max_stored_messages
+            ),
+        }
+        try:
+            context = ContextPolicy.model_validate(_merge_context(defaults_ctx, override.context))
+        except ValidationError as exc:
+            raise ValueError(
+                f"agents.{agent}.context: " + format_validation_error(exc, prefix="")
+            ) from None
+        patterns = base.patterns
+        if override.patterns is not None:
+            merged = {**base.patterns.model_dump(exclude_unset=True), **override.patterns}
+            try:
+                patterns = PatternsConfig.model_validate(merged)
+            except ValidationError as exc:
+                raise ValueError(
+                    f"agents.{agent}.patterns: " + format_validation_error(exc, prefix="")
+                ) from None
+        return RetentionPolicy(context=context, patterns=patterns, **fields)
+
+    @property
+    def source(self) -> Path | None:
+        """The file this config was loaded from, if any."""
+        return self._source
+
+    @property
+    def base_dir(self) -> Path | None:
+        """Folder of the file this config came from (for relative store paths)."""
+        return self._source.parent if self._source is not None else None
+
+
+_MAX_ERRORS = 20
+
+
+def format_validation_error(exc: ValidationError, *, prefix: str = "") -> str:
+    """One line per error: ``field.path: message (got value)``.
+
+    Values and long keys are shortened (:func:`~marsys_mem.config.files.short_repr`) and
+    at most 20 errors are listed, so a message stays readable whatever the file holds.
+    """
+    errors = exc.errors(include_url=False)
+    lines = []
+    for err in errors[:_MAX_ERRORS]:
+        loc = ".".join(_short_part(p) for p in err["loc"])
+        msg = err["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        got = err.get("input")
+        shown = (
+            "" if isinstance(got, dict) or err["type"] == "missing" else f" (got {short_repr(got)})"
+        )
+        lines.append(f"{prefix}{loc}: {msg}{shown}" if loc else f"{prefix}{msg}")
+    if len(errors) > _MAX_ERRORS:
+        lines.append(f"{prefix}... and {len(errors) - _MAX_ERRORS} more errors")
+    return "; ".join(lines)
+
+
+def _short_part(part: object) -> str:
+    text = str(part)
+    return text if len(text) <= 60 else short_repr(text, 60)
+
+
+def load_config(path: str | Path, *, limits: FileLimits = DEFAULT_LIMITS) -> MemoryConfig:
+    """Load and validate a config file (YAML, TOML or JSON, by extension).
+
+    The file is read by :func:`marsys_mem.config.files.load_file`: its size, nesting and
+    YAML alias expansion are bounded by ``limits``; duplicate keys, integers beyond 64
+    bits, bytes that are not UTF-8 and empty files are refused.
+
+    Raises:
+        ConfigError: the file is missing, unparsable, too large, empty or invalid; the
+            message names the file, the field path (or the line) and the bad value.
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "team.json"
+        >>> _ = path.write_text('{"agents": {"researcher": {"retention": "persistent"}}}')
+        >>> load_config(path).agents["researcher"].retention
+        'persistent'
+    """
+    path = Path(path)
+    data = load_file(path, what="config file", limits=limits).data
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
+    try:
+        config = MemoryConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: {format_validation_error(exc)}") from None
+    config._source = path.resolve()
+    return config

@@ -1,0 +1,36 @@
+"""The data model: messages and their provider formats, shared facts, runs, events, names.
+
+The bottom layer of the package: it imports nothing from marsys-mem but ``exceptions``.
+"""
+
+from marsys_mem.model.events import EventBus, MemoryEvent
+from marsys_mem.model.facts import SharedFact
+from marsys_mem.model.messages import (
+    MESSAGE_LIST_ADAPTER,
+    AgentCall,
+    ImagePart,
+    Message,
+    Role,
+    TextPart,
+    ToolCall,
+    to_llm_format,
+)
+from marsys_mem.model.names import validate_name
+from marsys_mem.model.runs import RunSnapshot, history
+
+__all__ = [
+    "MESSAGE_LIST_ADAPTER",
+    "AgentCall",
+    "EventBus",
+    "ImagePart",
+    "MemoryEvent",
+    "Message",
+    "Role",
+    "RunSnapshot",
+    "SharedFact",
+    "TextPart",
+    "ToolCall",
+    "history",
+    "to_llm_format",
+    "validate_name",
+]

@@ -1,0 +1,220 @@
+"""Runs: one agent invocation, its messages, and chains of runs.
+
+A :class:`RunContext` is what ``MemoryManager.run(agent)`` yields: it has a ``run_id``, an
+optional ``parent_id`` (the run it continues), the memory it writes to, token usage and
+an error slot. When the run ends a :class:`RunSnapshot` is saved through the store.
+
+Chains: a run started with ``parent_id`` continues where its parent left off. Its memory
+starts from :func:`history` of the parent (the messages of every run on the chain, root
+first), and two runs with the same parent form two branches that do not see each other.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue
+
+from marsys_mem.model.messages import Message
+
+if TYPE_CHECKING:
+    from marsys_mem.conversation import ConversationMemory
+
+__all__ = ["RunContext", "RunLoader", "RunSnapshot", "RunStatus", "history"]
+
+RunStatus = Literal["running", "ok", "error"]
+_OUTPUT_ROLES = frozenset(("assistant", "agent_response"))
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class RunSnapshot(BaseModel):
+    """What one run did, as saved by the store.
+
+    ``messages`` are the messages the run added, in order; ``input_ids`` marks which of
+    them were inputs (everything not written by the agent itself: user, system, tool,
+    agent_call messages); the rest are outputs.
+
+    Example:
+        >>> snap = RunSnapshot(run_id="r1", agent="researcher",
+        ...                    messages=[Message.user("hi"), Message.assistant("hello")])
+        >>> [m.text for m in snap.output_messages]
+        ['hello']
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run_id: str = Field(min_length=1)
+    parent_id: str | None = None
+    namespace: str = "default"
+    agent: str = Field(min_length=1)
+    branch: str = "main"
+    status: RunStatus = "ok"
+    started_at: AwareDatetime = Field(default_factory=_utcnow)
+    ended_at: AwareDatetime | None = None
+    messages: list[Message] = Field(default_factory=list)
+    input_ids: list[str] | None = None
+    usage: dict[str, int] = Field(default_factory=dict)
+    error: str | None = None
+    metadata: dict[str, JsonValue] = Field(default_factory=dict)
+
+    def _is_input(self, m: Message) -> bool:
+        if self.input_ids is not None:
+            return m.message_id in self.input_ids
+        return m.role not in _OUTPUT_ROLES
+
+    @property
+    def input_messages(self) -> list[Message]:
+        """Messages that came into the run."""
+        return [m for m in self.messages if self._is_input(m)]
+
+    @property
+    def output_messages(self) -> list[Message]:
+        """Messages the agent produced."""
+        return [m for m in self.messages if not self._is_input(m)]
+
+
+class RunContext:
+    """A live run: records the messages added through it, usage and errors.
+
+    Use :meth:`add` (or :meth:`input` / :meth:`output`) so the run knows its messages;
+    they also go to ``memory``.
+
+    Example:
+        >>> from marsys_mem import ConversationMemory
+        >>> run = RunContext(agent="researcher", memory=ConversationMemory())
+        >>> _ = run.input(Message.user("Q4 growth?"))
+        >>> _ = run.output(Message.assistant("12%"))
+        >>> run.add_usage(prompt_tokens=12, completion_tokens=3)
+        >>> snap = run.snapshot()
+        >>> len(snap.messages), snap.usage["prompt_tokens"], snap.parent_id is None
+        (2, 12, True)
+    """
+
+    def __init__(
+        self,
+        *,
+        agent: str,
+        memory: ConversationMemory,
+        parent_id: str | None = None,
+        run_id: str | None = None,
+        namespace: str = "default",
+        branch: str = "main",
+        metadata: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.run_id = run_id or "run_" + uuid.uuid4().hex
+        self.parent_id = parent_id
+        self.agent = agent
+        self.memory = memory
+        self.namespace = namespace
+        self.branch = branch
+        self.metadata: dict[str, Any] = dict(metadata or {})
+        self.started_at = _utcnow()
+        self.ended_at: datetime | None = None
+        self.usage: dict[str, int] = {}
+        self.error: str | None = None
+        self.status: RunStatus = "running"
+        self._messages: list[Message] = []
+        self._inputs: list[str] = []
+
+    def add(self, message: Message | Mapping[str, Any], *, is_input: bool | None = None) -> str:
+        """Add a message to the memory and to this run; returns its id.
+
+        ``is_input`` defaults to "not written by the agent" (not assistant/agent_response).
+        """
+        mid = self.memory.add(message)
+        m = self.memory[-1]
+        self._messages.append(m)
+        if is_input if is_input is not None else m.role not in _OUTPUT_ROLES:
+            self._inputs.append(mid)
+        return mid
+
+    def input(self, message: Message | Mapping[str, Any]) -> str:
+        """Add an input message (a request, a tool result)."""
+        return self.add(message, is_input=True)
+
+    def output(self, message: Message | Mapping[str, Any]) -> str:
+        """Add an output message (what the agent produced)."""
+        return self.add(message, is_input=False)
+
+    def add_usage(self, **counts: int) -> None:
+        """Accumulate token usage, e.g. ``add_usage(prompt_tokens=120, completion_tokens=30)``."""
+        for key, value in counts.items():
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"usage {key} must be an int >= 0, got {value!r}")
+            self.usage[key] = self.usage.get(key, 0) + value
+
+    @property
+    def messages(self) -> list[Message]:
+        """Messages added through this run, in order."""
+        return list(self._messages)
+
+    def finish(self, error: BaseException | None = None) -> None:
+        """Mark the run ended (``error``: the exception that ended it)."""
+        self.ended_at = _utcnow()
+        if error is not None:
+            self.status = "error"
+            self.error = f"{type(error).__name__}: {error}"
+        else:
+            self.status = "ok"
+
+    def snapshot(self) -> RunSnapshot:
+        """The run as a :class:`RunSnapshot` (what the store saves)."""
+        return RunSnapshot(
+            run_id=self.run_id,
+            parent_id=self.parent_id,
+            namespace=self.namespace,
+            agent=self.agent,
+            branch=self.branch,
+            status=self.status,
+            started_at=self.started_at,
+            ended_at=self.ended_at,
+            messages=list(self._messages),
+            input_ids=list(self._inputs),
+            usage=dict(self.usage),
+            error=self.error,
+            metadata=self.metadata,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"RunContext(run_id={self.run_id!r}, parent_id={self.parent_id!r}, "
+            f"agent={self.agent!r}, status={self.status!r}, messages={len(self._messages)})"
+        )
+
+
+class RunLoader(Protocol):
+    """Anything with ``load_run(run_id)``: a store, or a ``MemoryManager``."""
+
+    def load_run(self, run_id: str) -> RunSnapshot | None:
+        """The snapshot of ``run_id``, or ``None``."""
+        ...
+
+
+def history(store: RunLoader, run_id: str) -> list[Message]:
+    """The conversation up to the end of ``run_id``: its chain's messages, root first.
+
+    Raises:
+        MessageNotFoundError: a run on the chain is not in the store.
+        ValueError: the parent chain has a cycle.
+    """
+    from marsys_mem.exceptions import MessageNotFoundError
+
+    chain: list[RunSnapshot] = []
+    seen: set[str] = set()
+    current: str | None = run_id
+    while current is not None:
+        if current in seen:
+            raise ValueError(f"run chain of {run_id!r} has a cycle at {current!r}")
+        seen.add(current)
+        snap = store.load_run(current)
+        if snap is None:
+            raise MessageNotFoundError(f"run {current!r} is not in the store")
+        chain.append(snap)
+        current = snap.parent_id
+    return [m for snap in reversed(chain) for m in snap.messages]

@@ -1,0 +1,608 @@
+"""Vector indexes: the :class:`VectorIndex` protocol and :class:`FaissIndex`.
+
+Ids are strings (a message id, a chunk id); scores are inner products, which equal cosine
+similarities for the unit vectors an :class:`~marsys_mem.retrieval.embeddings.Embedder` returns.
+
+:class:`FaissIndex` searches exactly (``IndexFlatIP``) while small and switches to HNSW
+(``IndexHNSWFlat``, approximate, sub-linear) past ``hnsw_threshold`` vectors when
+``kind="auto"``. It is saved atomically into one self-checking file (no pickle) and refuses
+to load a file that is truncated, corrupt or was built for another embedder, raising
+:class:`~marsys_mem.exceptions.IndexCorruptError`: rebuild it from the store then.
+
+The file format lives in :mod:`marsys_mem.retrieval.index_file`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, Literal, Protocol, Self, runtime_checkable
+
+import faiss
+import numpy as np
+
+from marsys_mem.exceptions import EmbeddingError, IndexCorruptError, StoreError
+from marsys_mem.retrieval.embeddings import FloatArray, check_vectors
+from marsys_mem.retrieval.index_file import (
+    FORMAT_VERSION,
+    read_index_file,
+    read_index_header,
+    write_index_file,
+)
+
+__all__ = [
+    "FORMAT_VERSION",
+    "FaissIndex",
+    "IndexKind",
+    "VectorIndex",
+    "single_thread",
+]
+
+IndexKind = Literal["flat", "hnsw", "auto"]
+
+_faiss_untyped: Any = faiss  # for the parts faiss's own type stubs leave out
+
+_TOMBSTONE_RATIO = 0.2
+
+
+@contextlib.contextmanager
+def single_thread() -> Iterator[None]:
+    """Run faiss with one OpenMP thread inside the block (restored afterwards).
+
+    For one query, thread start-up costs more than it saves (about 3x slower on two
+    shared cores). :meth:`FaissIndex.search` does this itself for single queries.
+
+    Example:
+        >>> with single_thread():
+        ...     pass
+    """
+    previous = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(previous)
+
+
+@runtime_checkable
+class VectorIndex(Protocol):
+    """A mutable set of ``(id, vector)`` pairs searched by inner product (a protocol).
+
+    Contract: adding an existing id replaces its vector; :meth:`search` returns, per query
+    row, at most ``k`` live ids best first with their scores, never a removed id; bad input
+    raises :class:`~marsys_mem.exceptions.EmbeddingError` and changes nothing.
+
+    Example:
+        >>> isinstance(FaissIndex(4), VectorIndex)
+        True
+    """
+
+    @property
+    def dim(self) -> int:
+        """Dimension of the vectors."""
+        ...
+
+    def __len__(self) -> int:
+        """Number of live ids."""
+        ...
+
+    def __contains__(self, id: object) -> bool:
+        """Whether ``id`` is in the index."""
+        ...
+
+    def ids(self) -> list[str]:
+        """The live ids."""
+        ...
+
+    def add(self, ids: Sequence[str], vectors: FloatArray) -> None:
+        """Add or replace vectors (row ``i`` belongs to ``ids[i]``)."""
+        ...
+
+    def remove(self, ids: Iterable[str]) -> int:
+        """Remove ids (unknown ones are ignored); returns how many were removed."""
+        ...
+
+    def search(self, vectors: FloatArray, k: int) -> tuple[list[list[str]], FloatArray]:
+        """The ``k`` best ids per query row and their inner-product scores."""
+        ...
+
+    def save(self, path: str | os.PathLike[str], *, meta: Mapping[str, Any] | None = None) -> None:
+        """Write the index to ``path`` atomically."""
+        ...
+
+
+def _check_ids(ids: Sequence[str], what: str = "ids") -> list[str]:
+    if isinstance(ids, str | bytes):
+        raise EmbeddingError(f"{what} must be a sequence of str, not one string: use [id]")
+    try:
+        items = list(ids)
+    except TypeError as exc:
+        raise EmbeddingError(f"{what} must be a sequence of str, got {ids!r}") from exc
+    for i, item in enumerate(items):
+        if not isinstance(item, str) or not item:
+            raise EmbeddingError(f"{what}[{i}] must be a non-empty str, got {item!r}")
+    return items
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+class FaissIndex:
+    """A faiss inner-product index with string ids, replace/remove, and safe files.
+
+    ``kind="flat"`` searches exactly (brute force, ~0.4 ms per query over 10k x 384 on
+    one core). ``kind="hnsw"`` uses an HNSW graph (approximate, ~1 ms over 100k x 384,
+    but building it costs about 0.4 ms per vector). ``kind="auto"`` (the default) starts
+    flat and rebuilds as HNSW the first time more than ``hnsw_threshold`` ids are live;
+    it stays HNSW afterwards. HNSW cannot delete: removed or replaced vectors become
+    tombstones, filtered out of every search, and the graph is rebuilt from the live
+    vectors when tombstones pass 20% of it.
+
+    Vectors are stored as given (``float32``); the score is the inner product, i.e. the
+    cosine similarity for unit vectors. Every method is thread-safe (one lock), so an
+    :class:`~marsys_mem.retrieval.ingest.EmbeddingQueue` callback may add while others search.
+    Bad input raises :class:`~marsys_mem.exceptions.EmbeddingError` (a ``ValueError``)
+    naming the numbers, and leaves the index unchanged.
+
+    Args:
+        dim: vector dimension.
+        kind: ``"flat"``, ``"hnsw"`` or ``"auto"``.
+        hnsw_threshold: live ids past which ``"auto"`` switches to HNSW.
+        hnsw_m: HNSW graph degree (more: better recall, more memory).
+        ef_search: HNSW search breadth (more: better recall, slower); at least ``k`` is used.
+
+    Raises:
+        ValueError: a bad ``dim``, ``kind`` or HNSW setting.
+
+    Example:
+        >>> import numpy as np
+        >>> index = FaissIndex(3)
+        >>> index.add(["a", "b", "c"], np.eye(3, dtype=np.float32))
+        >>> ids, scores = index.search(np.array([[0.8, 0.6, 0.0]], dtype=np.float32), k=2)
+        >>> ids, scores.astype(float).round(2).tolist()
+        ([['a', 'b']], [[0.8, 0.6]])
+        >>> index.remove(["a"]), len(index), "a" in index
+        (1, 2, False)
+        >>> index.search(np.array([[1.0, 0.5, 0.2]], dtype=np.float32), k=5)[0]
+        [['b', 'c']]
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        kind: IndexKind = "auto",
+        *,
+        hnsw_threshold: int = 50_000,
+        hnsw_m: int = 32,
+        ef_search: int = 64,
+    ) -> None:
+        self._dim = _check_int("dim", dim, 1)
+        if kind not in ("flat", "hnsw", "auto"):
+            raise ValueError(f"kind must be 'flat', 'hnsw' or 'auto', got {kind!r}")
+        self._requested: IndexKind = kind
+        self._hnsw_threshold = _check_int("hnsw_threshold", hnsw_threshold, 0)
+        self._hnsw_m = _check_int("hnsw_m", hnsw_m, 2)
+        self._ef_search = _check_int("ef_search", ef_search, 1)
+        self._lock = threading.RLock()
+        self._label_of: dict[str, int] = {}
+        self._id_of: dict[int, str] = {}
+        self._dead: set[int] = set()  # HNSW tombstones (labels still in the graph)
+        self._dead_selector: Any = None
+        self._next_label = 0
+        self._kind: Literal["flat", "hnsw"] = "hnsw" if kind == "hnsw" else "flat"
+        self._index: Any = None
+        self._inner: Any = None
+        self._index, self._inner = self._new_faiss(self._kind)
+
+    # ----------------------------------------------------------------- properties
+
+    @property
+    def dim(self) -> int:
+        """Dimension of the vectors."""
+        return self._dim
+
+    @property
+    def kind(self) -> Literal["flat", "hnsw"]:
+        """The structure in use now (``"auto"`` resolves to one of them)."""
+        return self._kind
+
+    @property
+    def requested_kind(self) -> IndexKind:
+        """The ``kind`` given to the constructor."""
+        return self._requested
+
+    @property
+    def tombstones(self) -> int:
+        """Removed or replaced vectors still inside an HNSW graph (0 for flat)."""
+        return len(self._dead)
+
+    def __len__(self) -> int:
+        return len(self._label_of)
+
+    def __contains__(self, id: object) -> bool:
+        return id in self._label_of
+
+    def ids(self) -> list[str]:
+        """The live ids, in the order they were first added."""
+        with self._lock:
+            return list(self._label_of)
+
+    def __repr__(self) -> str:
+        return (
+            f"FaissIndex(dim={self._dim}, kind={self._requested!r}) "
+            f"<{self._kind}, {len(self)} ids, {len(self._dead)} tombstones>"
+        )
+
+    # ------------------------------------------------------------------ internals
+
+    def _new_faiss(self, kind: Literal["flat", "hnsw"]) -> tuple[Any, Any]:
+        inner: Any
+        if kind == "flat":
+            inner = faiss.IndexFlatIP(self._dim)
+        else:
+            inner = faiss.IndexHNSWFlat(self._dim, self._hnsw_m, faiss.METRIC_INNER_PRODUCT)
+            inner.hnsw.efSearch = self._ef_search
+        return faiss.IndexIDMap2(inner), inner
+
+    def _rebuild(self, kind: Literal["flat", "hnsw"]) -> None:
+        """Rebuild the faiss index as ``kind`` from the live vectors (drops tombstones)."""
+        labels = faiss.vector_to_array(self._index.id_map).astype(np.int64, copy=False)
+        ntotal = int(self._inner.ntotal)
+        index, inner = self._new_faiss(kind)
+        if ntotal:
+            keep = np.fromiter(
+                (int(label) in self._id_of for label in labels), dtype=bool, count=labels.size
+            )
+            if keep.any():
+                vectors = self._inner.reconstruct_n(0, ntotal)
+                index.add_with_ids(
+                    np.ascontiguousarray(vectors[keep], dtype=np.float32),
+                    np.ascontiguousarray(labels[keep]),
+                )
+        self._index, self._inner, self._kind = index, inner, kind
+        self._dead.clear()
+        self._dead_selector = None
+
+    def _maintain(self) -> None:
+        if (
+            self._requested == "auto"
+            and self._kind == "flat"
+            and len(self._label_of) > self._hnsw_threshold
+        ):
+            self._rebuild("hnsw")
+        elif self._kind == "hnsw" and len(self._dead) > _TOMBSTONE_RATIO * max(
+            int(self._inner.ntotal), 1
+        ):
+            self._rebuild("hnsw")
+
+    def _drop_labels(self, labels: list[int]) -> None:
+        if not labels:
+            return
+        if self._kind == "flat":
+            removed = self._index.remove_ids(
+                faiss.IDSelectorBatch(np.asarray(labels, dtype=np.int64))
+            )
+            if removed != len(labels):  # pragma: no cover - would be a bookkeeping bug
+                raise StoreError(f"faiss removed {removed} of {len(labels)} vectors")
+        else:
+            self._dead.update(labels)
+            self._dead_selector = None
+
+    # ------------------------------------------------------------------ mutations
+
+    def add(self, ids: Sequence[str], vectors: FloatArray) -> None:
+        """Add vectors; an id already present gets its vector replaced.
+
+        Args:
+            ids: one non-empty string per row, no repeats within the call.
+            vectors: shape ``(len(ids), dim)``, finite.
+
+        Raises:
+            EmbeddingError: wrong dimension or shape, NaN/infinity, ``len(ids)`` not equal
+                to the number of rows, a repeated or non-string id. Nothing is added.
+        """
+        items = _check_ids(ids)
+        array = check_vectors(vectors, self._dim)
+        if len(items) != array.shape[0]:
+            raise EmbeddingError(f"got {len(items)} ids for {array.shape[0]} vectors")
+        if len(set(items)) != len(items):
+            seen: set[str] = set()
+            first = ""
+            for id_ in items:
+                if id_ in seen:
+                    first = id_
+                    break
+                seen.add(id_)
+            raise EmbeddingError(
+                f"{len(items) - len(set(items))} repeated ids in one add() call "
+                f"(first: {first!r}); pass each id once"
+            )
+        if not items:
+            return
+        with self._lock:
+            start = self._next_label
+            labels = np.arange(start, start + len(items), dtype=np.int64)
+            self._index.add_with_ids(array, labels)
+            self._next_label = start + len(items)
+            old = [self._label_of[i] for i in items if i in self._label_of]
+            for id_, label in zip(items, labels.tolist(), strict=True):
+                previous = self._label_of.get(id_)
+                if previous is not None:
+                    del self._id_of[previous]
+                self._label_of[id_] = label
+                self._id_of[label] = id_
+            self._drop_labels(old)
+            self._maintain()
+
+    def remove(self, ids: Iterable[str]) -> int:
+        """Remove ids; unknown ids are ignored.
+
+        Returns:
+            How many ids were removed.
+
+        Raises:
+            EmbeddingError: ``ids`` is a single string or holds a non-string.
+        """
+        items = _check_ids(ids if isinstance(ids, Sequence) else list(ids))
+        with self._lock:
+            labels: list[int] = []
+            for id_ in dict.fromkeys(items):
+                label = self._label_of.pop(id_, None)
+                if label is not None:
+                    del self._id_of[label]
+                    labels.append(label)
+            self._drop_labels(labels)
+            self._maintain()
+            return len(labels)
+
+    def clear(self) -> None:
+        """Remove every id (keeps ``dim`` and the settings; back to flat for ``"auto"``)."""
+        with self._lock:
+            self._label_of.clear()
+            self._id_of.clear()
+            self._kind = "hnsw" if self._requested == "hnsw" else "flat"
+            self._index, self._inner = self._new_faiss(self._kind)
+            self._dead.clear()
+            self._dead_selector = None
+
+    def vectors(self, ids: Sequence[str]) -> FloatArray:
+        """The stored vectors of ``ids``, shape ``(len(ids), dim)``.
+
+        Raises:
+            KeyError: an id is not in the index.
+            EmbeddingError: ``ids`` is a single string or holds a non-string.
+        """
+        items = _check_ids(ids)
+        with self._lock:
+            missing = [i for i in items if i not in self._label_of]
+            if missing:
+                raise KeyError(f"{len(missing)} ids not in the index (first: {missing[0]!r})")
+            out = np.empty((len(items), self._dim), dtype=np.float32)
+            for row, id_ in enumerate(items):
+                out[row] = self._index.reconstruct(self._label_of[id_])
+            return out
+
+    # --------------------------------------------------------------------- search
+
+    def search(self, vectors: FloatArray, k: int) -> tuple[list[list[str]], FloatArray]:
+        """Find the ``k`` ids with the highest inner product for each query row.
+
+        Args:
+            vectors: queries, shape ``(n, dim)``.
+            k: results wanted per query (>= 1).
+
+        Returns:
+            ``(ids, scores)``: ``ids[i]`` lists at most ``k`` live ids for row ``i``, best
+            first (fewer when the index holds fewer); ``scores`` has shape
+            ``(n, min(k, len(self)))``, ``scores[i, :len(ids[i])]`` are their scores and any
+            rest of a row (HNSW only, rarely) is ``-inf``.
+
+        Raises:
+            EmbeddingError: ``k`` is not a positive int, or bad query vectors.
+        """
+        if not isinstance(k, int | np.integer) or isinstance(k, bool) or k <= 0:
+            raise EmbeddingError(f"k must be a positive int, got {k!r}")
+        queries = check_vectors(vectors, self._dim)
+        nq = queries.shape[0]
+        with self._lock:
+            k_eff = min(int(k), len(self._label_of))
+            scores = np.full((nq, k_eff), -np.inf, dtype=np.float32)
+            if k_eff == 0 or nq == 0:
+                return [[] for _ in range(nq)], scores
+            with single_thread() if nq == 1 else contextlib.nullcontext():
+                if self._kind == "flat":
+                    distances, labels = self._index.search(queries, k_eff)
+                else:
+                    params = _faiss_untyped.SearchParametersHNSW()
+                    params.efSearch = max(self._ef_search, k_eff)
+                    if self._dead:
+                        if self._dead_selector is None:
+                            batch = faiss.IDSelectorBatch(
+                                np.fromiter(self._dead, dtype=np.int64, count=len(self._dead))
+                            )
+                            self._dead_selector = (faiss.IDSelectorNot(batch), batch)
+                        params.sel = self._dead_selector[0]
+                    distances, labels = self._index.search(queries, k_eff, params=params)
+            id_of = self._id_of
+            out: list[list[str]] = []
+            for row in range(nq):
+                found: list[str] = []
+                for col, label in enumerate(labels[row].tolist()):
+                    id_ = id_of.get(label)
+                    if id_ is not None:  # -1 (nothing found) and tombstones are skipped
+                        scores[row, len(found)] = distances[row, col]
+                        found.append(id_)
+                out.append(found)
+            return out, scores
+
+    # ------------------------------------------------------------------------ files
+
+    def save(self, path: str | os.PathLike[str], *, meta: Mapping[str, Any] | None = None) -> None:
+        """Write the index to one file, atomically (temp file, fsync, rename).
+
+        Args:
+            path: the file; its folder is created if missing.
+            meta: JSON-serialisable facts to store with it, e.g. ``{"embedder": emb.name}``;
+                :meth:`load` can require them (``expected_meta``) to detect a stale index.
+
+        Raises:
+            TypeError: ``meta`` is not a JSON-serialisable mapping.
+            StoreError: the file cannot be written (the old file, if any, is untouched).
+        """
+        meta_dict = dict(meta or {})
+        try:
+            json.dumps(meta_dict, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"meta must be JSON-serialisable: {exc}") from exc
+        with self._lock:
+            index_bytes = faiss.serialize_index(self._index)
+            ids = list(self._label_of)
+            labels = np.fromiter(
+                (self._label_of[i] for i in ids), dtype="<i8", count=len(ids)
+            ).tobytes()
+            fields = {
+                "dim": self._dim,
+                "kind": self._kind,
+                "requested_kind": self._requested,
+                "count": len(ids),
+                "next_label": self._next_label,
+                "hnsw_threshold": self._hnsw_threshold,
+                "hnsw_m": self._hnsw_m,
+                "ef_search": self._ef_search,
+            }
+        sections = [
+            ("index", index_bytes.data),
+            ("labels", memoryview(labels)),
+            ("ids", memoryview(json.dumps(ids).encode())),
+        ]
+        write_index_file(path, fields, meta_dict, sections)
+
+    async def asave(
+        self, path: str | os.PathLike[str], *, meta: Mapping[str, Any] | None = None
+    ) -> None:
+        """Async twin of :meth:`save` (runs in a worker thread)."""
+        await asyncio.to_thread(self.save, path, meta=meta)
+
+    @staticmethod
+    def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
+        """The JSON header of a saved index (reads only the header; the payload is unchecked).
+
+        Raises:
+            IndexCorruptError: the file is missing or its header is unreadable.
+        """
+        return read_index_header(path)
+
+    @staticmethod
+    def read_meta(path: str | os.PathLike[str]) -> dict[str, Any]:
+        """The ``meta`` given to :meth:`save` (reads only the header).
+
+        Raises:
+            IndexCorruptError: the file is missing or its header is unreadable.
+        """
+        meta: dict[str, Any] = FaissIndex.read_header(path)["meta"]
+        return meta
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        expected_dim: int | None = None,
+        expected_meta: Mapping[str, Any] | None = None,
+    ) -> Self:
+        """Load an index written by :meth:`save`, checking it thoroughly.
+
+        Args:
+            path: the file.
+            expected_dim: if given, the saved ``dim`` must equal it.
+            expected_meta: if given, every key in it must be in the saved meta with an equal
+                value (other saved keys are ignored), e.g. ``{"embedder": emb.name}``.
+
+        Raises:
+            IndexCorruptError: the file is missing, not an index file, truncated, fails its
+                checksum, or is stale (another ``dim`` or ``meta``): rebuild the index.
+        """
+        header, sections = read_index_file(
+            path, expected_dim=expected_dim, expected_meta=expected_meta
+        )
+        try:
+            return cls._from_parts(header, sections)
+        except IndexCorruptError:
+            raise
+        except Exception as exc:
+            raise IndexCorruptError(
+                f"corrupt index file {str(path)!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    @classmethod
+    async def aload(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        expected_dim: int | None = None,
+        expected_meta: Mapping[str, Any] | None = None,
+    ) -> Self:
+        """Async twin of :meth:`load` (runs in a worker thread)."""
+        return await asyncio.to_thread(
+            cls.load, path, expected_dim=expected_dim, expected_meta=expected_meta
+        )
+
+    @classmethod
+    def _from_parts(cls, header: dict[str, Any], sections: Mapping[str, memoryview]) -> Self:
+        def section(name: str) -> memoryview:
+            if name not in sections:
+                raise IndexCorruptError(f"section {name!r} is missing")
+            return sections[name]
+
+        index = cls(
+            header["dim"],
+            header["requested_kind"],
+            hnsw_threshold=header["hnsw_threshold"],
+            hnsw_m=header["hnsw_m"],
+            ef_search=header["ef_search"],
+        )
+        raw = faiss.deserialize_index(np.frombuffer(section("index"), dtype=np.uint8))
+        if not isinstance(raw, faiss.IndexIDMap2):
+            raise IndexCorruptError(f"unexpected faiss index type {type(raw).__name__}")
+        inner: Any = faiss.downcast_index(raw.index)
+        kind = header["kind"]
+        expected_type: Any = faiss.IndexFlatIP if kind == "flat" else faiss.IndexHNSWFlat
+        if not isinstance(inner, expected_type) or inner.d != header["dim"]:
+            raise IndexCorruptError(
+                f"the faiss index ({type(inner).__name__}, d={inner.d}) does not match the "
+                f"header (kind={kind!r}, dim={header['dim']})"
+            )
+        if kind == "hnsw":
+            inner.hnsw.efSearch = header["ef_search"]
+        labels = np.frombuffer(section("labels"), dtype="<i8").astype(np.int64).tolist()
+        ids = json.loads(bytes(section("ids")))
+        count = header["count"]
+        if not (
+            isinstance(ids, list)
+            and len(ids) == len(labels) == count
+            and all(isinstance(i, str) and i for i in ids)
+            and len(set(ids)) == count
+            and len(set(labels)) == count
+        ):
+            raise IndexCorruptError("the id map is inconsistent")
+        stored = faiss.vector_to_array(raw.id_map).astype(np.int64).tolist()
+        stored_set = set(stored)
+        if len(stored_set) != len(stored) or not stored_set.issuperset(labels):
+            raise IndexCorruptError("the id map does not match the faiss index")
+        if kind == "flat" and len(stored) != count:
+            raise IndexCorruptError("the flat index holds vectors with no id")
+        if max(stored, default=-1) >= header["next_label"]:
+            raise IndexCorruptError("next_label is behind the stored labels")
+        index._index, index._inner, index._kind = raw, inner, kind
+        index._label_of = dict(zip(ids, labels, strict=True))
+        index._id_of = dict(zip(labels, ids, strict=True))
+        index._dead = stored_set.difference(labels)
+        index._next_label = header["next_label"]
+        return index

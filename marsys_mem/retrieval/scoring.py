@@ -1,0 +1,200 @@
+"""Search hits, filters and rank fusion: the scoring half of retrieval, with no state.
+
+:class:`~marsys_mem.patterns.rag.RAGMemory` (and the patterns built on it) use these:
+
+* :class:`ScoredMessage`: one hit, with the score it is ranked by and both retrievers'.
+* :func:`make_filter`: the agent / role / time / metadata predicate of a search.
+* :func:`fuse_scores`: the hybrid ranking of a dense and a BM25 candidate list, by weighted
+  reciprocal rank fusion (``"rrf"``) or a convex blend of the scores (``"convex"``).
+* :func:`check_query`, :func:`positive_int`, :func:`finite_number`: argument checks that
+  name the argument and the value.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from marsys_mem.model.messages import Message
+
+__all__ = [
+    "MODES",
+    "Candidate",
+    "Fusion",
+    "MessageFilter",
+    "ScoredMessage",
+    "SearchMode",
+    "check_query",
+    "finite_number",
+    "fuse_scores",
+    "make_filter",
+    "positive_int",
+]
+
+SearchMode = Literal["hybrid", "dense", "bm25"]
+MODES: frozenset[str] = frozenset(("hybrid", "dense", "bm25"))
+Fusion = Literal["rrf", "convex"]
+
+Candidate = tuple[str, float, float | None, float | None]
+"""A ranked candidate: ``(message_id, score, dense_score, bm25_score)``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredMessage:
+    """One search hit.
+
+    Attributes:
+        message: the message found.
+        score: what the hits are ranked by: the cosine similarity (``dense``), the BM25
+            score (``bm25``) or the fused score, at most 1.0 (``hybrid``).
+        dense_score: cosine similarity to the query (``None`` in ``bm25`` mode, or when
+            the message has no vector yet).
+        bm25_score: BM25 score (``None`` in ``dense`` mode).
+        rank: 1 for the best hit.
+
+    Example:
+        >>> hit = ScoredMessage(Message.user("hi"), score=0.9, dense_score=0.9, rank=1)
+        >>> hit.text, hit.score, hit.bm25_score
+        ('hi', 0.9, None)
+    """
+
+    message: Message
+    score: float
+    dense_score: float | None = None
+    bm25_score: float | None = None
+    rank: int = 1
+
+    @property
+    def id(self) -> str:
+        """The message's ``message_id``."""
+        return self.message.message_id
+
+    @property
+    def text(self) -> str:
+        """The message's text."""
+        return self.message.text
+
+
+MessageFilter = Callable[[Message], bool]
+"""A predicate that keeps a message (``True``) or drops it from the hits."""
+
+
+def make_filter(
+    agent: str | None,
+    role: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    metadata: Mapping[str, Any] | None,
+) -> MessageFilter | None:
+    """The search filter for these criteria (``None`` when there are none).
+
+    Keeps messages whose ``name`` or ``metadata["agent"]`` is ``agent``, whose ``role`` is
+    ``role``, with ``since <= timestamp < until`` and whose metadata holds every item of
+    ``metadata``.
+
+    Raises:
+        ValueError: ``since``/``until`` is not a timezone-aware datetime.
+        TypeError: ``metadata`` is not a mapping.
+    """
+    for name, value in (("since", since), ("until", until)):
+        if value is not None and (not isinstance(value, datetime) or value.tzinfo is None):
+            raise ValueError(f"{name} must be a timezone-aware datetime, got {value!r}")
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise TypeError(f"metadata must be a mapping, got {type(metadata).__name__}")
+    if agent is None and role is None and since is None and until is None and not metadata:
+        return None
+    wanted = dict(metadata or {})
+
+    def keep(m: Message) -> bool:
+        if agent is not None and m.name != agent and m.metadata.get("agent") != agent:
+            return False
+        if role is not None and m.role != role:
+            return False
+        if since is not None and m.timestamp < since:
+            return False
+        if until is not None and m.timestamp >= until:
+            return False
+        return all(key in m.metadata and m.metadata[key] == v for key, v in wanted.items())
+
+    return keep
+
+
+def finite_number(name: str, value: object, *, minimum: float | None = None) -> float:
+    """``value`` as a float, or ``ValueError`` naming ``name`` (not finite, or too small)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    return float(value)
+
+
+def positive_int(name: str, value: object) -> int:
+    """``value`` if it is an int >= 1, else ``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def check_query(query: object) -> str:
+    """``query`` if it is a non-empty string, else ``ValueError`` showing it."""
+    if not isinstance(query, str) or not query.strip():
+        raise ValueError(f"query must be a non-empty string, got {query!r}")
+    return query
+
+
+def fuse_scores(
+    dense: list[tuple[str, float]],
+    bm25: list[tuple[str, float]],
+    dense_of: Mapping[str, float],
+    bm25_of: Mapping[str, float],
+    *,
+    fusion: Fusion = "rrf",
+    dense_weight: float = 1.0,
+    bm25_weight: float = 1.0,
+    rrf_k: int = 60,
+) -> list[Candidate]:
+    """Rank the union of two candidate lists by their fused score, best first.
+
+    Args:
+        dense: ``(id, cosine)`` from the dense retriever, best first.
+        bm25: ``(id, bm25)`` from the keyword retriever, best first.
+        dense_of: the cosine of every candidate that has one (at least those in ``dense``).
+        bm25_of: the BM25 score of every candidate (at least those in ``bm25``).
+        fusion: ``"rrf"``: ``sum(weight / (rrf_k + rank))`` over the lists a candidate is
+            in, divided by its maximum (1.0: ranked first by both); ``"convex"``:
+            ``(dense_weight * cosine + bm25_weight * bm25 / best_bm25) / (dense_weight +
+            bm25_weight)``.
+        dense_weight: weight of the dense retriever.
+        bm25_weight: weight of BM25.
+        rrf_k: the RRF rank offset.
+
+    Returns:
+        ``(id, fused, cosine or None, bm25 or None)`` for every candidate, best first.
+
+    Example:
+        >>> hits = fuse_scores([("a", 0.9), ("b", 0.5)], [("b", 7.0)],
+        ...                    {"a": 0.9, "b": 0.5}, {"a": 0.0, "b": 7.0})
+        >>> [(i, round(s, 3)) for i, s, _, _ in hits]
+        [('b', 0.992), ('a', 0.5)]
+    """
+    ids = list(dict.fromkeys(itertools.chain((i for i, _ in dense), (i for i, _ in bm25))))
+    dw, bw = dense_weight, bm25_weight
+    fused: dict[str, float] = {}
+    if fusion == "rrf":
+        norm = (dw + bw) / (rrf_k + 1)
+        for rank, (mid, _) in enumerate(dense, 1):
+            fused[mid] = dw / (rrf_k + rank) / norm
+        for rank, (mid, _) in enumerate(bm25, 1):
+            fused[mid] = fused.get(mid, 0.0) + bw / (rrf_k + rank) / norm
+    else:
+        top = bm25[0][1] if bm25 else 0.0
+        scale = 1.0 / top if top > 0 else 0.0
+        total = dw + bw
+        for mid in ids:
+            fused[mid] = (dw * dense_of.get(mid, 0.0) + bw * bm25_of.get(mid, 0.0) * scale) / total
+    ranked = sorted(ids, key=lambda mid: -fused[mid])
+    return [(mid, fused[mid], dense_of.get(mid), bm25_of.get(mid)) for mid in ranked]

@@ -1,0 +1,295 @@
+"""Workflow definitions: agents, their memory, the branch topology and a script of steps.
+
+A workflow file (YAML or JSON; or a :class:`Workflow` built in Python) describes a
+multi-agent experiment and :func:`run_workflow` plays it against real memory (a SQLite
+store, the in-process or MQTT transport, the packaged embedder when installed) and returns
+a :class:`~marsys_mem.workflow.report.WorkflowReport`::
+
+    version: 1
+    name: research_team
+    memory:                       # an inline retention config, or {config: policy.yaml}
+      defaults: {context: {max_tokens: 2000}}
+    agents:
+      - {name: planner, system: "You plan research and answer the user."}
+      - researcher
+    branches:
+      - {name: main, agents: [planner, researcher]}
+    steps:
+      - say: {agent: planner, text: "Find Q4 revenue growth."}
+      - fork: {parent: main, child: r1, agents: [researcher]}
+      - tool: {agent: researcher, name: search, arguments: {q: "Q4"}, result: "+12%"}
+      - share: {agent: researcher, fact: "Q4 revenue grew 12%", scope: lineage}
+      - merge: {child: r1, into: main}
+      - ask: {agent: planner, question: "How much did revenue grow?", expect: ["12%"]}
+
+Steps are written ``- KIND: {fields}`` or ``- {kind: KIND, fields...}``; the kinds:
+``say``, ``tool``, ``call_agent``, ``share``, ``fork``, ``merge``, ``run`` (a block of
+steps inside one ``MemoryManager.run``), ``end_run``, ``end_session``, ``ask`` and
+``repeat`` (a block played ``times`` times, with ``{i}``, ``{n}`` and ``{item}``
+substituted in its strings).
+
+Branches: a step's ``branch`` defaults to the agent's branch when the agent is on one
+active branch (inside a ``run`` block: the block's branch); otherwise the step must say.
+
+Runs: every agent is always in a run. Steps outside a ``run`` block belong to the agent's
+current run, which ends at ``end_run``, ``end_session`` or the end of the workflow; a
+``run`` block is a run of its own. Ending a run clears ``single_run`` memory and flushes
+persistent memory, as :meth:`MemoryManager.run <marsys_mem.MemoryManager.run>` does.
+
+Everything is validated before anything is written: field types, unknown fields, unknown
+agents or branches, forks of unknown parents, duplicate branch names, merges that would
+form a cycle, a missing config file, ``memory.agents`` entries that name no agent of the
+workflow. Every error of a file is reported at once, one per line, each naming the file,
+the line and the field, with the closest known name where there is one::
+
+    workflow.yaml:6: memory.defaults.context.stratgy: unknown field (did you mean 'strategy'?)
+    workflow.yaml:14: steps[3].agent: unknown agent 'resercher' (did you mean 'researcher'?)
+
+:func:`check_file` also returns warnings: settings that are valid but probably not meant
+(``persistent`` retention with the in-memory store keeps nothing after the process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from marsys_mem.config.models import MemoryConfig
+from marsys_mem.workflow.models import (
+    STEP_KINDS,
+    AgentSpec,
+    AskStep,
+    BranchSpec,
+    CallAgentStep,
+    EndRunStep,
+    EndSessionStep,
+    ForkStep,
+    InProcessSettings,
+    MemoryFile,
+    MergeStep,
+    MqttSettings,
+    MqttTransportSpec,
+    RepeatStep,
+    RunStep,
+    SayStep,
+    ShareStep,
+    Step,
+    ToolStep,
+    Workflow,
+    WorkflowError,
+    WorkflowRunError,
+)
+from marsys_mem.workflow.plan import (
+    PlannedStep,
+    PreparedWorkflow,
+    ProgressCallback,
+    _load_config_file,
+    _parse,
+    check_workflow_data,
+    config_warnings,
+    prepare_workflow,
+)
+from marsys_mem.workflow.report import WorkflowReport
+
+__all__ = [
+    "STEP_KINDS",
+    "AgentSpec",
+    "AskStep",
+    "BranchSpec",
+    "CallAgentStep",
+    "EndRunStep",
+    "EndSessionStep",
+    "FileCheck",
+    "ForkStep",
+    "InProcessSettings",
+    "MemoryFile",
+    "MergeStep",
+    "MqttSettings",
+    "MqttTransportSpec",
+    "PlannedStep",
+    "PreparedWorkflow",
+    "ProgressCallback",
+    "RepeatStep",
+    "RunStep",
+    "SayStep",
+    "ShareStep",
+    "Step",
+    "ToolStep",
+    "Workflow",
+    "WorkflowError",
+    "WorkflowReport",
+    "WorkflowRunError",
+    "arun_workflow",
+    "check_file",
+    "detect_kind",
+    "load_workflow",
+    "parse_mqtt",
+    "prepare_workflow",
+    "run_workflow",
+    "validate_config_file",
+]
+
+log = logging.getLogger("marsys_mem.workflow")
+
+
+def detect_kind(data: object) -> Literal["workflow", "config"]:
+    """Whether parsed file data is a workflow or a retention-policy config.
+
+    Example:
+        >>> detect_kind({"steps": []}), detect_kind({"defaults": {}})
+        ('workflow', 'config')
+    """
+    if isinstance(data, dict):
+        if {"steps", "memory", "branches", "transport", "name"} & set(data):
+            return "workflow"
+        if isinstance(data.get("agents"), list):
+            return "workflow"
+    return "config"
+
+
+def load_workflow(path: str | Path) -> Workflow:
+    """Load a workflow file (YAML or JSON) and validate it fully (nothing is written).
+
+    Raises:
+        WorkflowError: the file is missing, does not parse, or is invalid; the message
+            lists every error, one per line, each naming the file, the line and the field.
+    """
+    path = Path(path)
+    data, lines = _parse(path, "workflow file")
+    return check_workflow_data(data, lines, path)
+
+
+def validate_config_file(path: str | Path) -> tuple[Literal["workflow", "config"], Any]:
+    """Validate a workflow or a retention-policy file (detected from its content).
+
+    Returns ``("workflow", Workflow)`` or ``("config", MemoryConfig)``.
+
+    Raises:
+        WorkflowError: missing, unparsable or invalid; every error, with file, line and
+            field.
+    """
+    result = check_file(path)
+    return result.kind, result.value
+
+
+@dataclass(frozen=True)
+class FileCheck:
+    r"""What :func:`check_file` found: the file's kind, its validated value, and warnings.
+
+    ``warnings`` are settings that are valid but probably not meant, one line each with
+    the file and the line.
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "policy.yaml"
+        >>> _ = path.write_text("store: {backend: memory}\ndefaults: {retention: persistent}\n")
+        >>> result = check_file(path)
+        >>> result.kind, result.warnings[0].split(": ", 2)[1]
+        ('config', 'defaults.retention')
+    """
+
+    kind: Literal["workflow", "config"]
+    value: Workflow | MemoryConfig
+    warnings: list[str] = field(default_factory=list)
+
+
+def check_file(path: str | Path) -> FileCheck:
+    """Validate a workflow or a retention-policy file; its value and its warnings.
+
+    Raises:
+        WorkflowError: missing, unparsable or invalid; every error, one per line, with
+            file, line and field.
+    """
+    path = Path(path)
+    data, lines = _parse(path, "file")
+    if path.suffix.lower() != ".toml" and detect_kind(data) == "workflow":
+        wf = check_workflow_data(data, lines, path)
+        return FileCheck("workflow", wf, list(prepare_workflow(wf).warnings))
+    config, cdata, clines = _load_config_file(path, f"{path}: ")
+    warnings = config_warnings(config, data=cdata, lines=clines, file=str(path))
+    return FileCheck("config", config, warnings)
+
+
+def parse_mqtt(value: str | MqttSettings) -> MqttSettings:
+    """``HOST:PORT`` (or ``HOST``, port 1883) as :class:`MqttSettings`.
+
+    Raises:
+        WorkflowError: not ``HOST[:PORT]`` with a port 1-65535.
+
+    Example:
+        >>> parse_mqtt("localhost:1884").port
+        1884
+    """
+    if isinstance(value, MqttSettings):
+        return value
+    host, sep, port = str(value).rpartition(":")
+    if not sep:
+        host, port = str(value), "1883"
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise WorkflowError(f"--mqtt expects HOST:PORT (port 1-65535), got {value!r}")
+    return MqttSettings(host=host, port=int(port))
+
+
+# ---------------------------------------------------------------------------- running
+def _prepare_any(workflow: str | Path | Workflow) -> PreparedWorkflow:
+    if isinstance(workflow, Workflow):
+        return prepare_workflow(workflow)
+    return prepare_workflow(load_workflow(workflow))
+
+
+async def arun_workflow(
+    workflow: str | Path | Workflow,
+    *,
+    store_dir: str | Path | None = None,
+    mqtt: str | MqttSettings | None = None,
+    progress: ProgressCallback | None = None,
+) -> WorkflowReport:
+    """Async twin of :func:`run_workflow`."""
+    from marsys_mem.workflow.runner import WorkflowRunner
+
+    prepared = _prepare_any(workflow)
+    if store_dir is None:
+        for warning in prepared.warnings:
+            log.warning("%s", warning)
+    settings = parse_mqtt(mqtt) if mqtt is not None else None
+    runner = WorkflowRunner(prepared, store_dir=store_dir, mqtt=settings, progress=progress)
+    return await runner.run()
+
+
+def run_workflow(
+    workflow: str | Path | Workflow,
+    *,
+    store_dir: str | Path | None = None,
+    mqtt: str | MqttSettings | None = None,
+    progress: ProgressCallback | None = None,
+) -> WorkflowReport:
+    """Validate and run a workflow; return its report.
+
+    Args:
+        workflow: a workflow file (YAML or JSON) or a :class:`Workflow`.
+        store_dir: folder of the SQLite store (``memory.db``). Default: the store the
+            memory config names, else ``.marsys_mem/`` next to the workflow file.
+        mqtt: ``HOST:PORT`` or :class:`MqttSettings`: share facts through this broker
+            instead of the workflow's transport.
+        progress: ``progress(done, total, label)`` after each step.
+
+    Works inside a running event loop too (Jupyter): the workflow then runs on a
+    worker thread.
+
+    Raises:
+        WorkflowError: the workflow is invalid (nothing was written).
+        MarsysMemError: running it failed (a store or transport error).
+    """
+    coro = arun_workflow(workflow, store_dir=store_dir, mqtt=mqtt, progress=progress)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    ctx = contextvars.copy_context()
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="marsys-workflow") as pool:
+        return pool.submit(ctx.run, asyncio.run, coro).result()

@@ -1,0 +1,545 @@
+"""The workflow file format: pydantic models for agents, branches, transport and steps.
+
+See :mod:`marsys_mem.workflow` for the format and for loading and running workflows; this
+module holds the models (``marsys-mem schema --workflow`` prints their JSON Schema) and
+the two workflow errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeAlias
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    GetJsonSchemaHandler,
+    JsonValue,
+    PrivateAttr,
+    Tag,
+    TypeAdapter,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
+
+from marsys_mem.config.files import short_repr
+from marsys_mem.config.models import MemoryConfig
+from marsys_mem.config.schema_forms import AlsoAccepts
+from marsys_mem.config.sourcemap import SourceMap, did_you_mean
+from marsys_mem.coordination.graph import MergeStrategy
+from marsys_mem.exceptions import WorkflowError, WorkflowRunError
+from marsys_mem.model.facts import FactScope
+from marsys_mem.model.names import NAME_PATTERN
+from marsys_mem.patterns.shared import ConflictRule
+
+__all__ = [
+    "STEP_KINDS",
+    "AgentSpec",
+    "AskStep",
+    "BranchSpec",
+    "CallAgentStep",
+    "EndRunStep",
+    "EndSessionStep",
+    "ForkStep",
+    "InProcessSettings",
+    "MemoryFile",
+    "MemorySpec",
+    "MergeStep",
+    "MqttSettings",
+    "MqttTransportSpec",
+    "RepeatStep",
+    "RunStep",
+    "SayStep",
+    "ShareStep",
+    "Step",
+    "ToolStep",
+    "TransportSpec",
+    "Workflow",
+    "WorkflowError",
+    "WorkflowRunError",
+]
+
+STEP_KINDS: tuple[str, ...] = (
+    "say",
+    "tool",
+    "call_agent",
+    "share",
+    "fork",
+    "merge",
+    "run",
+    "end_run",
+    "end_session",
+    "ask",
+    "repeat",
+)
+"""Every step kind, as written in workflow files."""
+
+_TAGS = frozenset(
+    (*STEP_KINDS, "memory_inline", "memory_file", "transport_inprocess", "transport_mqtt")
+)
+_NAME = NAME_PATTERN  # the one naming rule (marsys_mem.model.names)
+_MAX_EXPANDED = 200_000
+
+
+# ---------------------------------------------------------------------------- models
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class AgentSpec(_Model):
+    """An agent of the workflow: its name and, optionally, its system prompt.
+
+    In a file an agent is a name (``- researcher``) or a mapping.
+
+    Example:
+        >>> AgentSpec(name="planner", system="You plan.").system
+        'You plan.'
+    """
+
+    name: str = Field(pattern=_NAME, description="Unique agent name (no '@', '/', '#', '+').")
+    system: str | None = Field(default=None, description="System prompt added to its memory.")
+
+
+def _agent_item(value: object) -> object:
+    return {"name": value} if isinstance(value, str) else value
+
+
+class BranchSpec(_Model):
+    """A branch that exists when the workflow starts.
+
+    Example:
+        >>> BranchSpec(name="r1", agents=["researcher"], parent="main").parent
+        'main'
+    """
+
+    name: str = Field(pattern=_NAME)
+    agents: list[str] = Field(default_factory=list)
+    parent: str | None = Field(default=None, description="Forked from this (earlier) branch.")
+
+
+class MemoryFile(_Model):
+    """``memory: {config: policy.yaml}``: a retention-policy file, relative to the workflow.
+
+    Example:
+        >>> MemoryFile(config="policies/team.yaml").config.name
+        'team.yaml'
+    """
+
+    config: Path
+
+
+def _memory_tag(value: object) -> str:
+    if isinstance(value, MemoryFile) or (isinstance(value, dict) and "config" in value):
+        return "memory_file"
+    return "memory_inline"
+
+
+MemorySpec: TypeAlias = Annotated[
+    Annotated[MemoryConfig, Tag("memory_inline")] | Annotated[MemoryFile, Tag("memory_file")],
+    Discriminator(_memory_tag),
+]
+
+
+class MqttSettings(_Model):
+    """Where the MQTT broker is (``transport: {mqtt: {...}}``).
+
+    ``namespace`` defaults to the memory config's store namespace.
+
+    Example:
+        >>> MqttSettings(host="localhost").port
+        1883
+    """
+
+    host: str = Field(min_length=1)
+    port: int = Field(default=1883, ge=1, le=65535)
+    namespace: str | None = Field(default=None, pattern=_NAME)
+    username: str | None = None
+    password: str | None = None
+    client_id: str | None = Field(default=None, min_length=1, max_length=128)
+    protocol: Literal["5", "3.1.1"] = "5"
+    tls: bool = False
+    connect_timeout: float = Field(default=10.0, gt=0, description="Seconds to keep trying.")
+    signing_key_env: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$",
+        description=(
+            "Environment variable holding the namespace's signing key: every envelope is "
+            "signed (HMAC-SHA256) and unsigned or forged ones are dropped. The key never "
+            "sits in the file."
+        ),
+    )
+
+
+class MqttTransportSpec(_Model):
+    """``transport: {mqtt: {host: ..., port: ...}}``.
+
+    Example:
+        >>> MqttTransportSpec(mqtt=MqttSettings(host="broker")).mqtt.host
+        'broker'
+    """
+
+    mqtt: MqttSettings
+
+
+InProcessSettings = Literal["inprocess"]
+"""``transport: inprocess`` (the default): facts travel through an in-process broker."""
+
+
+def _transport_tag(value: object) -> str:
+    if isinstance(value, MqttTransportSpec) or isinstance(value, dict):
+        return "transport_mqtt"
+    return "transport_inprocess"
+
+
+TransportSpec: TypeAlias = Annotated[
+    Annotated[InProcessSettings, Tag("transport_inprocess")]
+    | Annotated[MqttTransportSpec, Tag("transport_mqtt")],
+    Discriminator(_transport_tag),
+]
+
+
+class SayStep(_Model):
+    """A message in an agent's memory: the user speaks to it, or it speaks.
+
+    Example:
+        >>> SayStep(agent="planner", text="Plan the trip", pinned=True).role
+        'user'
+    """
+
+    kind: Literal["say"] = "say"
+    agent: str
+    text: str
+    role: Literal["user", "assistant", "system"] = "user"
+    pinned: bool = False
+    name: str | None = Field(default=None, description="Speaker name (e.g. a user's).")
+    branch: str | None = None
+
+
+class ToolStep(_Model):
+    """The agent calls a tool: an assistant tool call and the tool's result.
+
+    Example:
+        >>> ToolStep(agent="r", name="search", arguments={"q": "Q4"}, result="12%").name
+        'search'
+    """
+
+    kind: Literal["tool"] = "tool"
+    agent: str
+    name: str = Field(min_length=1)
+    arguments: dict[str, JsonValue] = Field(default_factory=dict)
+    result: JsonValue
+    text: str | None = Field(default=None, description="What the agent says with the call.")
+    call_id: str | None = Field(default=None, min_length=1)
+    branch: str | None = None
+
+
+class CallAgentStep(_Model):
+    """One agent asks another: both memories record the request and the response.
+
+    Example:
+        >>> CallAgentStep(caller="planner", callee="writer", request="Draft it",
+        ...               response="Done").callee
+        'writer'
+    """
+
+    kind: Literal["call_agent"] = "call_agent"
+    caller: str
+    callee: str
+    request: str
+    response: str
+    branch: str | None = Field(default=None, description="The caller's branch.")
+    callee_branch: str | None = None
+
+
+class ShareStep(_Model):
+    """The agent shares a fact; agents whose branch is in ``scope`` receive it.
+
+    Example:
+        >>> ShareStep(agent="r", fact="Q4 grew 12%", scope="lineage", topic="q4").scope
+        'lineage'
+    """
+
+    kind: Literal["share"] = "share"
+    agent: str
+    fact: str = Field(min_length=1)
+    scope: FactScope = "branch"
+    branch: str | None = None
+    confidence: float = Field(default=1.0, ge=0.0, le=1.0)
+    topic: str | None = Field(default=None, description="Facts on one topic conflict.")
+
+
+class ForkStep(_Model):
+    """Fork ``child`` from ``parent`` (agents default to the parent's).
+
+    Example:
+        >>> ForkStep(parent="main", child="r1", agents=["researcher"]).child
+        'r1'
+    """
+
+    kind: Literal["fork"] = "fork"
+    parent: str
+    child: str = Field(pattern=_NAME)
+    agents: list[str] | None = None
+
+
+class MergeStep(_Model):
+    """Merge branch ``child`` into ``into`` (facts always; ``summary``/``messages`` too).
+
+    Example:
+        >>> MergeStep(child="r1", into="main", strategy="summary").conflict
+        'newest'
+    """
+
+    kind: Literal["merge"] = "merge"
+    child: str
+    into: str
+    strategy: MergeStrategy = "facts"
+    conflict: ConflictRule = "newest"
+
+
+class EndRunStep(_Model):
+    """End the agent's current run (single_run memory is cleared, persistent flushed).
+
+    Example:
+        >>> EndRunStep(agent="scratchpad").kind
+        'end_run'
+    """
+
+    kind: Literal["end_run"] = "end_run"
+    agent: str
+    branch: str | None = None
+
+
+class EndSessionStep(_Model):
+    """End the session: every run ends, session memories are dropped.
+
+    ``restart: true`` also closes the memory manager and opens a new one on the same
+    store, as a new process would: what survives comes from the store.
+
+    Example:
+        >>> EndSessionStep(restart=True).restart
+        True
+    """
+
+    kind: Literal["end_session"] = "end_session"
+    restart: bool = False
+
+
+def _as_list(value: object) -> object:
+    return [value] if isinstance(value, str) else value
+
+
+class AskStep(_Model):
+    """Ask an agent a question: what would it send to its LLM, and what answers it?
+
+    No LLM is called: the report shows the context window built for the question
+    (``context_for(agent, query=question)``), the retrieval hits, the facts, and the
+    best-matching piece of that evidence as the answer. ``expect``: strings that must
+    appear in what the agent would send (checked case-insensitively).
+
+    Example:
+        >>> AskStep(agent="planner", question="Q4 growth?", expect="12%").expect
+        ['12%']
+    """
+
+    kind: Literal["ask"] = "ask"
+    agent: str
+    question: str = Field(min_length=1)
+    branch: str | None = None
+    expect: Annotated[list[str], BeforeValidator(_as_list), AlsoAccepts({"type": "string"})] = (
+        Field(default_factory=list)
+    )
+
+
+class RunStep(_Model):
+    """A block of steps inside one ``MemoryManager.run`` of ``agent``.
+
+    Example:
+        >>> RunStep(agent="r", steps=[SayStep(agent="r", text="hi")]).steps[0].kind
+        'say'
+    """
+
+    kind: Literal["run"] = "run"
+    agent: str
+    branch: str | None = None
+    steps: list[Step] = Field(default_factory=list)
+
+
+class RepeatStep(_Model):
+    """Play ``steps`` ``times`` times; ``{i}`` (1-based), ``{n}`` and ``{item}`` are replaced.
+
+    ``{item}`` cycles through ``items``.
+
+    Example:
+        >>> RepeatStep(times=3, items=["a", "b"], steps=[SayStep(agent="x", text="{item}")]).times
+        3
+    """
+
+    kind: Literal["repeat"] = "repeat"
+    times: int = Field(ge=1, le=100_000)
+    items: list[str] | None = Field(default=None, min_length=1)
+    steps: list[Step] = Field(min_length=1)
+
+
+def _normalize_step(value: object) -> object:
+    """``- end_session``, ``- say: {...}`` and ``- {kind: say, ...}`` are the same step."""
+    if isinstance(value, str):
+        if value in STEP_KINDS:
+            return {"kind": value}
+        raise ValueError(f"unknown step {short_repr(value)}{_suggest(value[:100], STEP_KINDS)}")
+    if isinstance(value, dict) and "kind" not in value:
+        if len(value) == 1:
+            (key,) = value
+            body = value[key]
+            if key in STEP_KINDS and (body is None or isinstance(body, dict)):
+                return {"kind": key, **(body or {})}
+            if key not in STEP_KINDS:
+                raise ValueError(
+                    f"unknown step kind {short_repr(key)}{_suggest(str(key)[:100], STEP_KINDS)}; "
+                    f"expected one of {', '.join(STEP_KINDS)}"
+                )
+        raise ValueError(
+            "a step is '- KIND: {fields}' or '- {kind: KIND, fields}' "
+            f"with KIND one of {', '.join(STEP_KINDS)}"
+        )
+    if isinstance(value, dict) and value.get("kind") not in STEP_KINDS:
+        kind = value.get("kind")
+        raise ValueError(
+            f"unknown step kind {short_repr(kind)}{_suggest(str(kind)[:100], STEP_KINDS)}; "
+            f"expected one of {', '.join(STEP_KINDS)}"
+        )
+    return value
+
+
+class _StepForms:
+    """JSON Schema of a step as files write it: ``- KIND: {fields}``, ``- {kind: KIND, ...}``.
+
+    Pydantic would describe only the long form (``kind`` optional, so an editor could
+    not tell the kinds apart), never the short form every example uses.
+    """
+
+    def __get_pydantic_json_schema__(
+        self, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        inner = handler(core_schema)
+        mapping: dict[str, str] = inner.get("discriminator", {}).get("mapping", {})
+        if set(mapping) != set(STEP_KINDS):  # pragma: no cover - pydantic changed its output
+            return inner
+        bare = [k for k in STEP_KINDS if not _required(_STEP_MODELS[k])]
+        forms: list[JsonSchemaValue] = [{"type": "string", "enum": bare}]
+        for kind in STEP_KINDS:
+            body: JsonSchemaValue = {"$ref": mapping[kind]}
+            if kind in bare:
+                body = {"anyOf": [body, {"type": "null"}]}
+            forms.append(
+                {
+                    "type": "object",
+                    "properties": {kind: body},
+                    "required": [kind],
+                    "additionalProperties": False,
+                }
+            )
+        for kind in STEP_KINDS:
+            forms.append({"allOf": [{"$ref": mapping[kind]}, {"required": ["kind"]}]})
+        return {"oneOf": forms}
+
+
+def _required(model: type[BaseModel]) -> list[str]:
+    return [name for name, f in model.model_fields.items() if f.is_required()]
+
+
+_STEP_MODELS: dict[str, type[BaseModel]] = {
+    m.model_fields["kind"].default: m
+    for m in (
+        SayStep,
+        ToolStep,
+        CallAgentStep,
+        ShareStep,
+        ForkStep,
+        MergeStep,
+        RunStep,
+        EndRunStep,
+        EndSessionStep,
+        AskStep,
+        RepeatStep,
+    )
+}
+
+Step: TypeAlias = Annotated[
+    Annotated[
+        SayStep
+        | ToolStep
+        | CallAgentStep
+        | ShareStep
+        | ForkStep
+        | MergeStep
+        | RunStep
+        | EndRunStep
+        | EndSessionStep
+        | AskStep
+        | RepeatStep,
+        Field(discriminator="kind"),
+    ],
+    BeforeValidator(_normalize_step),
+    _StepForms(),
+]
+"""One step of a workflow (a discriminated union on ``kind``)."""
+
+RunStep.model_rebuild()
+RepeatStep.model_rebuild()
+_STEP_ADAPTER: TypeAdapter[Any] = TypeAdapter(Step)
+
+
+class Workflow(_Model):
+    """A whole workflow file: memory, transport, agents, branches and steps.
+
+    Example:
+        >>> wf = Workflow.model_validate({
+        ...     "name": "hello",
+        ...     "agents": ["planner", {"name": "writer", "system": "You write."}],
+        ...     "steps": [{"say": {"agent": "planner", "text": "Outline the report"}},
+        ...               {"call_agent": {"caller": "planner", "callee": "writer",
+        ...                               "request": "Draft it", "response": "Draft v1"}},
+        ...               {"ask": {"agent": "writer", "question": "What did I draft?"}}],
+        ... })
+        >>> [s.kind for s in wf.steps], wf.transport
+        (['say', 'call_agent', 'ask'], 'inprocess')
+    """
+
+    version: Literal[1] = 1
+    name: str = Field(default="workflow", min_length=1)
+    description: str = ""
+    memory: MemorySpec = Field(default_factory=MemoryConfig)
+    transport: TransportSpec = "inprocess"
+    agents: list[
+        Annotated[
+            AgentSpec,
+            BeforeValidator(_agent_item),
+            AlsoAccepts({"type": "string", "pattern": _NAME}),
+        ]
+    ] = Field(min_length=1)
+    branches: list[BranchSpec] = Field(default_factory=list)
+    steps: list[Step] = Field(default_factory=list)
+    _source: Path | None = PrivateAttr(default=None)
+    _raw: Any = PrivateAttr(default=None)
+    _lines: SourceMap | None = PrivateAttr(default=None)
+    _display: str | None = PrivateAttr(default=None)
+    _prepared: Any = PrivateAttr(default=None)
+
+    @property
+    def source(self) -> Path | None:
+        """The file this workflow was loaded from, if any."""
+        return self._source
+
+    @property
+    def base_dir(self) -> Path:
+        """The workflow file's folder (relative paths resolve against it), else the cwd."""
+        return self._source.parent if self._source is not None else Path.cwd()
+
+
+def _suggest(name: str, known: Sequence[str]) -> str:
+    return did_you_mean(name, known)

@@ -1,0 +1,691 @@
+"""Playing a validated workflow against real memory (see :mod:`marsys_mem.workflow`).
+
+:class:`WorkflowRunner` owns one :class:`~marsys_mem.MemoryManager` (the store the run
+uses), one :class:`~marsys_mem.coordination.BranchGraph` and one
+:class:`~marsys_mem.coordination.Coordinator` (in-process broker of its own, or MQTT). It
+plays the steps in order and builds the :class:`~marsys_mem.workflow.report.WorkflowReport`.
+
+Facts shared during the run are also written to a SQLite store under the reserved agent
+name ``#facts`` (one key per branch, one system message per fact with the fact's JSON in
+``metadata["fact"]``), so ``marsys-mem inspect`` can show them later. They are a record:
+the facts agents receive live in the manager's shared pool, in process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from marsys_mem.config.sourcemap import format_path, locate
+from marsys_mem.conversation import ConversationMemory
+from marsys_mem.coordination import (
+    BranchGraph,
+    Coordinator,
+    EnvelopeSigner,
+    InProcessBroker,
+    InProcessTransport,
+    MqttTransport,
+    Transport,
+)
+from marsys_mem.coordination.envelope import inbox_key
+from marsys_mem.exceptions import MarsysMemError
+from marsys_mem.manager import MemoryManager
+from marsys_mem.model.facts import SharedFact
+from marsys_mem.model.messages import AgentCall, Message, ToolCall
+from marsys_mem.model.names import FACTS_AGENT, facts_key
+from marsys_mem.model.runs import RunContext
+from marsys_mem.retrieval.embeddings import Embedder, default_embedder
+from marsys_mem.store.base import Key
+from marsys_mem.workflow.evidence import best_evidence, gather_evidence
+from marsys_mem.workflow.models import _TAGS, MqttSettings, MqttTransportSpec, WorkflowRunError
+from marsys_mem.workflow.plan import PlannedStep, PreparedWorkflow, ProgressCallback, _store_config
+from marsys_mem.workflow.report import (
+    AskReport,
+    BranchReport,
+    FactRecord,
+    HitReport,
+    KindTiming,
+    MemoryReport,
+    MergeReport,
+    SlowStep,
+    Timings,
+    WindowReport,
+    WorkflowReport,
+    clip,
+)
+
+__all__ = ["FACTS_AGENT", "WorkflowRunner", "shared_default_embedder"]
+
+log = logging.getLogger("marsys_mem.workflow")
+
+
+_EMBEDDER: dict[str, Embedder | None] = {}
+
+
+def shared_default_embedder() -> Embedder | None:
+    """The packaged embedder, created once per process (``None`` without the extra).
+
+    Every workflow run of the process shares it, so the model loads once.
+    """
+    if "default" not in _EMBEDDER:
+        _EMBEDDER["default"] = default_embedder()
+    return _EMBEDDER["default"]
+
+
+def _items(message: Message) -> int:
+    return sum(1 for line in message.text.splitlines() if line.startswith("- "))
+
+
+class WorkflowRunner:
+    """Runs one :class:`~marsys_mem.workflow.PreparedWorkflow` once.
+
+    Args:
+        prepared: the checked workflow (:func:`~marsys_mem.workflow.prepare_workflow`).
+        store_dir: folder for ``memory.db`` (overrides the config's store).
+        mqtt: broker settings (override the workflow's transport).
+        progress: ``progress(done, total, label)`` after each step.
+
+    Example:
+        >>> from marsys_mem.workflow import Workflow, prepare_workflow
+        >>> wf = Workflow.model_validate({
+        ...     "memory": {"store": {"backend": "memory"}},
+        ...     "agents": ["a"], "steps": [{"say": {"agent": "a", "text": "hi"}}]})
+        >>> report = asyncio.run(WorkflowRunner(prepare_workflow(wf)).run())
+        >>> report.memory("a").messages
+        1
+    """
+
+    def __init__(
+        self,
+        prepared: PreparedWorkflow,
+        *,
+        store_dir: str | Path | None = None,
+        mqtt: MqttSettings | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> None:
+        self.prepared = prepared
+        self.workflow = prepared.workflow
+        self.config = _store_config(prepared, store_dir)
+        transport = self.workflow.transport
+        self.mqtt = mqtt or (transport.mqtt if isinstance(transport, MqttTransportSpec) else None)
+        self.progress = progress
+        self.system = {a.name: a.system for a in self.workflow.agents if a.system}
+        self.namespace = self.config.store.namespace
+        if self.mqtt is not None and self.mqtt.namespace:
+            self.namespace = self.mqtt.namespace
+        self.notices: list[str] = []
+        self.retrieval = self._retrieval()
+        self.graph = BranchGraph()
+        self.manager: MemoryManager | None = None
+        self.coord: Coordinator | None = None
+        self._prompted: dict[tuple[str, str], ConversationMemory] = {}
+        self._implicit: dict[tuple[str, str], tuple[Any, RunContext]] = {}
+        self._explicit: list[tuple[str, str, RunContext]] = []
+        self._fact_log: list[tuple[str, SharedFact]] = []
+        self._unsaved: list[tuple[str, SharedFact]] = []
+        self._facts: list[FactRecord] = []
+        self._fact_ids: list[str] = []
+        self._merges: list[MergeReport] = []
+        self._asks: list[AskReport] = []
+        self._timings: list[tuple[PlannedStep, float]] = []
+        self._done = 0
+        self._sessions = 1
+
+    # ------------------------------------------------------------------ setup
+    def _retrieval(self) -> str:
+        agents = [a.name for a in self.workflow.agents]
+        spellings = {
+            p.patterns.embedder
+            for p in (self.config.policy_for(a) for a in agents)
+            if p.patterns.any
+        }
+        if not spellings:
+            return "none (no agent enables rag, episodic or hierarchical patterns)"
+        parts = []
+        if "default" in spellings:
+            emb = shared_default_embedder()
+            if emb is None:
+                notice = (
+                    "the embeddings extra is not installed: retrieval is BM25-only "
+                    "(pip install 'torch==2.13.0+cpu' 'marsys-mem[embeddings]')"
+                )
+                log.warning("marsys-mem: %s", notice)
+                self.notices.append(notice)
+                parts.append("BM25 only")
+            else:
+                parts.append(f"{emb.name.split(':', 1)[-1]} embeddings + BM25")
+        if "hashing" in spellings:
+            parts.append("hashing embedder (not semantic) + BM25")
+        if "none" in spellings:
+            parts.append("BM25 only (embedder: none)")
+        return "; ".join(parts)
+
+    def _new_manager(self) -> MemoryManager:
+        # share the loaded model between the runs of this process
+        return MemoryManager(self.config, embedder=_EMBEDDER.get("default"))
+
+    def _transport(self) -> Transport:
+        m = self.mqtt
+        if m is None:
+            return InProcessTransport(InProcessBroker(), namespace=self.namespace)
+        return MqttTransport(
+            m.host,
+            m.port,
+            self.namespace,
+            client_id=m.client_id or f"marsys-wf-{uuid.uuid4().hex[:16]}",
+            username=m.username,
+            password=m.password,
+            tls=m.tls or None,
+            clean_session=True,
+            protocol=m.protocol,
+            connect_timeout=m.connect_timeout,
+            signing_key=(
+                EnvelopeSigner.from_env(m.signing_key_env) if m.signing_key_env else None
+            ),
+        )
+
+    def _transport_name(self) -> str:
+        m = self.mqtt
+        if m is None:
+            return "inprocess"
+        return f"mqtt://{m.host}:{m.port} (namespace {self.namespace})"
+
+    @property
+    def _manager(self) -> MemoryManager:
+        assert self.manager is not None
+        return self.manager
+
+    @property
+    def _coord(self) -> Coordinator:
+        assert self.coord is not None
+        return self.coord
+
+    # ------------------------------------------------------------------ memories and runs
+    def _mem(self, agent: str, branch: str) -> ConversationMemory:
+        """The agent's memory on the branch; a new one starts with its system prompt.
+
+        The prompt is the new memory's *initial* message (configuration, not something
+        the run appended), so merges that summarise a branch's new messages skip it.
+        """
+        slot = (agent, branch)
+        known = self._prompted.get(slot)
+        if known is not None:  # forgotten whenever the manager may drop memories
+            return known
+        manager = self._manager
+        current = {(a, b): m for a, b, m in manager.memories()}.get(slot)
+        prompt = self.system.get(agent)
+        if current is None and prompt:
+            policy = manager.policy(agent)
+            key = manager.key(agent, branch)
+            if not policy.is_persistent or manager.store.count_messages(key) == 0:
+                mem = ConversationMemory(
+                    [Message.system(prompt)],
+                    policy=policy.context,
+                    counter=manager.counter,
+                    summarizer=manager.summarizer,
+                    events=manager.events,
+                    agent=agent,
+                )
+                manager.attach_memory(agent, branch, mem)
+                self._prompted[slot] = mem
+                return mem
+        mem = current if current is not None else manager.memory(agent, branch)
+        if prompt and not any(m.role == "system" and m.text == prompt for m in mem):
+            mem.add(Message.system(prompt))
+        self._prompted[slot] = mem
+        return mem
+
+    def _run_for(self, agent: str, branch: str) -> RunContext:
+        for a, b, ctx in reversed(self._explicit):
+            if (a, b) == (agent, branch):
+                return ctx
+        found = self._implicit.get((agent, branch))
+        if found is None:
+            self._mem(agent, branch)
+            scope = self._manager.run(agent, branch=branch)
+            found = (scope, scope.__enter__())
+            self._implicit[(agent, branch)] = found
+        return found[1]
+
+    def _add(self, agent: str, branch: str, *messages: Message) -> None:
+        self._mem(agent, branch)
+        run = self._run_for(agent, branch)
+        for message in messages:
+            run.add(message)
+
+    def _end_run(self, agent: str, branch: str, error: BaseException | None = None) -> None:
+        found = self._implicit.pop((agent, branch), None)
+        if found is not None:
+            scope = found[0]
+            try:
+                scope.__exit__(type(error) if error else None, error, None)
+            finally:
+                self._ran(agent, branch)
+
+    def _ran(self, agent: str, branch: str) -> None:
+        """A run ended: a single_run memory may be gone (found again on next use)."""
+        self._prompted.pop((agent, branch), None)
+
+    def _end_runs(self, error: BaseException | None = None) -> None:
+        for agent, branch in list(self._implicit):
+            self._end_run(agent, branch, error)
+
+    # ------------------------------------------------------------------ facts
+    def _record_fact(self, fact: SharedFact, routed_to: str, scope: str) -> None:
+        self._facts.append(FactRecord.of_fact(fact, routed_to, []))
+        self._fact_ids.append(fact.id)
+        self._unsaved.append((routed_to, fact))
+
+    def _reach(self) -> list[FactRecord]:
+        """The fact records with ``reached``: the inboxes that hold each fact now."""
+        holders: dict[str, list[tuple[str, str]]] = {}
+        for branch in self.graph.branches:
+            for agent in self.graph.agents(branch):
+                for f in self._manager.shared.facts_for(inbox_key(agent, branch)):
+                    holders.setdefault(f.id, []).append((agent, branch))
+        out = []
+        for record, fact_id in zip(self._facts, self._fact_ids, strict=True):
+            if record.merged_from is not None:
+                branches = {record.routed_to}
+            else:
+                branches = set(
+                    self.graph.branches_in_scope(record.routed_to, record.scope)  # type: ignore[arg-type]
+                )
+            reached = [f"{a}@{b}" for a, b in holders.get(fact_id, []) if b in branches]
+            out.append(record.model_copy(update={"reached": reached}))
+        return out
+
+    def _persist_facts(self) -> None:
+        """Write the facts shared so far to a SQLite store (``#facts`` keys)."""
+        pending, self._unsaved = self._unsaved, []
+        if not pending or self.config.store.backend != "sqlite" or self.manager is None:
+            return
+        store = self.manager.store
+        by_branch: dict[str, list[SharedFact]] = {}
+        for branch, fact in pending:
+            by_branch.setdefault(branch, []).append(fact)
+        for branch, facts in by_branch.items():
+            key: Key = facts_key(self.namespace, branch)  # agent: FACTS_AGENT
+            have = {m.message_id for m in store.load_messages(key)}
+            new: list[Message] = []
+            for f in facts:
+                mid = f"fact_{f.id}"
+                if mid in have:
+                    continue
+                have.add(mid)
+                new.append(
+                    Message.system(
+                        f.text,
+                        message_id=mid,
+                        name=f.source_agent,
+                        metadata={"fact": f.model_dump(mode="json")},
+                    )
+                )
+            if new:
+                store.append_messages(key, new)
+
+    # ------------------------------------------------------------------ run
+    async def run(self) -> WorkflowReport:
+        """Play every step; return the report.
+
+        Raises:
+            WorkflowRunError: a step failed (the message names its file, line and step).
+            MarsysMemError: the store or the transport failed.
+        """
+        start = time.perf_counter()
+        error: BaseException | None = None
+        self.manager = self._new_manager()
+        try:
+            self.coord = Coordinator(self.graph, self.manager, self._transport())
+            await self.coord.__aenter__()
+            try:
+                self._initial()
+                setup = time.perf_counter()
+                for planned in self.prepared.plan:
+                    await self._step(planned)
+                steps_end = time.perf_counter()
+                report = await self._report(start, setup, steps_end)
+                self._end_runs()
+                self._persist_facts()
+                return report
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                self._end_runs(error)
+                await self._coord.close()
+        finally:
+            if error is not None:
+                try:
+                    self._persist_facts()
+                except MarsysMemError:
+                    log.exception("could not record the shared facts")
+            self._manager.close()
+
+    def _initial(self) -> None:
+        coord = self._coord
+        for name, parent, agents in self.prepared.initial:
+            if parent is None:
+                self.graph.add_branch(name, agents=agents)
+            else:
+                for agent in self.graph.agents(parent):
+                    self._mem(agent, parent)
+                coord.fork(parent, name, agents=agents)
+            for agent in agents:
+                self._mem(agent, name)
+
+    def _tell(self, label: str) -> None:
+        if self.progress is not None:
+            self.progress(self._done, self.prepared.count, label)
+
+    async def _step(self, p: PlannedStep) -> None:
+        began = time.perf_counter()
+        if p.kind != "run":
+            self._tell(p.label())
+        try:
+            await self._play(p)
+        except WorkflowRunError:
+            raise
+        except (MarsysMemError, ValueError, TypeError, KeyError) as exc:
+            raise WorkflowRunError(f"{self._where(p)} ({p.label()}): {exc}") from exc
+        if p.kind != "run":
+            self._timings.append((p, time.perf_counter() - began))
+        self._done += 1
+        self._tell(p.label())
+
+    def _where(self, p: PlannedStep) -> str:
+        wf = self.workflow
+        data = wf._raw if wf._raw is not None else wf.model_dump(mode="json")
+        file = wf._display
+        where = str(locate(data, p.path, wf._lines, file=file, tags=_TAGS))
+        return where + (f" (repeat iteration {p.iteration})" if p.iteration else "")
+
+    async def _play(self, p: PlannedStep) -> None:
+        s = p.step
+        kind = p.kind
+        if kind == "say":
+            factory = {
+                "user": Message.user,
+                "assistant": Message.assistant,
+                "system": Message.system,
+            }[s.role]
+            extra: dict[str, Any] = {"pinned": s.pinned} if s.pinned else {}
+            if s.name:
+                extra["name"] = s.name
+            self._add(s.agent, p.branches["agent"], factory(s.text, **extra))
+        elif kind == "tool":
+            call = ToolCall(
+                id=s.call_id or f"call_{uuid.uuid4().hex[:16]}", name=s.name, arguments=s.arguments
+            )
+            result = (
+                s.result if isinstance(s.result, str) else json.dumps(s.result, ensure_ascii=False)
+            )
+            self._add(
+                s.agent,
+                p.branches["agent"],
+                Message.assistant(s.text, tool_calls=[call]),
+                Message.tool(result, tool_call_id=call.id, name=s.name),
+            )
+        elif kind == "call_agent":
+            call_msg = Message.assistant(
+                None, agent_calls=[AgentCall(agent=s.callee, request=s.request)]
+            )
+            self._add(
+                s.caller,
+                p.branches["caller"],
+                call_msg,
+                Message.agent_response(s.response, name=s.callee),
+            )
+            self._add(
+                s.callee,
+                p.branches["callee"],
+                Message.agent_call(s.request, name=s.caller),
+                Message.assistant(s.response),
+            )
+        elif kind == "share":
+            branch = p.branches["agent"]
+            self._mem(s.agent, branch)
+            fact = await self._coord.share(
+                s.agent,
+                s.fact,
+                branch=branch,
+                scope=s.scope,
+                confidence=s.confidence,
+                metadata={"topic": s.topic} if s.topic else None,
+            )
+            self._record_fact(fact, branch, s.scope)
+        elif kind == "fork":
+            for agent in self.graph.agents(s.parent):
+                self._mem(agent, s.parent)
+            info = self._coord.fork(s.parent, s.child, agents=s.agents)
+            for agent in info.agents:
+                self._mem(agent, s.child)
+        elif kind == "merge":
+            for agent in self.graph.agents(s.child):
+                self._mem(agent, s.child)
+            for agent in self.graph.agents(s.into):
+                self._mem(agent, s.into)
+            merged = await self._coord.merge(
+                s.child, s.into, strategy=s.strategy, conflict=s.conflict
+            )
+            for fact in merged.facts:
+                self._record_fact(fact, s.into, "branch")
+            self._merges.append(
+                MergeReport(
+                    child=s.child,
+                    into=s.into,
+                    strategy=s.strategy,
+                    conflict=s.conflict,
+                    facts=len(merged.facts),
+                    messages=merged.messages,
+                    summary=merged.summary,
+                )
+            )
+        elif kind == "end_run":
+            self._end_run(s.agent, p.branches["agent"])
+        elif kind == "end_session":
+            await self._end_session(restart=s.restart)
+        elif kind == "run":
+            await self._run_block(p)
+        elif kind == "ask":
+            await self._ask(p)
+        else:  # pragma: no cover - repeats are expanded by the planner
+            raise AssertionError(f"unexpected step kind {kind!r}")
+
+    async def _run_block(self, p: PlannedStep) -> None:
+        agent, branch = p.step.agent, p.branches["agent"]
+        self._end_run(agent, branch)  # the block is a run of its own
+        self._mem(agent, branch)
+        async with self._manager.run(agent, branch=branch) as ctx:
+            self._explicit.append((agent, branch, ctx))
+            try:
+                for child in p.children:
+                    await self._step(child)
+            finally:
+                self._explicit.pop()
+        self._ran(agent, branch)
+
+    async def _end_session(self, *, restart: bool) -> None:
+        self._end_runs()
+        self._manager.end_session()
+        self._prompted.clear()
+        self._sessions += 1
+        if not restart:
+            return
+        self._persist_facts()
+        await self._coord.close()
+        self._manager.close()
+        self.graph = BranchGraph.from_dict(self.graph.to_dict())
+        self.manager = self._new_manager()
+        self.coord = Coordinator(self.graph, self.manager, self._transport())
+        await self.coord.__aenter__()
+
+    # ------------------------------------------------------------------ ask
+    async def _ask(self, p: PlannedStep) -> None:
+        s = p.step
+        agent, branch = s.agent, p.branches["agent"]
+        manager = self._manager
+        self._mem(agent, branch)
+        hits = []
+        patterns = manager.patterns(agent, branch)
+        if patterns is not None:
+            self._tell(f"{p.label()}: embedding (the first time also loads the model)")
+            await asyncio.to_thread(patterns.flush)  # embeddings done: deterministic hits
+            hits = patterns.search_all(s.question)
+        win = await manager.acontext_for(agent, query=s.question, branch=branch)
+        facts = manager.shared.facts_for(inbox_key(agent, branch))
+        candidates = gather_evidence(facts, hits, win.messages)
+        embedder = self._answer_embedder(agent)
+        answer, source = await asyncio.to_thread(best_evidence, s.question, candidates, embedder)
+        if answer is None and hits:
+            answer, source = hits[0].message.text, f"retrieved {hits[0].message.role} message"
+        sent = "\n".join(m.text for m in win.messages)
+        haystack = (sent + "\n" + (answer or "")).casefold()
+        found = [e for e in s.expect if e.casefold() in haystack]
+        missing = [e for e in s.expect if e not in found]
+        blocks = {m.metadata.get("block"): m for m in win.messages if m.metadata.get("block")}
+        wf = self.workflow
+        line = locate(wf._raw, p.path, wf._lines, tags=_TAGS).line
+        self._asks.append(
+            AskReport(
+                step=format_path(p.path) + (f" #{p.iteration}" if p.iteration else ""),
+                line=line,
+                agent=agent,
+                branch=branch,
+                question=s.question,
+                answer=answer,
+                answer_source=source,
+                context_messages=len(win.messages),
+                context_tokens=win.tokens,
+                facts=_items(blocks["shared_facts"]) if "shared_facts" in blocks else 0,
+                retrieved=_items(blocks["retrieval"]) if "retrieval" in blocks else 0,
+                hits=[
+                    HitReport(
+                        rank=i,
+                        score=round(h.score, 4),
+                        role=h.message.role,
+                        text=clip(h.message.text, 300),
+                    )
+                    for i, h in enumerate(hits, 1)
+                ],
+                expect=list(s.expect),
+                found=found,
+                missing=missing,
+                ok=not missing,
+            )
+        )
+
+    def _answer_embedder(self, agent: str) -> Embedder | None:
+        """The embedder to rank answers by meaning: the agent's, if it is semantic."""
+        patterns = self.config.policy_for(agent).patterns
+        if patterns.any and patterns.embedder == "default":
+            return shared_default_embedder()
+        return None
+
+    # ------------------------------------------------------------------ report
+    async def _report(self, start: float, setup: float, steps_end: float) -> WorkflowReport:
+        manager = self._manager
+        await asyncio.to_thread(manager.flush)
+        memories: list[MemoryReport] = []
+        seen: set[tuple[str, str]] = set()
+        slots = [(a, b) for b in self.graph.branches for a in self.graph.agents(b)]
+        slots += [(a, b) for a, b, _m in manager.memories() if (a, b) not in slots]
+        for agent, branch in slots:
+            if (agent, branch) in seen or agent.startswith("#"):
+                continue
+            seen.add((agent, branch))
+            memories.append(await self._memory_report(agent, branch))
+        branches = []
+        merges = self.graph.merges()
+        for name in self.graph.branches:
+            info = self.graph.info(name)
+            branches.append(
+                BranchReport(
+                    name=name,
+                    parent=info.parent,
+                    agents=list(info.agents),
+                    status=info.status,
+                    merged_into=[into for child, into in merges if child == name],
+                )
+            )
+        end = time.perf_counter()
+        store = self.config.store
+        return WorkflowReport(
+            name=self.workflow.name,
+            description=self.workflow.description,
+            source=str(self.workflow.source) if self.workflow.source else None,
+            store=str(store.resolved_path(self.config.base_dir))
+            if store.backend == "sqlite"
+            else None,
+            namespace=self.namespace,
+            transport=self._transport_name(),
+            retrieval=self.retrieval,
+            steps=self._done,
+            sessions=self._sessions,
+            branches=branches,
+            memories=memories,
+            facts=self._reach(),
+            merges=list(self._merges),
+            asks=list(self._asks),
+            timings=self._timing_report(start, setup, steps_end, end),
+            notices=list(self.notices),
+            ok=all(a.ok for a in self._asks),
+        )
+
+    async def _memory_report(self, agent: str, branch: str) -> MemoryReport:
+        manager = self._manager
+        mem = self._mem(agent, branch)
+        policy = manager.policy(agent)
+        stored = None
+        if policy.is_persistent and self.config.store.backend == "sqlite":
+            stored = manager.store.count_messages(manager.key(agent, branch))
+        facts = [
+            FactRecord.of_fact(f, branch if f.metadata.get("merged_from") else f.source_branch, [])
+            for f in manager.shared.facts_for(inbox_key(agent, branch))
+        ]
+        window = None
+        error = None
+        try:
+            win = await manager.acontext_for(agent, branch=branch)
+        except MarsysMemError as exc:
+            error = str(exc)
+        else:
+            window = WindowReport.of_window(win, mem.policy)
+        return MemoryReport(
+            agent=agent,
+            branch=branch,
+            retention=policy.retention,
+            messages=len(mem),
+            stored=stored,
+            window=window,
+            window_error=error,
+            facts=facts,
+        )
+
+    def _timing_report(self, start: float, setup: float, steps_end: float, end: float) -> Timings:
+        by_kind: dict[str, list[float]] = {}
+        for p, seconds in self._timings:
+            by_kind.setdefault(p.kind, []).append(seconds)
+        slowest = sorted(self._timings, key=lambda t: -t[1])[:3]
+        return Timings(
+            total_s=round(end - start, 4),
+            setup_s=round(setup - start, 4),
+            steps_s=round(steps_end - setup, 4),
+            finish_s=round(end - steps_end, 4),
+            by_kind=[
+                KindTiming(kind=k, count=len(v), seconds=round(sum(v), 4))
+                for k, v in by_kind.items()
+            ],
+            slowest=[
+                SlowStep(step=format_path(p.path), label=p.label(), seconds=round(sec, 4))
+                for p, sec in slowest
+            ],
+        )
+
+
+# ---------------------------------------------------------------------------- helpers

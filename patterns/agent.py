@@ -1,0 +1,231 @@
+"""The memory patterns of one agent, built from its config and fed by its conversation.
+
+``MemoryManager`` creates one :class:`AgentPatterns` per ``(agent, branch)`` whose policy
+enables a pattern (``patterns:`` in the config file). Every message the agent's memory
+appends is ingested into each enabled pattern (messages without text, such as a bare tool
+call, are skipped; embedding happens in the background, so appends stay fast). At
+``context_for`` time it yields the memory blocks:
+
+* ``core``: the hierarchical core tier (important messages), if enabled;
+* ``retrieval``: snippets for the query from RAG, episodic recall and the hierarchical
+  archive, deduplicated, never repeating a message already in the conversation window.
+
+Persistent agents keep their patterns in the manager's store, under the internal keys of
+:func:`marsys_mem.model.names.internal_key` (no agent or branch name can spell them); the vector
+index of a SQLite-backed agent is saved next to the database file (:func:`index_file`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from marsys_mem.config.models import PatternsConfig
+from marsys_mem.context.compose import Block
+from marsys_mem.exceptions import MarsysMemError
+from marsys_mem.model.messages import Message
+from marsys_mem.model.names import internal_key, validate_key
+from marsys_mem.patterns.episodic import EpisodicMemory
+from marsys_mem.patterns.hierarchical import HierarchicalMemory
+from marsys_mem.patterns.rag import RAGMemory, ScoredMessage
+from marsys_mem.retrieval.embeddings import Embedder, HashingEmbedder
+from marsys_mem.store.base import Key, MemoryStore
+
+__all__ = ["AgentPatterns", "index_file", "resolve_embedder"]
+
+log = logging.getLogger("marsys_mem.patterns")
+
+_SNIPPET_CHARS = 300
+
+
+def resolve_embedder(
+    spelling: Literal["default", "hashing", "none"],
+) -> Embedder | Literal["default"] | None:
+    """The embedder a config spelling asks for (``default`` stays lazy)."""
+    if spelling == "hashing":
+        return HashingEmbedder()
+    if spelling == "none":
+        return None
+    return "default"
+
+
+def index_file(index_dir: Path, key: Key, kind: Literal["rag", "episodic", "archive"]) -> Path:
+    """Where the ``kind`` vector index of the agent whose conversation is ``key`` is saved.
+
+    Names contain no ``/``, so the hashed ``namespace/agent/branch/kind`` is unambiguous.
+
+    Example:
+        >>> index_file(Path("indexes"), ("d", "a", "main"), "rag").name
+        'rag-e7273c7f2b22d5d56d87.faiss'
+    """
+    namespace, agent, branch = validate_key(key)
+    digest = hashlib.sha256(f"{namespace}/{agent}/{branch}/{kind}".encode()).hexdigest()
+    return index_dir / f"{kind}-{digest[:20]}.faiss"
+
+
+def _snippet(m: Message) -> str:
+    who = f"{m.role} ({m.name})" if m.name else m.role
+    text = " ".join(m.text.split())
+    if len(text) > _SNIPPET_CHARS:
+        text = text[: _SNIPPET_CHARS - 1].rstrip() + "…"
+    return f"{who}: {text}"
+
+
+class AgentPatterns:
+    """RAG, episodic and hierarchical memory of one agent on one branch.
+
+    Args:
+        config: the agent's :class:`~marsys_mem.config.models.PatternsConfig`.
+        key: the agent's store key ``(namespace, agent, branch)``.
+        store: where persistent patterns live (``None``: in process only).
+        embedder: shared embedder (or ``"default"`` / ``None``).
+        index_dir: folder for saved vector indexes (persistent SQLite agents).
+
+    Example:
+        >>> from marsys_mem.config.models import PatternsConfig
+        >>> cfg = PatternsConfig.model_validate({"embedder": "hashing", "rag": True})
+        >>> patterns = AgentPatterns(cfg, ("default", "a", "main"))
+        >>> patterns.ingest([Message.user("My sister Clara lives in Lisbon")])
+        >>> [b.name for b in patterns.blocks("Where does Clara live?", exclude=set())]
+        ['retrieval']
+        >>> patterns.close()
+    """
+
+    def __init__(
+        self,
+        config: PatternsConfig,
+        key: Key,
+        *,
+        store: MemoryStore | None = None,
+        embedder: Embedder | Literal["default"] | None = None,
+        index_dir: Path | None = None,
+    ) -> None:
+        self.config = config
+        self.key = key
+        rag_key = internal_key(key, "rag")  # raises InvalidNameError for a bad name
+        namespace, episodes_agent, _ = internal_key(key, "episodes")
+        tiers_prefix = internal_key(key, "tiers", "core")[:2]
+        emb = embedder if embedder is not None else resolve_embedder(config.embedder)
+        if config.embedder == "none":
+            emb = None
+
+        def index_path(kind: Literal["rag", "episodic", "archive"]) -> Path | None:
+            if index_dir is None or store is None:
+                return None
+            return index_file(index_dir, key, kind)
+
+        self.rag: RAGMemory | None = None
+        self.episodic: EpisodicMemory | None = None
+        self.hierarchical: HierarchicalMemory | None = None
+        try:
+            if config.rag is not None:
+                self.rag = RAGMemory(
+                    emb,
+                    store=store,
+                    key=rag_key,
+                    index_path=index_path("rag"),
+                    mode=config.rag.mode,
+                    dense_weight=config.rag.dense_weight,
+                    bm25_weight=config.rag.bm25_weight,
+                )
+            if config.episodic is not None:
+                self.episodic = EpisodicMemory(
+                    emb,
+                    store=store,
+                    namespace=namespace,
+                    agent=episodes_agent,
+                    index_path=index_path("episodic"),
+                )
+            if config.hierarchical is not None:
+                self.hierarchical = HierarchicalMemory(
+                    emb,
+                    core_threshold=config.hierarchical.core_threshold,
+                    working_size=config.hierarchical.working_size,
+                    store=store,
+                    key_prefix=tiers_prefix,
+                    index_path=index_path("archive"),
+                )
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ ingest
+    def ingest(self, messages: Iterable[Message]) -> None:
+        """Add messages with text to every enabled pattern (errors are logged, not raised)."""
+        for m in messages:
+            if not m.text.strip() or m.role == "system":
+                continue
+            for pattern in (self.rag, self.episodic, self.hierarchical):
+                if pattern is None:
+                    continue
+                try:
+                    pattern.add(m)
+                except MarsysMemError as exc:  # duplicate after a reload, oversized text
+                    log.debug("pattern %s skipped message %s: %s", pattern, m.message_id, exc)
+
+    def start_episode(self, metadata: dict[str, Any]) -> None:
+        """Begin an episode (one per run) if episodic memory is enabled."""
+        if self.episodic is not None:
+            self.episodic.start_episode(metadata)
+
+    def end_episode(self) -> None:
+        """End the current episode, if any."""
+        if self.episodic is not None:
+            self.episodic.end_episode()
+
+    # ------------------------------------------------------------------ blocks
+    def _hits(self, query: str) -> list[ScoredMessage]:
+        hits: list[ScoredMessage] = []
+        if self.rag is not None and self.config.rag is not None:
+            hits += self.rag.search(query, self.config.rag.k, self.config.rag.min_score)
+        if self.episodic is not None and self.config.episodic is not None:
+            hits += self.episodic.recall(query, self.config.episodic.k)
+        if self.hierarchical is not None and self.config.hierarchical is not None:
+            hits += self.hierarchical.archive_search(query, self.config.hierarchical.k)
+        return hits
+
+    def blocks(self, query: str | None, exclude: set[str]) -> list[Block]:
+        """The ``core`` and ``retrieval`` blocks; ``exclude``: ids already in the window."""
+        budget = self.config.budget
+        out: list[Block] = []
+        if self.hierarchical is not None:
+            core = [m for m in self.hierarchical.core() if m.message_id not in exclude]
+            core = [m for m in core if m.role != "system" and m.text.strip()]
+            if core:
+                items = [_snippet(m) for m in reversed(core)]  # newest first survive cuts
+                out.append(Block("core_memory", "Core memory:", items, budget.core, 1))
+        if query is not None:
+            seen = set(exclude)
+            items = []
+            for hit in self._hits(query):
+                if hit.message.message_id in seen:
+                    continue
+                seen.add(hit.message.message_id)
+                items.append(_snippet(hit.message))
+            if items:
+                out.append(Block("retrieval", "Relevant memories:", items, budget.retrieval, 2))
+        return out
+
+    def search_all(self, query: str) -> list[ScoredMessage]:
+        """Every enabled pattern's hits for ``query`` (for reports and the CLI)."""
+        return self._hits(query)
+
+    # ------------------------------------------------------------------ lifecycle
+    def flush(self) -> None:
+        """Wait for pending embeddings (and save indexes)."""
+        for pattern in self._patterns():
+            pattern.flush()
+
+    def _patterns(self) -> Sequence[Any]:
+        return [p for p in (self.rag, self.episodic, self.hierarchical) if p is not None]
+
+    def close(self) -> None:
+        """Flush and close every pattern. Idempotent."""
+        for pattern in self._patterns():
+            try:
+                pattern.close()
+            except MarsysMemError:
+                log.exception("closing %r failed", pattern)

@@ -1,0 +1,355 @@
+"""The one naming rule, and the internal keys built from names (marsys_mem.model.names)."""
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from marsys_mem import MemoryManager, Message
+from marsys_mem.config.models import MemoryConfig, PatternsConfig, StoreConfig
+from marsys_mem.coordination import (
+    BranchGraph,
+    Coordinator,
+    InProcessBroker,
+    InProcessTransport,
+    MqttTransport,
+    fact_topic,
+    inbox_key,
+)
+from marsys_mem.coordination.envelope import FactEnvelope
+from marsys_mem.coordination.transport import parse_fact_topic, validate_name
+from marsys_mem.exceptions import ConfigError, InvalidNameError
+from marsys_mem.model.facts import SharedFact
+from marsys_mem.model.names import (
+    FACTS_AGENT,
+    NAME_PATTERN,
+    TIERS,
+    facts_key,
+    internal_key,
+    is_name,
+    parse_inbox_key,
+    parse_key,
+    stored_key,
+)
+from marsys_mem.model.names import validate_key as names_validate_key
+from marsys_mem.model.names import validate_name as names_validate_name
+from marsys_mem.patterns import EpisodicMemory, HierarchicalMemory, RAGMemory, member_key
+from marsys_mem.patterns.agent import AgentPatterns
+from marsys_mem.store import InMemoryStore, SQLiteStore
+from marsys_mem.store.base import Append
+from marsys_mem.workflow.models import AgentSpec, BranchSpec, ForkStep
+
+BAD_NAMES = [
+    pytest.param("", id="empty"),
+    pytest.param("a/b", id="slash"),
+    pytest.param("a+b", id="plus"),
+    pytest.param("a#b", id="hash"),
+    pytest.param("main#rag", id="rag-suffix"),
+    pytest.param("a@b", id="at"),
+    pytest.param("a\x00b", id="nul"),
+    pytest.param("a\nb", id="newline"),
+    pytest.param("main\n", id="trailing-newline"),
+    pytest.param("a\tb", id="tab"),
+    pytest.param("a\x7f", id="del"),
+    pytest.param("a\x85", id="c1-control"),
+    pytest.param("bad \udc80", id="lone-surrogate"),
+    pytest.param("x" * 257, id="257-chars"),
+    pytest.param("x" * 100_000, id="huge"),
+    pytest.param(7, id="int"),
+    pytest.param(None, id="none"),
+    pytest.param(b"main", id="bytes"),
+]
+GOOD_NAMES = ["main", "r-1", "research_2.v3", "a b", "é", "日本", "a\U0001f600", "x" * 256, "$SYS"]
+
+
+def _unchecked_config(namespace: Any) -> MemoryConfig:
+    """A config whose namespace skipped validation (the manager checks it again)."""
+    return MemoryConfig.model_construct(store=StoreConfig.model_construct(namespace=namespace))
+
+
+def _manager_entry_points(manager: MemoryManager) -> list[Callable[[Any], object]]:
+    return [
+        lambda n: manager.memory(n),
+        lambda n: manager.memory("alice", n),
+        lambda n: manager.context_for(n),
+        lambda n: manager.context_for("alice", branch=n),
+        lambda n: manager.run(n),
+        lambda n: manager.run("alice", branch=n),
+        lambda n: manager.run("alice", branch=n, parent_id="r0"),
+        lambda n: manager.key(n),
+        lambda n: manager.key("alice", n),
+        lambda n: manager.patterns(n),
+        lambda n: manager.policy(n),
+        lambda n: manager.attach_memory(n, "main", manager.memory("bob").fork()),
+        lambda n: manager.attach_memory("carol", n, manager.memory("bob").fork()),
+        lambda n: MemoryManager(_unchecked_config(n)),
+    ]
+
+
+def _store_entry_points(store: Any) -> list[Callable[[Any], object]]:
+    calls: list[Callable[[Any], object]] = []
+    for i in range(3):
+
+        def key(n: Any, i: int = i) -> tuple[Any, ...]:
+            parts: list[Any] = ["default", "alice", "main"]
+            parts[i] = n
+            return tuple(parts)
+
+        calls += [
+            lambda n, key=key: store.append_messages(key(n), [Message.user("x")]),
+            lambda n, key=key: store.load_messages(key(n)),
+            lambda n, key=key: store.count_messages(key(n)),
+            lambda n, key=key: store.delete_messages(key(n)),
+        ]
+    return calls
+
+
+def _other_entry_points(tmp_store: Any) -> list[Callable[[Any], object]]:
+    graph = BranchGraph()
+    graph.add_branch("main", agents=["planner"])
+    cfg = PatternsConfig.model_validate({"embedder": "hashing", "rag": True})
+    return [
+        lambda n: names_validate_name("agent", n),
+        lambda n: validate_name("branch", n),  # the transports' (same function)
+        lambda n: inbox_key(n, "main"),
+        lambda n: inbox_key("writer", n),
+        lambda n: member_key(n),
+        lambda n: graph.add_branch(n),
+        lambda n: graph.fork("main", n),
+        lambda n: graph.add_branch("other", agents=[n]),
+        lambda n: graph.add_agent("main", n),
+        lambda n: fact_topic(n, "main"),
+        lambda n: fact_topic("default", n),
+        lambda n: InProcessTransport(namespace=n, broker=InProcessBroker()),
+        lambda n: MqttTransport("127.0.0.1", 1, namespace=n, client_id="c1"),
+        lambda n: internal_key((n, "a", "main"), "rag"),
+        lambda n: internal_key(("d", n, "main"), "episodes"),
+        lambda n: internal_key(("d", "a", n), "tiers", "core"),
+        lambda n: facts_key("d", n),
+        lambda n: RAGMemory(None, store=tmp_store, key=("d", "a", n)),
+        lambda n: EpisodicMemory(None, store=tmp_store, agent=n),
+        lambda n: HierarchicalMemory(None, store=tmp_store, key_prefix=("d", n)),
+        lambda n: AgentPatterns(cfg, ("d", n, "main"), store=tmp_store),
+    ]
+
+
+def _all_entry_points(store: Any) -> list[Callable[[Any], object]]:
+    manager = MemoryManager(store=store)
+    return _manager_entry_points(manager) + _store_entry_points(store) + _other_entry_points(store)
+
+
+@pytest.mark.parametrize("bad", BAD_NAMES)
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+def test_every_entry_point_rejects_the_same_bad_names(tmp_path, backend, bad):
+    store = InMemoryStore() if backend == "memory" else SQLiteStore(tmp_path / "m.db")
+    with store:
+        calls = _all_entry_points(store)
+        assert len(calls) > 40
+        for i, call in enumerate(calls):
+            with pytest.raises(InvalidNameError) as info:
+                call(bad)
+            message = str(info.value)
+            assert "must be 1-256 characters" in message or "tuple of names" in message, i
+            assert len(message) < 300, i  # never the whole of a huge value
+        assert store.list_keys() == []
+        assert store.list_runs() == []
+
+
+@pytest.mark.parametrize("bad", [p for p in BAD_NAMES if p.id != "bytes"])
+def test_models_apply_the_same_rule(bad):
+    """Config and workflow files and wire envelopes use the rule as a pattern: same names fail.
+
+    (pydantic decodes ``bytes`` to ``str`` in these models, so ``b"main"`` is ``"main"``.)
+    """
+    fact = SharedFact.create("x", agent="a")
+    for build in [
+        lambda: MemoryConfig.model_validate({"store": {"namespace": bad}}),
+        lambda: AgentSpec(name=bad),
+        lambda: BranchSpec(name=bad),
+        lambda: ForkStep(parent="main", child=bad),
+        lambda: SharedFact.create("x", agent=bad),  # provenance: "(from agent@branch)"
+        lambda: SharedFact.create("x", agent="a", branch=bad),
+        lambda: FactEnvelope(
+            namespace=bad, sender="s", seq=1, branch="main", scope="branch", fact=fact
+        ),
+        lambda: FactEnvelope(
+            namespace="d", sender="s", seq=1, branch=bad, scope="branch", fact=fact
+        ),
+    ]:
+        with pytest.raises(ValidationError):
+            build()
+
+
+@pytest.mark.parametrize("good", GOOD_NAMES)
+def test_good_names_pass_everywhere(tmp_path, good):
+    assert names_validate_name("agent", good) == good
+    assert is_name(good)
+    with MemoryManager() as manager:
+        manager.memory(good, good).add(Message.user("hi"))
+        assert [m.text for m in manager.context_for(good, branch=good).messages] == ["hi"]
+    with SQLiteStore(tmp_path / "m.db") as store:
+        store.append_messages((good, good, good), [Message.user("hi")])
+        assert store.list_keys() == [(good, good, good)]
+    graph = BranchGraph()
+    graph.add_branch(good, agents=[good])
+    assert parse_fact_topic(fact_topic(good, good)) == (good, good)
+    AgentSpec(name=good)
+    fact = SharedFact.create("x", agent=good, branch=good)
+    FactEnvelope(namespace=good, sender="s", seq=1, branch=good, scope="branch", fact=fact)
+
+
+def test_invalid_name_error_is_a_config_error_naming_kind_and_value():
+    with pytest.raises(InvalidNameError) as info:
+        MemoryManager().memory("alice", branch="main#rag")
+    assert isinstance(info.value, ConfigError)
+    assert isinstance(info.value, ValueError)
+    assert str(info.value) == (
+        "branch must be 1-256 characters without '/', '+', '#', '@' or control characters, "
+        "got 'main#rag' (it contains '#')"
+    )
+    with pytest.raises(InvalidNameError, match=r"'xxxx.*\.\.\. \(100000 characters\) \(100000"):
+        names_validate_name("agent", "x" * 100_000)
+    with pytest.raises(InvalidNameError, match="lone surrogate"):
+        names_validate_name("agent", "bad \udc80")
+    with pytest.raises(InvalidNameError, match="a int, not a string"):
+        names_validate_name("agent", 3)
+
+
+def test_bad_names_change_nothing_in_the_manager():
+    manager = MemoryManager()
+    manager.memory("alice").add(Message.user("hi"))
+    for bad in ["a#b", "a@b", ""]:
+        with pytest.raises(InvalidNameError):
+            manager.memory(bad)
+        with pytest.raises(InvalidNameError):
+            manager.memory("alice", bad)
+    assert [(a, b) for a, b, _m in manager.memories()] == [("alice", "main")]
+    assert manager.shared.agents == ["alice"]
+    manager.close()
+
+
+# ---------------------------------------------------------------------------- keys
+def test_internal_keys_keep_the_old_spellings():
+    key = ("team", "alice", "r1")
+    assert internal_key(key, "rag") == ("team", "alice", "r1#rag")
+    assert internal_key(key, "episodes") == ("team", "alice#r1#episodes", "episodes")
+    assert [internal_key(key, "tiers", t) for t in TIERS] == [
+        ("team", "alice#r1#tiers", "core"),
+        ("team", "alice#r1#tiers", "working"),
+        ("team", "alice#r1#tiers", "archive"),
+    ]
+    assert facts_key("team", "r1") == ("team", FACTS_AGENT, "r1") == ("team", "#facts", "r1")
+
+
+def test_internal_key_rejects_bad_kind_and_part():
+    with pytest.raises(ValueError, match="kind must be one of"):
+        internal_key(("d", "a", "main"), "facts")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="part of a tiers key"):
+        internal_key(("d", "a", "main"), "tiers")
+    with pytest.raises(ValueError, match="part of a rag key must be None"):
+        internal_key(("d", "a", "main"), "rag", "core")
+
+
+@pytest.mark.parametrize(
+    ("key", "kind", "agent", "branch", "part"),
+    [
+        (("d", "alice", "main"), "conversation", "alice", "main", None),
+        (("d", "alice", "main#rag"), "rag", "alice", "main", None),
+        (("d", "alice#r1#episodes", "episodes"), "episodes", "alice", "r1", None),
+        (("d", "alice#r1#tiers", "archive"), "tiers", "alice", "r1", "archive"),
+        (("d", "#facts", "r1"), "facts", None, "r1", None),
+    ],
+)
+def test_parse_key_reads_every_kind(key, kind, agent, branch, part):
+    info = parse_key(key)
+    assert (info.kind, info.namespace, info.agent, info.branch, info.part) == (
+        kind,
+        "d",
+        agent,
+        branch,
+        part,
+    )
+    assert info.key == key
+    assert names_validate_key(info.key) == key  # the parsed key is usable with a store
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        ("d", "alice", "main#rag#rag"),
+        ("d", "alice#r1#tiers", "episodes"),
+        ("d", "alice#r1#episodes", "core"),
+        ("d", "alice#r1#other", "core"),
+        ("d", "a#b#c#tiers", "core"),
+        ("d", "#facts", "a#b"),
+        ("d", "alice", "a@b"),
+        ("d/x", "alice", "main"),
+        ("d", "alice"),
+        "d/alice/main",
+    ],
+)
+def test_parse_key_rejects_what_no_helper_builds(key):
+    with pytest.raises(InvalidNameError, match="store key"):
+        parse_key(key)
+
+
+def test_stores_accept_internal_keys_only_from_the_helpers(tmp_path):
+    with SQLiteStore(tmp_path / "m.db") as store:
+        built = internal_key(("d", "alice", "main"), "rag")
+        store.append_messages(built, [Message.user("mine")])
+        with pytest.raises(InvalidNameError, match="store key branch"):
+            store.load_messages(("d", "alice", "main#rag"))
+        [listed] = store.list_keys()
+        assert listed == ("d", "alice", "main#rag")
+        assert [m.text for m in store.load_messages(listed)] == ["mine"]
+        assert [m.text for m in store.load_messages(parse_key(listed).key)] == ["mine"]
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+def test_keys_written_before_the_rule_stay_readable(tmp_path, backend):
+    """A store holding a key whose names break today's rule: listed, readable, deletable."""
+    store = InMemoryStore() if backend == "memory" else SQLiteStore(tmp_path / "m.db")
+    with store:
+        # written as an older version did: it checked only for non-empty strings
+        store._batch([Append(("d", "bob@example.com", "main"), (Message.user("old"),))])
+        [legacy] = store.list_keys()
+        assert legacy == ("d", "bob@example.com", "main")
+        assert [m.text for m in store.load_messages(legacy)] == ["old"]
+        with pytest.raises(InvalidNameError):
+            store.load_messages(("d", "bob@example.com", "main"))  # spelled by hand
+        assert store.delete_messages(legacy) == 1
+        assert store.list_keys() == []
+    assert stored_key(("d", "a", "main")) == ("d", "a", "main")
+
+
+def test_inbox_keys_round_trip():
+    assert inbox_key("writer") == "writer"
+    assert inbox_key("writer", "r1") == "writer@r1"
+    assert parse_inbox_key("writer@r1") == ("writer", "r1")
+    assert parse_inbox_key("writer") == ("writer", "main")
+    for bad in ["writer@main", "a@b@c", "@r1", "writer@"]:
+        with pytest.raises(InvalidNameError):
+            parse_inbox_key(bad)
+
+
+def test_name_pattern_is_the_documented_rule():
+    assert NAME_PATTERN == r"^[^/+#@\x00-\x1f\x7f-\x9f]{1,256}$"
+
+
+def test_coordinator_inboxes_use_the_rule():
+    async def go() -> None:
+        graph = BranchGraph()
+        graph.add_branch("main", agents=["planner"])
+        transport = InProcessTransport(namespace="default", broker=InProcessBroker())
+        async with Coordinator(graph, transport=transport) as coord:
+            with pytest.raises(InvalidNameError):
+                coord.facts_for("a@b")
+            with pytest.raises(InvalidNameError):
+                coord.context_for("planner", "main#rag")
+            with pytest.raises(InvalidNameError):
+                coord.join("x#y")
+            assert graph.agents("main") == ["planner"]
+
+    asyncio.run(go())

@@ -1,0 +1,255 @@
+import math
+import random
+import statistics
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from marsys_mem.retrieval.bm25 import STOP_WORDS, BM25Index, stem, tokenize
+
+
+def test_tokenize_lowercases_drops_stop_words_and_stems():
+    assert tokenize("The CARS were PARKED near the Parking lot") == [
+        "car", "park", "near", "park", "lot",
+    ]
+    assert tokenize("") == []
+    assert tokenize("the and of a I") == []
+
+
+def test_tokenize_keeps_digits_and_drops_single_letters_and_possessives():
+    assert tokenize("level 4, row b; Clara's flat") == ["level", "4", "row", "clara", "flat"]
+    assert tokenize("don't") == []  # a stop word, with its apostrophe
+    assert tokenize("Zoë's café in São Paulo") == ["zoë", "café", "são", "paulo"]
+
+
+@pytest.mark.parametrize(
+    ("forms", "root"),
+    [
+        (["park", "parks", "parked", "parking"], "park"),
+        (["live", "lives", "lived", "living"], "liv"),
+        (["city", "cities"], "city"),
+        (["run", "running"], "run"),
+        (["call", "called", "calls"], "call"),
+    ],
+)
+def test_stem_conflates_word_forms(forms, root):
+    assert {stem(f) for f in forms} == {root}
+
+
+def test_stem_leaves_short_and_vowelless_words_alone():
+    assert stem("bed") == "bed"
+    assert stem("spring") == "spring"
+    assert stem("string") == "string"
+    assert stem("class") == "class"
+    assert stem("bus") == "bus"
+    assert stem("r2d2") == "r2d2"
+
+
+def test_stop_words_are_lower_case():
+    assert all(w == w.lower() for w in STOP_WORDS)
+
+
+@pytest.fixture
+def index():
+    idx = BM25Index()
+    idx.add("clara", "My sister Clara lives in Lisbon")
+    idx.add("car", "I parked the car on level 4")
+    idx.add("weather", "The weather is lovely today, sunny and warm")
+    idx.add("car2", "The car needs new tyres before the trip")
+    return idx
+
+
+def test_search_ranks_by_bm25(index):
+    hits = index.search("where did I park the car", k=10)
+    assert [h[0] for h in hits] == ["car", "car2"]
+    assert hits[0][1] > hits[1][1] > 0
+
+
+def test_search_returns_only_matching_documents(index):
+    expected = index.scores("lisbon")["clara"]
+    assert index.search("Lisbon", k=10) == [("clara", pytest.approx(expected))]
+    assert index.search("quantum chromodynamics", k=10) == []
+    assert index.search("the of and", k=10) == []
+
+
+def test_score_docs_matches_scores(index):
+    query = "car lisbon weather"
+    all_scores = index.scores(query)
+    picked = index.score_docs(query, ["car", "clara", "unknown", "car2"])
+    assert picked == {
+        "car": pytest.approx(all_scores["car"]),
+        "clara": pytest.approx(all_scores["clara"]),
+        "car2": pytest.approx(all_scores["car2"]),
+    }
+    assert index.score_docs("zebra", ["car"]) == {"car": 0.0}
+    assert index.score_docs("car", []) == {}
+
+
+def test_rare_terms_weigh_more(index):
+    s = index.scores("car lisbon")
+    assert s["clara"] > s["car"]  # lisbon is in 1 doc, car in 2
+
+
+def test_score_matches_the_formula():
+    idx = BM25Index(k1=1.2, b=0.5)
+    idx.add("a", "apple apple banana")
+    idx.add("b", "banana cherry")
+    idx.add("c", "cherry")
+    n, avg = 3, (3 + 2 + 1) / 3
+    df, tf, length = 1, 2, 3
+    idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+    expected = idf * tf * 2.2 / (tf + 1.2 * (1 - 0.5 + 0.5 * length / avg))
+    assert idx.scores("apple") == {"a": pytest.approx(expected)}
+
+
+def test_length_normalisation_prefers_shorter_docs():
+    idx = BM25Index()
+    idx.add("short", "dinosaur")
+    idx.add("long", "dinosaur " + " ".join(f"word{i}" for i in range(40)))
+    assert [d for d, _ in idx.search("dinosaur", 2)] == ["short", "long"]
+    flat = BM25Index(b=0.0)
+    flat.add("short", "dinosaur")
+    flat.add("long", "dinosaur " + " ".join(f"word{i}" for i in range(40)))
+    s = flat.scores("dinosaur")
+    assert s["short"] == pytest.approx(s["long"])
+
+
+def test_add_rejects_duplicates_and_bad_input(index):
+    with pytest.raises(ValueError, match="already indexed"):
+        index.add("car", "again")
+    with pytest.raises(ValueError, match="doc_id"):
+        index.add("", "x")
+    with pytest.raises(TypeError, match="text"):
+        index.add("z", None)  # type: ignore[arg-type]
+    assert len(index) == 4
+
+
+def test_add_many_is_all_or_nothing(index):
+    with pytest.raises(ValueError, match="already indexed"):
+        index.add_many([("new", "fresh text"), ("new", "again")])
+    assert "new" not in index
+    index.add_many([("n1", "fresh text"), ("n2", "more text")])
+    assert len(index) == 6
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 2.0])
+def test_k_must_be_a_positive_int(index, bad):
+    with pytest.raises(ValueError, match="k must be"):
+        index.search("car", bad)
+
+
+def test_query_must_be_a_string(index):
+    with pytest.raises(TypeError, match="query"):
+        index.search(None, 3)  # type: ignore[arg-type]
+
+
+def test_remove_updates_statistics(index):
+    assert index.remove("car") is True
+    assert index.remove("car") is False
+    assert "car" not in index
+    assert len(index) == 3
+    assert [d for d, _ in index.search("car", 5)] == ["car2"]
+    fresh = BM25Index()
+    fresh.add("clara", "My sister Clara lives in Lisbon")
+    fresh.add("weather", "The weather is lovely today, sunny and warm")
+    fresh.add("car2", "The car needs new tyres before the trip")
+    for q in ["car", "lisbon weather", "trip sunny"]:
+        assert index.scores(q) == pytest.approx(fresh.scores(q))
+    index.add("car", "the car is back")  # a freed slot is reused
+    assert set(index) == {"clara", "weather", "car2", "car"}
+
+
+def test_clear_and_empty_index():
+    idx = BM25Index()
+    assert idx.search("anything", 3) == []
+    assert idx.average_length == 0.0
+    idx.add("a", "alpha beta")
+    idx.clear()
+    assert len(idx) == 0
+    assert idx.vocabulary_size == 0
+    assert idx.search("alpha", 3) == []
+    idx.add("a", "alpha")
+    assert idx.search("alpha", 3)[0][0] == "a"
+
+
+@pytest.mark.parametrize(("k1", "b"), [(-1, 0.75), (math.nan, 0.75), (1.5, 1.5), (1.5, -0.1)])
+def test_parameters_are_validated(k1, b):
+    with pytest.raises(ValueError, match=r"k1|b must"):
+        BM25Index(k1=k1, b=b)
+
+
+def _corpus(n: int, seed: int = 0) -> list[tuple[str, str]]:
+    rng = random.Random(seed)
+    common = "hello today weather think work home dinner movie friend meeting project".split()
+    rare = [f"term{i}" for i in range(3000)]
+    return [
+        (
+            f"d{i}",
+            " ".join(rng.choice(common) if rng.random() < 0.3 else rng.choice(rare)
+                     for _ in range(12)),
+        )
+        for i in range(n)
+    ]
+
+
+def _reference(idx: BM25Index, query: str, k: int) -> list[tuple[str, float]]:
+    order = {d: i for i, d in enumerate(idx)}
+    scores = idx.scores(query)
+    return sorted(scores.items(), key=lambda kv: (-kv[1], order[kv[0]]))[:k]
+
+
+def test_long_postings_are_scored_like_short_ones():
+    # common terms take the vectorised path; the result must equal the plain computation,
+    # ties included (ties are broken by insertion order when no slot was reused)
+    idx = BM25Index()
+    idx.add_many(_corpus(3000))
+    for query in ["hello weather", "term1 movie friend", "work work home", "term7"]:
+        for k in (1, 7, 50, 5000):
+            assert idx.search(query, k) == _reference(idx, query, k)
+
+
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.booleans(),
+            st.integers(0, 15),
+            st.lists(st.sampled_from(["apple", "pear", "fig", "kiwi", "plum", "lime"]),
+                     max_size=6),
+        ),
+        max_size=40,
+    ),
+    query=st.lists(st.sampled_from(["apple", "pear", "fig", "kiwi", "plum"]), min_size=1,
+                   max_size=3),
+)
+def test_incremental_index_equals_a_fresh_build(ops, query):
+    idx = BM25Index()
+    live: dict[str, str] = {}
+    for is_add, n, words in ops:
+        doc_id = f"d{n}"
+        if is_add and doc_id not in live:
+            live[doc_id] = " ".join(words)
+            idx.add(doc_id, live[doc_id])
+        elif not is_add:
+            assert idx.remove(doc_id) == (live.pop(doc_id, None) is not None)
+    fresh = BM25Index()
+    for doc_id, text in live.items():
+        fresh.add(doc_id, text)
+    q = " ".join(query)
+    assert idx.scores(q) == pytest.approx(fresh.scores(q))
+    assert set(idx) == set(live)
+
+
+def test_queries_are_fast_at_10k_documents():
+    # a guard against accidental O(N) scoring, far looser than the benchmark's numbers
+    idx = BM25Index()
+    idx.add_many(_corpus(10_000))
+    rng = random.Random(1)
+    queries = [f"hello term{rng.randrange(3000)} meeting project" for _ in range(50)]
+    times = []
+    for q in queries:
+        start = time.perf_counter()
+        idx.search(q, 10)
+        times.append(time.perf_counter() - start)
+    assert statistics.median(times) < 0.010

@@ -1,0 +1,536 @@
+import json
+import os
+import threading
+
+import faiss
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from marsys_mem.exceptions import EmbeddingError, IndexCorruptError, StoreError
+from marsys_mem.retrieval.index import FORMAT_VERSION, FaissIndex, VectorIndex, single_thread
+
+DIM = 8
+
+
+def unit(rng: np.random.Generator, n: int, dim: int = DIM) -> np.ndarray:
+    v = rng.standard_normal((n, dim)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def filled(kind: str = "flat", n: int = 50, seed: int = 0, **kwargs) -> tuple[FaissIndex, dict]:
+    rng = np.random.default_rng(seed)
+    vecs = unit(rng, n)
+    ids = [f"id{i}" for i in range(n)]
+    index = FaissIndex(DIM, kind, **kwargs)  # type: ignore[arg-type]
+    index.add(ids, vecs)
+    return index, dict(zip(ids, vecs, strict=True))
+
+
+def brute_force(model: dict, query: np.ndarray, k: int) -> list[tuple[str, float]]:
+    scored = [(id_, float(np.dot(v, query))) for id_, v in model.items()]
+    scored.sort(key=lambda p: -p[1])
+    return scored[:k]
+
+
+def snapshot(index: FaissIndex) -> tuple:
+    ids = index.ids()
+    vecs = index.vectors(ids) if ids else np.zeros((0, index.dim), np.float32)
+    return ids, vecs.copy(), index.kind, index.tombstones
+
+
+# ----------------------------------------------------------------- basics
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw"])
+def test_add_search_exact_neighbours(kind):
+    index, model = filled(kind)
+    assert len(index) == 50
+    assert index.kind == kind
+    assert isinstance(index, VectorIndex)
+    queries = np.stack([model["id3"], model["id17"]])
+    ids, scores = index.search(queries, k=5)
+    assert [row[0] for row in ids] == ["id3", "id17"]
+    assert scores.shape == (2, 5)
+    assert scores.dtype == np.float32
+    assert np.all(np.diff(scores, axis=1) <= 1e-6)  # best first
+    for row, q in zip(ids, queries, strict=True):
+        assert [p[0] for p in brute_force(model, q, 5)] == row
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw"])
+def test_remove_and_replace(kind):
+    index, model = filled(kind, n=20)
+    assert index.remove(["id0", "id1", "nope", "id0"]) == 2
+    assert "id0" not in index
+    assert "id2" in index
+    assert len(index) == 18
+    ids, _ = index.search(np.stack([model["id0"]]), k=20)
+    assert "id0" not in ids[0]
+    assert "id1" not in ids[0]
+    assert len(ids[0]) == 18
+    # replace id5 with the vector of id9: searching id9's vector now ties both
+    index.add(["id5"], model["id9"][None, :])
+    assert len(index) == 18
+    np.testing.assert_array_equal(index.vectors(["id5"])[0], model["id9"])
+    ids, scores = index.search(model["id9"][None, :], k=2)
+    assert set(ids[0]) == {"id5", "id9"}
+    assert scores[0] == pytest.approx([1.0, 1.0], abs=1e-5)
+    assert index.ids()[3] == "id5"  # keeps its place
+    if kind == "hnsw":
+        assert index.tombstones == 3
+
+
+def test_search_fewer_than_k_and_empty_index():
+    index = FaissIndex(DIM)
+    ids, scores = index.search(np.ones((2, DIM), np.float32), k=3)
+    assert ids == [[], []]
+    assert scores.shape == (2, 0)
+    index.add(["a", "b"], unit(np.random.default_rng(1), 2))
+    ids, scores = index.search(np.ones((1, DIM), np.float32), k=10)
+    assert sorted(ids[0]) == ["a", "b"]
+    assert scores.shape == (1, 2)
+    ids, scores = index.search(np.zeros((0, DIM), np.float32), k=3)
+    assert ids == []
+    assert scores.shape == (0, 2)
+    index.add([], np.zeros((0, DIM)))
+    assert len(index) == 2
+
+
+def test_numpy_integer_k_and_ids_order():
+    index, _ = filled(n=5)
+    ids, _ = index.search(np.ones((1, DIM), np.float32), k=np.int64(2))
+    assert len(ids[0]) == 2
+    assert index.ids() == [f"id{i}" for i in range(5)]
+    index.remove(iter(["id1"]))  # any iterable
+    assert index.ids() == ["id0", "id2", "id3", "id4"]
+
+
+def test_vectors_unknown_id():
+    index, _ = filled(n=3)
+    with pytest.raises(KeyError, match="'zz'"):
+        index.vectors(["id0", "zz"])
+
+
+def test_clear():
+    index, _ = filled("auto", n=30, hnsw_threshold=10)
+    assert index.kind == "hnsw"
+    index.clear()
+    assert len(index) == 0
+    assert index.kind == "flat"
+    index.add(["x"], np.ones((1, DIM)))
+    assert index.search(np.ones((1, DIM)), k=1)[0] == [["x"]]
+
+
+# ------------------------------------------------------------- auto / HNSW
+
+
+def test_auto_switches_to_hnsw_past_threshold_and_stays():
+    rng = np.random.default_rng(2)
+    index = FaissIndex(DIM, "auto", hnsw_threshold=20)
+    index.add([f"a{i}" for i in range(20)], unit(rng, 20))
+    assert index.kind == "flat"
+    assert index.requested_kind == "auto"
+    index.add(["a20"], unit(rng, 1))
+    assert index.kind == "hnsw"
+    assert len(index) == 21
+    v = index.vectors(["a7"])
+    assert index.search(v, k=1)[0] == [["a7"]]
+    index.remove([f"a{i}" for i in range(15)])
+    assert index.kind == "hnsw"  # no flip-flopping back
+    assert len(index) == 6
+    assert index.tombstones == 0  # rebuilt: 15 of 21 were dead
+
+
+def test_hnsw_tombstones_never_returned_and_rebuild():
+    rng = np.random.default_rng(3)
+    vecs = unit(rng, 100)
+    index = FaissIndex(DIM, "hnsw")
+    index.add([f"h{i}" for i in range(100)], vecs)
+    gone = [f"h{i}" for i in range(0, 100, 10)]
+    index.remove(gone)
+    assert index.tombstones == 10
+    ids, scores = index.search(vecs, k=100)
+    for row, row_scores in zip(ids, scores, strict=True):
+        assert not set(row) & set(gone)
+        assert len(row) == len(set(row))
+        assert np.all(np.isfinite(row_scores[: len(row)]))
+    # the query equal to a removed vector finds something else
+    assert ids[0][0] != "h0"
+    assert ids[1][0] == "h1"
+    index.remove([f"h{i}" for i in range(1, 20, 2)])  # 20 dead of 100: not yet over 20%
+    assert index.tombstones == 20
+    index.remove(["h3"])  # already gone: nothing changes
+    assert index.tombstones == 20
+    index.remove(["h2"])
+    assert index.tombstones == 0
+    assert len(index) == 79
+    ids, _ = index.search(vecs, k=100)
+    assert all(len(row) == 79 for row in ids)
+
+
+def test_hnsw_replacements_are_tombstoned():
+    rng = np.random.default_rng(4)
+    index = FaissIndex(DIM, "hnsw")
+    names = ["a", "b", "c", "d", "e", "f", "g", "h"]
+    index.add(names, unit(rng, 8))
+    new = unit(rng, 1)
+    index.add(["a"], new)
+    assert index.tombstones == 1
+    ids, scores = index.search(new, k=8)
+    assert ids[0][0] == "a"
+    assert scores[0, 0] == pytest.approx(1.0, abs=1e-5)
+    assert sorted(ids[0]) == names
+    index.add(["b", "c"], unit(rng, 2))  # 3 dead of 11: rebuilt
+    assert index.tombstones == 0
+    assert sorted(index.search(new, k=8)[0][0]) == names
+
+
+# ---------------------------------------------------------- validation
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw"])
+@pytest.mark.parametrize(
+    ("ids", "vectors", "match"),
+    [
+        (["x"], np.full((1, DIM), np.nan), "NaN"),
+        (["x"], np.full((1, DIM), np.inf), "NaN or infinity"),
+        (["x"], np.ones((1, DIM + 1)), f"dimension {DIM + 1}, expected {DIM}"),
+        (["x"], np.ones(DIM), "2-D"),
+        (["x", "y"], np.ones((1, DIM)), "got 2 ids for 1 vectors"),
+        (["x", "x"], np.ones((2, DIM)), "1 repeated ids.*'x'"),
+        (["x", ""], np.ones((2, DIM)), r"ids\[1\] must be a non-empty str"),
+        (["x", 3], np.ones((2, DIM)), r"ids\[1\]"),
+        ("xy", np.ones((2, DIM)), "not one string"),
+    ],
+)
+def test_bad_add_raises_and_changes_nothing(kind, ids, vectors, match):
+    index, _ = filled(kind, n=10)
+    before = snapshot(index)
+    with pytest.raises(EmbeddingError, match=match):
+        index.add(ids, vectors)
+    after = snapshot(index)
+    assert before[0] == after[0]
+    np.testing.assert_array_equal(before[1], after[1])
+    assert before[2:] == after[2:]
+
+
+@pytest.mark.parametrize(
+    ("queries", "k", "match"),
+    [
+        (np.ones((1, DIM)), 0, "k must be a positive int, got 0"),
+        (np.ones((1, DIM)), -3, "got -3"),
+        (np.ones((1, DIM)), True, "got True"),
+        (np.ones((1, DIM)), 2.0, "got 2.0"),
+        (np.ones((1, DIM - 1)), 1, f"dimension {DIM - 1}, expected {DIM}"),
+        (np.full((1, DIM), np.nan), 1, "NaN"),
+        (np.ones(DIM), 1, "2-D"),
+    ],
+)
+def test_bad_search_raises(queries, k, match):
+    index, _ = filled(n=5)
+    with pytest.raises(EmbeddingError, match=match):
+        index.search(queries, k)
+    assert len(index) == 5
+
+
+def test_bad_remove_raises_and_changes_nothing():
+    index, _ = filled(n=5)
+    with pytest.raises(EmbeddingError, match="not one string"):
+        index.remove("id1")
+    with pytest.raises(EmbeddingError, match=r"ids\[1\]"):
+        index.remove(["id1", None])  # type: ignore[list-item]
+    assert len(index) == 5
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"dim": 0}, {"dim": 4, "kind": "ivf"}, {"dim": 4, "hnsw_m": 1}, {"dim": 4, "ef_search": 0}],
+)
+def test_bad_settings(kwargs):
+    with pytest.raises(ValueError):  # noqa: PT011
+        FaissIndex(**kwargs)
+
+
+# ------------------------------------------------------------- files
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "auto"])
+def test_save_load_round_trip(tmp_path, kind):
+    index, model = filled(kind, n=40, hnsw_threshold=30, ef_search=32)
+    index.remove(["id1", "id2", "id3"])
+    index.add(["id4"], -model["id4"][None, :])
+    path = tmp_path / "sub" / "index.mvi"
+    index.save(path, meta={"embedder": "hashing-v1", "n": 1})
+    assert FaissIndex.read_meta(path) == {"embedder": "hashing-v1", "n": 1}
+    header = FaissIndex.read_header(path)
+    assert header["version"] == FORMAT_VERSION
+    assert header["count"] == 37
+    assert header["dim"] == DIM
+    assert header["kind"] == index.kind
+    loaded = FaissIndex.load(path, expected_dim=DIM, expected_meta={"embedder": "hashing-v1"})
+    assert loaded.ids() == index.ids()
+    assert loaded.kind == index.kind
+    assert loaded.requested_kind == kind
+    assert loaded.tombstones == index.tombstones
+    np.testing.assert_array_equal(loaded.vectors(loaded.ids()), index.vectors(index.ids()))
+    queries = np.stack(list(model.values()))
+    a_ids, a_scores = index.search(queries, k=7)
+    b_ids, b_scores = loaded.search(queries, k=7)
+    assert a_ids == b_ids
+    np.testing.assert_array_equal(a_scores, b_scores)
+    # labels keep counting after a load: new ids do not collide with old ones
+    loaded.add(["new"], model["id0"][None, :])
+    assert set(loaded.search(model["id0"][None, :], k=2)[0][0]) == {"id0", "new"}
+    assert len(loaded) == 38
+    assert [p.name for p in path.parent.iterdir()] == ["index.mvi"]  # no temp files left
+
+
+def test_save_empty_and_load(tmp_path):
+    path = tmp_path / "empty.mvi"
+    FaissIndex(4).save(path)
+    loaded = FaissIndex.load(path)
+    assert len(loaded) == 0
+    assert loaded.dim == 4
+    assert FaissIndex.read_meta(path) == {}
+
+
+def test_save_replaces_atomically_and_bad_meta_keeps_old_file(tmp_path):
+    path = tmp_path / "i.mvi"
+    index, _ = filled(n=5)
+    index.save(path, meta={"v": 1})
+    with pytest.raises(TypeError, match="JSON"):
+        index.save(path, meta={"v": object()})
+    with pytest.raises(TypeError, match="JSON"):
+        index.save(path, meta={"v": float("nan")})
+    assert FaissIndex.read_meta(path) == {"v": 1}
+    index.remove(["id0"])
+    index.save(path, meta={"v": 2})
+    assert FaissIndex.load(path).ids() == ["id1", "id2", "id3", "id4"]
+    assert sorted(os.listdir(tmp_path)) == ["i.mvi"]
+
+
+def test_save_into_unwritable_place_is_store_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    index, _ = filled(n=2)
+    with pytest.raises(StoreError, match="cannot save"):
+        index.save(blocker / "index.mvi")
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(IndexCorruptError, match="cannot read"):
+        FaissIndex.load(tmp_path / "nope.mvi")
+    with pytest.raises(IndexCorruptError, match="cannot read"):
+        FaissIndex.read_meta(tmp_path / "nope.mvi")
+
+
+@pytest.fixture
+def saved(tmp_path):
+    index, _ = filled("hnsw", n=30)
+    index.remove(["id5"])
+    path = tmp_path / "index.mvi"
+    index.save(path, meta={"embedder": "e1"})
+    return path
+
+
+def test_every_flipped_byte_is_detected(saved):
+    data = saved.read_bytes()
+    header_end = 16 + int.from_bytes(data[8:12], "little")
+    positions = sorted(
+        {0, 7, 8, 9, 12, 13, 16, 20, header_end - 2, header_end, header_end + 1}
+        | {len(data) // 2, len(data) - 40, len(data) - 1}
+        | set(range(header_end, len(data), max(1, (len(data) - header_end) // 25)))
+    )
+    for pos in positions:
+        corrupt = bytearray(data)
+        corrupt[pos] ^= 0x20
+        saved.write_bytes(bytes(corrupt))
+        with pytest.raises(IndexCorruptError):
+            FaissIndex.load(saved)
+    saved.write_bytes(data)
+    assert len(FaissIndex.load(saved)) == 29
+
+
+def test_truncated_file(saved):
+    data = saved.read_bytes()
+    for size in (0, 5, 12, 16, 40, len(data) // 2, len(data) - 1):
+        saved.write_bytes(data[:size])
+        with pytest.raises(IndexCorruptError, match=r"truncated|not a marsys-mem"):
+            FaissIndex.load(saved)
+    saved.write_bytes(data + b"\0")
+    with pytest.raises(IndexCorruptError, match="padded"):
+        FaissIndex.load(saved)
+
+
+def test_not_an_index_file(tmp_path):
+    path = tmp_path / "x.mvi"
+    path.write_bytes(b"hello world, this is not an index at all")
+    with pytest.raises(IndexCorruptError, match="not a marsys-mem vector index"):
+        FaissIndex.load(path)
+
+
+def test_future_version_is_refused(saved):
+    import struct
+    import zlib
+
+    data = saved.read_bytes()
+    size = int.from_bytes(data[8:12], "little")
+    header = json.loads(data[16 : 16 + size])
+    header["version"] = FORMAT_VERSION + 1
+    raw = json.dumps(header).encode()
+    saved.write_bytes(
+        data[:8] + struct.pack("<II", len(raw), zlib.crc32(raw)) + raw + data[16 + size :]
+    )
+    with pytest.raises(IndexCorruptError, match="format version 2"):
+        FaissIndex.load(saved)
+
+
+def test_wrong_expected_dim(saved):
+    with pytest.raises(IndexCorruptError, match=f"stale .*dimension {DIM}, expected 384"):
+        FaissIndex.load(saved, expected_dim=384)
+
+
+def test_meta_mismatch_is_stale(saved):
+    with pytest.raises(IndexCorruptError, match=r"stale .*embedder='e1' \(expected 'e2'\)"):
+        FaissIndex.load(saved, expected_meta={"embedder": "e2"})
+    with pytest.raises(IndexCorruptError, match=r"other=None"):
+        FaissIndex.load(saved, expected_meta={"other": 1})
+    assert len(FaissIndex.load(saved, expected_meta={"embedder": "e1"})) == 29
+
+
+def test_index_corrupt_error_is_store_error(tmp_path):
+    with pytest.raises(StoreError):
+        FaissIndex.load(tmp_path / "missing")
+
+
+async def test_async_save_load(tmp_path):
+    index, _ = filled(n=4)
+    await index.asave(tmp_path / "a.mvi", meta={"x": [1, 2]})
+    loaded = await FaissIndex.aload(tmp_path / "a.mvi", expected_meta={"x": [1, 2]})
+    assert loaded.ids() == index.ids()
+
+
+# --------------------------------------------------------- threads
+
+
+def test_single_thread_restores_omp_setting():
+    before = faiss.omp_get_max_threads()
+    with single_thread():
+        assert faiss.omp_get_max_threads() == 1
+    assert faiss.omp_get_max_threads() == before
+
+
+def test_concurrent_add_and_search():
+    # Linearizability check: once remove() has returned, no later search may return
+    # that id. (Between add() and remove() the id is legitimately visible.)
+    rng = np.random.default_rng(5)
+    index = FaissIndex(DIM, "auto", hnsw_threshold=300)
+    chunks = [unit(rng, 50) for _ in range(10)]
+    errors: list[BaseException] = []
+    removed: set[str] = set()
+    added: set[str] = set()
+
+    def writer() -> None:
+        try:
+            for n, chunk in enumerate(chunks):
+                batch = [f"{n}-{i}" for i in range(50)]
+                added.update(batch)
+                index.add(batch, chunk)
+                index.remove([f"{n}-0"])
+                removed.add(f"{n}-0")
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    query = unit(rng, 1)
+    searches = 0
+    while t.is_alive() or searches == 0:
+        gone = set(removed)  # removals completed before this search started
+        ids, scores = index.search(query, k=5)
+        searches += 1
+        hits = [i for i in ids[0] if i]
+        assert not gone & set(hits)
+        assert set(hits) <= added
+        assert len(set(hits)) == len(hits)
+        valid = scores[0][: len(hits)]
+        assert all(valid[j] >= valid[j + 1] - 1e-6 for j in range(len(valid) - 1))
+    t.join()
+    assert not errors
+    assert len(index) == 490
+    assert index.kind == "hnsw"
+    final, _ = index.search(query, k=490)
+    assert not removed & set(final[0])
+
+
+# ------------------------------------------------------ property tests
+
+_pool = [f"p{i}" for i in range(24)]
+_op = st.one_of(
+    st.tuples(
+        st.just("add"),
+        st.lists(st.sampled_from(_pool), min_size=1, max_size=8, unique=True),
+        st.integers(0, 2**32 - 1),
+    ),
+    st.tuples(
+        st.just("remove"),
+        st.lists(st.sampled_from([*_pool, "unknown"]), max_size=6),
+        st.integers(0, 0),
+    ),
+)
+
+
+def _apply(index: FaissIndex, model: dict, op: tuple) -> None:
+    name, ids, seed = op
+    if name == "add":
+        vecs = np.random.default_rng(seed).uniform(-1, 1, (len(ids), DIM)).astype(np.float32)
+        index.add(ids, vecs)
+        model.update(zip(ids, vecs, strict=True))
+    else:
+        expected = len({i for i in ids if i in model})
+        assert index.remove(ids) == expected
+        for i in ids:
+            model.pop(i, None)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=st.lists(_op, max_size=15), k=st.integers(1, 30), seed=st.integers(0, 2**32 - 1))
+def test_flat_search_matches_brute_force(ops, k, seed):
+    index = FaissIndex(DIM, "flat")
+    model: dict[str, np.ndarray] = {}
+    queries = np.random.default_rng(seed).uniform(-1, 1, (3, DIM)).astype(np.float32)
+    for op in ops:
+        _apply(index, model, op)
+        assert len(index) == len(model)
+        assert set(index.ids()) == set(model)
+        ids, scores = index.search(queries, k)
+        assert scores.shape == (3, min(k, len(model)))
+        for q, row, row_scores in zip(queries, ids, scores, strict=True):
+            expected = brute_force(model, q, k)
+            assert len(row) == len(expected)
+            assert len(set(row)) == len(row)
+            # same scores (ties may order ids differently), and each id's score is its own
+            np.testing.assert_allclose(row_scores, [s for _, s in expected], atol=1e-4)
+            for id_, score in zip(row, row_scores, strict=True):
+                assert float(np.dot(model[id_], q)) == pytest.approx(float(score), abs=1e-4)
+
+
+@settings(max_examples=30, deadline=None)
+@given(ops=st.lists(_op, max_size=15), k=st.integers(1, 30))
+def test_hnsw_and_auto_only_return_live_ids(ops, k):
+    for index in (FaissIndex(DIM, "hnsw"), FaissIndex(DIM, "auto", hnsw_threshold=6)):
+        model: dict[str, np.ndarray] = {}
+        query = np.ones((1, DIM), np.float32)
+        for op in ops:
+            _apply(index, model, op)
+            ids, scores = index.search(query, k)
+            row = ids[0]
+            assert set(row) <= set(model)
+            assert len(set(row)) == len(row)
+            assert len(row) <= min(k, len(model))
+            assert scores.shape == (1, min(k, len(model)))
+            assert np.all(np.diff(scores[0, : len(row)]) <= 1e-5)
+            for id_, score in zip(row, scores[0], strict=True):
+                assert float(np.dot(model[id_], query[0])) == pytest.approx(float(score), abs=1e-4)
