@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Final, Protocol, Self, cast, runtime_checkable
 
 from marsys_mem.exceptions import MarsysMemError
 from marsys_mem.lifecycle import AsyncClosing
-from marsys_mem.model import names
+from marsys_mem.model.names import is_name, validate_name
 
 if TYPE_CHECKING:
     from marsys_mem.coordination.signing import EnvelopeSigner, SignedWire
@@ -60,7 +60,6 @@ __all__ = [
     "parse_fact_topic",
     "topic_matches",
     "validate_filter",
-    "validate_name",
     "validate_topic",
 ]
 
@@ -95,23 +94,6 @@ class AuthenticationError(TransportError, PermissionError):
 
 
 # ---------------------------------------------------------------------------- topics
-def validate_name(kind: str, value: object) -> str:
-    """Check a namespace or branch name by the one naming rule (:mod:`marsys_mem.model.names`).
-
-    1-256 characters of valid Unicode without ``/``, ``+``, ``#``, ``@`` or control
-    characters; raises :class:`~marsys_mem.exceptions.InvalidNameError` (a ``ValueError``).
-
-    Example:
-        >>> validate_name("branch", "research-1")
-        'research-1'
-        >>> validate_name("branch", "a/b")  # doctest: +ELLIPSIS
-        Traceback (most recent call last):
-        ...
-        marsys_mem.exceptions.InvalidNameError: branch must be ... got 'a/b' (it contains '/')
-    """
-    return names.validate_name(kind, value)
-
-
 def namespace_prefix(namespace: str) -> str:
     """``marsys/<namespace>/``: every topic of a namespace starts with it."""
     return f"marsys/{validate_name('namespace', namespace)}/"
@@ -159,7 +141,7 @@ def parse_fact_topic(topic: str) -> tuple[str, str] | None:
     parts = topic.split("/")
     if len(parts) != 5 or parts[0] != "marsys" or parts[2] != "branch" or parts[4] != "facts":
         return None
-    if not names.is_name(parts[1]) or not names.is_name(parts[3]):
+    if not is_name(parts[1]) or not is_name(parts[3]):
         return None
     return parts[1], parts[3]
 

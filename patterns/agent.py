@@ -11,7 +11,7 @@ call, are skipped; embedding happens in the background, so appends stay fast). A
   archive, deduplicated, never repeating a message already in the conversation window.
 
 Persistent agents keep their patterns in the manager's store, under the internal keys of
-:func:`marsys_mem.model.names.internal_key` (no agent or branch name can spell them); the vector
+:func:`marsys_mem.store.keys.internal_key` (no agent or branch name can spell them); the vector
 index of a SQLite-backed agent is saved next to the database file (:func:`index_file`).
 """
 
@@ -27,12 +27,12 @@ from marsys_mem.config.models import PatternsConfig
 from marsys_mem.context.compose import Block
 from marsys_mem.exceptions import MarsysMemError
 from marsys_mem.model.messages import Message
-from marsys_mem.model.names import internal_key, validate_key
 from marsys_mem.patterns.episodic import EpisodicMemory
 from marsys_mem.patterns.hierarchical import HierarchicalMemory
 from marsys_mem.patterns.rag import RAGMemory, ScoredMessage
 from marsys_mem.retrieval.embeddings import Embedder, HashingEmbedder
 from marsys_mem.store.base import Key, MemoryStore
+from marsys_mem.store.keys import internal_key, validate_key
 
 __all__ = ["AgentPatterns", "index_file", "resolve_embedder"]
 

@@ -7,7 +7,7 @@ recorded. :func:`search_store` searches the stored messages (``marsys-mem search
 over the conversations, or the agents' persisted RAG memory (dense + BM25) when there is
 one and the embeddings extra is installed.
 
-Keys other than conversations are internal (:func:`marsys_mem.model.names.parse_key`): pattern
+Keys other than conversations are internal (:func:`marsys_mem.store.keys.parse_key`): pattern
 data (``rag``, ``episodes``, ``tiers``) and the facts of workflow runs (agent ``#facts``).
 Keys whose names break the naming rule (written before it existed) are listed as
 ``invalid``; they stay readable but are not searched.
@@ -25,8 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from marsys_mem.exceptions import StoreError, StoreNotFoundError
 from marsys_mem.model.facts import SharedFact
-from marsys_mem.model.names import KeyInfo, parse_key
 from marsys_mem.store.base import Key
+from marsys_mem.store.keys import KeyInfo, parse_key
 from marsys_mem.store.sqlite import SQLiteStore
 
 __all__ = [

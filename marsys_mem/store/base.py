@@ -25,9 +25,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from marsys_mem.lifecycle import Closing
-from marsys_mem.model import names
 from marsys_mem.model.messages import Message
 from marsys_mem.model.runs import RunSnapshot
+from marsys_mem.store.keys import Key, stored_key, validate_key
 
 __all__ = [
     "Append",
@@ -44,23 +44,6 @@ __all__ = [
     "SaveRun",
     "validate_key",
 ]
-
-Key = tuple[str, str, str]
-"""``(namespace, agent, branch)``."""
-
-
-def validate_key(key: object) -> Key:
-    """Check that ``key`` is a ``(namespace, agent, branch)`` tuple of names.
-
-    The naming rule is :func:`marsys_mem.model.names.validate_name`; internal keys (pattern data,
-    facts) are accepted only as :mod:`marsys_mem.model.names` builds them or ``list_keys``
-    returns them, never spelled by hand (see :func:`marsys_mem.model.names.validate_key`).
-
-    Raises:
-        InvalidNameError: the key is malformed (a ``ValueError``; the message shows it).
-    """
-    return names.validate_key(key)
-
 
 def _check_aware(name: str, value: datetime | None) -> None:
     if value is not None and (not isinstance(value, datetime) or value.tzinfo is None):
@@ -280,7 +263,7 @@ class MemoryStore(Closing, abc.ABC):
         results = self._batch(ops) if ops else []
         for i, op in enumerate(ops):  # keys a store returns, it accepts back (internal too)
             if isinstance(op, ListKeys):
-                results[i] = [names.stored_key(k) for k in results[i]]
+                results[i] = [stored_key(k) for k in results[i]]
         return results
 
     async def abatch(self, ops: Iterable[Op]) -> list[Any]:

@@ -37,10 +37,10 @@ from marsys_mem.exceptions import MarsysMemError
 from marsys_mem.manager import MemoryManager
 from marsys_mem.model.facts import SharedFact
 from marsys_mem.model.messages import AgentCall, Message, ToolCall
-from marsys_mem.model.names import FACTS_AGENT, facts_key
 from marsys_mem.model.runs import RunContext
 from marsys_mem.retrieval.embeddings import Embedder, default_embedder
 from marsys_mem.store.base import Key
+from marsys_mem.store.keys import FACTS_AGENT, facts_key
 from marsys_mem.workflow.evidence import best_evidence, gather_evidence
 from marsys_mem.workflow.models import _TAGS, MqttSettings, MqttTransportSpec, WorkflowRunError
 from marsys_mem.workflow.plan import PlannedStep, PreparedWorkflow, ProgressCallback, _store_config

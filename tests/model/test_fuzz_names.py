@@ -12,18 +12,8 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, Field, ValidationError
 
 from marsys_mem.exceptions import InvalidNameError
-from marsys_mem.model.names import (
-    NAME_PATTERN,
-    TIERS,
-    facts_key,
-    inbox_key,
-    internal_key,
-    is_name,
-    parse_inbox_key,
-    parse_key,
-    validate_key,
-    validate_name,
-)
+from marsys_mem.model.names import NAME_PATTERN, inbox_key, is_name, parse_inbox_key, validate_name
+from marsys_mem.store.keys import TIERS, facts_key, internal_key, parse_key, validate_key
 
 # text biased towards the characters the rule cares about
 _TRICKY = st.sampled_from(list("/+#@\x00\n\x1f\x7f\x85\x9f\ud800\udc80 a.é日😀"))

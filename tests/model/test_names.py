@@ -19,26 +19,17 @@ from marsys_mem.coordination import (
     inbox_key,
 )
 from marsys_mem.coordination.envelope import FactEnvelope
-from marsys_mem.coordination.transport import parse_fact_topic, validate_name
+from marsys_mem.coordination.transport import parse_fact_topic
 from marsys_mem.exceptions import ConfigError, InvalidNameError
 from marsys_mem.model.facts import SharedFact
-from marsys_mem.model.names import (
-    FACTS_AGENT,
-    NAME_PATTERN,
-    TIERS,
-    facts_key,
-    internal_key,
-    is_name,
-    parse_inbox_key,
-    parse_key,
-    stored_key,
-)
-from marsys_mem.model.names import validate_key as names_validate_key
+from marsys_mem.model.names import NAME_PATTERN, is_name, parse_inbox_key, validate_name
 from marsys_mem.model.names import validate_name as names_validate_name
 from marsys_mem.patterns import EpisodicMemory, HierarchicalMemory, RAGMemory, member_key
 from marsys_mem.patterns.agent import AgentPatterns
 from marsys_mem.store import InMemoryStore, SQLiteStore
 from marsys_mem.store.base import Append
+from marsys_mem.store.keys import FACTS_AGENT, TIERS, facts_key, internal_key, parse_key, stored_key
+from marsys_mem.store.keys import validate_key as names_validate_key
 from marsys_mem.workflow.models import AgentSpec, BranchSpec, ForkStep
 
 BAD_NAMES = [
