@@ -11,6 +11,9 @@ Example:
     True
 """
 
+import importlib as _importlib
+import typing as _typing
+
 from marsys_mem.config.models import (
     AgentConfig,
     MemoryConfig,
@@ -91,15 +94,36 @@ from marsys_mem.retrieval.embeddings import (
 from marsys_mem.retrieval.index import FaissIndex, VectorIndex
 from marsys_mem.retrieval.ingest import EmbeddingQueue
 from marsys_mem.store import InMemoryStore, MemoryStore, SQLiteStore
-from marsys_mem.workflow import (
-    Workflow,
-    WorkflowReport,
-    arun_workflow,
-    load_workflow,
-    run_workflow,
-)
+
+if _typing.TYPE_CHECKING:  # loaded on first use (__getattr__): lower layers need no workflow
+    from marsys_mem.workflow import (
+        Workflow,
+        WorkflowReport,
+        arun_workflow,
+        load_workflow,
+        run_workflow,
+    )
 
 __version__ = "0.1.0"
+
+_LAZY = frozenset({"Workflow", "WorkflowReport", "arun_workflow", "load_workflow", "run_workflow"})
+
+
+def __getattr__(name: str) -> _typing.Any:
+    """The workflow names, imported on first use (PEP 562).
+
+    ``import marsys_mem.patterns`` or ``marsys_mem.coordination`` then loads no workflow
+    or CLI code; ``from marsys_mem import run_workflow`` works as before.
+    """
+    if name in _LAZY:
+        value = getattr(_importlib.import_module("marsys_mem.workflow"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'marsys_mem' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _LAZY)
 
 __all__ = [
     "MESSAGE_LIST_ADAPTER",

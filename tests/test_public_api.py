@@ -1,4 +1,6 @@
 import importlib
+import subprocess
+import sys
 import pkgutil
 
 import marsys_mem
@@ -41,3 +43,14 @@ def test_symlinked_subpackages_install_under_marsys_mem():
 
     assert patterns.__name__ == "marsys_mem.patterns"
     assert coordination.__name__ == "marsys_mem.coordination"
+
+
+def test_lower_layers_load_without_workflow_or_cli():
+    code = (
+        "import sys, marsys_mem.patterns, marsys_mem.coordination, marsys_mem.store;"
+        "loaded = [m for m in sys.modules if m.startswith(('marsys_mem.workflow', 'marsys_mem.cli'))];"
+        "assert not loaded, loaded;"
+        "from marsys_mem import run_workflow, Workflow;"
+        "assert 'marsys_mem.workflow' in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
