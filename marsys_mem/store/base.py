@@ -10,9 +10,10 @@ arguments, so every backend behaves the same and passes the one conformance suit
 Keys are ``(namespace, agent, branch)`` tuples of non-empty strings. Within a key,
 messages keep the order they were appended in and ``message_id`` is unique.
 
-Retention (``enforce_retention``): messages older than ``ttl`` (by their timestamp) are
-deleted, then the oldest beyond ``max_messages`` per key. System and pinned messages are
-exempt from ``ttl`` and are deleted last when over ``max_messages``.
+Retention (``enforce_retention``) follows the one rule in :mod:`marsys_mem.store.retention`:
+messages older than ``ttl`` (by their timestamp) are deleted, then the oldest beyond
+``max_messages`` per key. System and pinned messages are exempt from ``ttl`` and are
+deleted last when over ``max_messages``.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ import abc
 import asyncio
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from marsys_mem.exceptions import DuplicateMessageError, StoreError
 from marsys_mem.lifecycle import Closing
 from marsys_mem.model.messages import Message
 from marsys_mem.model.runs import RunSnapshot
@@ -44,6 +46,7 @@ __all__ = [
     "SaveRun",
     "validate_key",
 ]
+
 
 def _check_aware(name: str, value: datetime | None) -> None:
     if value is not None and (not isinstance(value, datetime) or value.tzinfo is None):
@@ -166,8 +169,6 @@ def _validate(op: Op) -> None:
             if not isinstance(m, Message):
                 raise TypeError(f"messages[{i}] must be a Message, got {type(m).__name__}")
             if m.message_id in seen:
-                from marsys_mem.exceptions import DuplicateMessageError
-
                 raise DuplicateMessageError(
                     f"message_id {m.message_id!r} appears twice in one append to {op.key}"
                 )
@@ -255,8 +256,6 @@ class MemoryStore(Closing, abc.ABC):
         """
         ops = list(ops)
         if self.closed:
-            from marsys_mem.exceptions import StoreError
-
             raise StoreError(f"{type(self).__name__} is closed")
         for op in ops:
             _validate(op)
@@ -328,9 +327,10 @@ class MemoryStore(Closing, abc.ABC):
         max_messages: int | None = None,
         now: datetime | None = None,
     ) -> int:
-        """Delete what ``ttl`` / ``max_messages`` do not allow; returns the count deleted."""
-        from datetime import UTC
+        """Delete what ``ttl`` / ``max_messages`` do not allow; returns the count deleted.
 
+        The rule (and its order) is :mod:`marsys_mem.store.retention`'s.
+        """
         now = now or datetime.now(UTC)
         result: int = self.batch([EnforceRetention(key, ttl, max_messages, now)])[0]
         return result

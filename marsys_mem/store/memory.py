@@ -34,6 +34,7 @@ from marsys_mem.store.base import (
     Op,
     SaveRun,
 )
+from marsys_mem.store.retention import evicted
 
 __all__ = ["InMemoryStore"]
 
@@ -89,6 +90,17 @@ class _Draft:
         self.tail_ids = set()
 
 
+class _State:
+    """The committed contents of an :class:`InMemoryStore` (read and swapped by batches)."""
+
+    __slots__ = ("ids", "messages", "runs")
+
+    def __init__(self) -> None:
+        self.messages: dict[Key, list[Message]] = {}
+        self.ids: dict[Key, set[str]] = {}
+        self.runs: dict[str, RunSnapshot] = {}
+
+
 class InMemoryStore(MemoryStore):
     """A :class:`~marsys_mem.store.base.MemoryStore` in process memory (nothing survives it).
 
@@ -108,12 +120,10 @@ class InMemoryStore(MemoryStore):
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._messages: dict[Key, list[Message]] = {}
-        self._ids: dict[Key, set[str]] = {}
-        self._runs: dict[str, RunSnapshot] = {}
+        self._state = _State()
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else f"{len(self._messages)} keys"
+        state = "closed" if self.closed else f"{len(self._state.messages)} keys"
         return f"InMemoryStore({state})"
 
     # ------------------------------------------------------------------ core
@@ -121,22 +131,20 @@ class InMemoryStore(MemoryStore):
         with self._lock:
             if self.closed:
                 raise StoreError("InMemoryStore is closed")
-            return _Transaction(self).run(ops)
+            return _Transaction(self._state).run(ops)
 
     def close(self) -> None:
         """Drop everything and refuse further calls (``StoreError``). Idempotent."""
         with self._lock:
             self.closed = True
-            self._messages = {}
-            self._ids = {}
-            self._runs = {}
+            self._state = _State()
 
 
 class _Transaction:
-    """One batch against an :class:`InMemoryStore`; called with the store's lock held."""
+    """One batch against an :class:`InMemoryStore`'s state; run with the store's lock held."""
 
-    def __init__(self, store: InMemoryStore) -> None:
-        self.store = store
+    def __init__(self, state: _State) -> None:
+        self.state = state
         self.drafts: dict[Key, _Draft] = {}
         self.runs: dict[str, RunSnapshot] | None = None  # a private copy once written
 
@@ -144,8 +152,8 @@ class _Transaction:
     def draft(self, key: Key) -> _Draft:
         found = self.drafts.get(key)
         if found is None:
-            base = self.store._messages.get(key)
-            base_ids = self.store._ids.get(key)
+            base = self.state.messages.get(key)
+            base_ids = self.state.ids.get(key)
             found = _Draft(base if base is not None else [], base_ids or set())
             self.drafts[key] = found
         return found
@@ -154,22 +162,22 @@ class _Transaction:
         found = self.drafts.get(key)
         if found is not None:
             return found.view()
-        return self.store._messages.get(key, [])
+        return self.state.messages.get(key, [])
 
     def count(self, key: Key) -> int:
         """Messages under ``key`` as this batch sees them (O(1))."""
         found = self.drafts.get(key)
         if found is not None:
             return len(found)
-        return len(self.store._messages.get(key, ()))
+        return len(self.state.messages.get(key, ()))
 
     def keys(self) -> set[Key]:
-        keys = set(self.store._messages)
+        keys = set(self.state.messages)
         keys.update(self.drafts)
         return keys
 
     def run_map(self) -> dict[str, RunSnapshot]:
-        return self.runs if self.runs is not None else self.store._runs
+        return self.runs if self.runs is not None else self.state.runs
 
     # ------------------------------------------------------------------ batch
     def run(self, ops: Sequence[Op]) -> list[Any]:
@@ -178,7 +186,7 @@ class _Transaction:
         return results
 
     def commit(self) -> None:
-        messages, ids = self.store._messages, self.store._ids
+        messages, ids = self.state.messages, self.state.ids
         for key, d in self.drafts.items():
             if d.messages is not None and d.ids is not None:
                 if d.messages:
@@ -193,7 +201,7 @@ class _Transaction:
                 else:
                     messages[key], ids[key] = d.tail, d.tail_ids
         if self.runs is not None:
-            self.store._runs = self.runs
+            self.state.runs = self.runs
 
     def execute(self, op: Op) -> Any:
         if isinstance(op, Append):
@@ -212,7 +220,7 @@ class _Transaction:
             )
         if isinstance(op, SaveRun):
             if self.runs is None:
-                self.runs = dict(self.store._runs)
+                self.runs = dict(self.state.runs)
             self.runs[op.snapshot.run_id] = op.snapshot
             return None
         if isinstance(op, LoadRun):
@@ -292,35 +300,16 @@ def _retain(
     max_messages: int | None,
     now: datetime,
 ) -> int:
-    """Apply ttl then max_messages to one key; returns the number deleted.
+    """Apply the retention rule (:mod:`marsys_mem.store.retention`) to one key.
 
-    Checking a key that is within its bound costs O(1) (no ttl) or O(messages) (ttl).
+    Returns the number deleted. Checking a key that is within its bound costs O(1) (no
+    ttl) or O(messages) (ttl).
     """
     if ttl is None and (max_messages is None or tx.count(key) <= max_messages):
         return 0
     messages = tx.current(key)
-    if not messages:
-        return 0
-    kept: Sequence[Message] = messages
-    if ttl is not None:
-        try:
-            cutoff = now - ttl
-        except OverflowError:  # a ttl reaching before year 1: nothing is that old
-            pass
-        else:
-            kept = [m for m in kept if m.is_protected or m.timestamp >= cutoff]
-    if max_messages is not None and len(kept) > max_messages:
-        # The oldest unprotected go first, then (only if still over) the oldest protected.
-        excess = len(kept) - max_messages
-        dropped: set[int] = set()
-        for protected in (False, True):
-            for i, m in enumerate(kept):
-                if len(dropped) == excess:
-                    break
-                if m.is_protected == protected:
-                    dropped.add(i)
-        kept = [m for i, m in enumerate(kept) if i not in dropped]
-    removed = len(messages) - len(kept)
-    if removed:
-        tx.draft(key).replace(list(kept))
-    return removed
+    drop = evicted(messages, now=now, ttl=ttl, max_messages=max_messages)
+    if drop:
+        gone = set(drop)
+        tx.draft(key).replace([m for i, m in enumerate(messages) if i not in gone])
+    return len(drop)

@@ -82,6 +82,7 @@ from marsys_mem.store.base import (
     Op,
     SaveRun,
 )
+from marsys_mem.store.retention import EVICTION_ORDER, ttl_cutoff
 
 __all__ = ["APPLICATION_ID", "MIGRATIONS", "Migration", "SQLiteStore", "Synchronous"]
 
@@ -697,18 +698,21 @@ def _list_runs(conn: sqlite3.Connection, op: ListRuns) -> list[str]:
 
 
 def _retention(conn: sqlite3.Connection, op: EnforceRetention) -> int:
+    """The retention rule of :mod:`marsys_mem.store.retention`, in SQL.
+
+    ttl: ``protected = 0 AND ts < cutoff`` is :func:`~marsys_mem.store.retention.is_expired`
+    with the cutoff of :func:`~marsys_mem.store.retention.ttl_cutoff`. The bound: per key,
+    the excess rows in :data:`~marsys_mem.store.retention.EVICTION_ORDER` (by ``protected``,
+    then ``seq``: oldest first within each class), as ``evict_order`` chooses them.
+    """
     deleted = 0
     where, key_params = (_KEY_WHERE, tuple(op.key)) if op.key is not None else ("1", ())
-    if op.ttl is not None:
-        try:
-            cutoff = _micros(op.now - op.ttl)
-        except OverflowError:  # a ttl reaching before year 1: nothing is that old
-            cutoff = None
-        if cutoff is not None:
-            deleted += conn.execute(
-                f"DELETE FROM messages WHERE {where} AND protected = 0 AND ts < ?",
-                (*key_params, cutoff),
-            ).rowcount
+    cutoff = ttl_cutoff(op.now, op.ttl)
+    if cutoff is not None:
+        deleted += conn.execute(
+            f"DELETE FROM messages WHERE {where} AND protected = 0 AND ts < ?",
+            (*key_params, _micros(cutoff)),
+        ).rowcount
     if op.max_messages is not None:
         # Counted inside this (write) transaction: the bound holds across processes.
         if op.key is not None:
@@ -721,15 +725,15 @@ def _retention(conn: sqlite3.Connection, op: EnforceRetention) -> int:
             ).fetchall()
         for ns, agent, branch, count in over:
             excess = int(count) - op.max_messages
-            # Oldest unprotected first, then (only if still over) oldest protected. Each
-            # query walks the key's index in seq order and stops after `excess` rows.
-            for protected in (0, 1):
+            # One query per protection class, in the rule's order; each walks the key's
+            # index in seq order and stops after `excess` rows.
+            for protected in EVICTION_ORDER:
                 if excess <= 0:
                     break
                 gone = conn.execute(
                     "DELETE FROM messages WHERE seq IN (SELECT seq FROM messages "
                     f"WHERE {_KEY_WHERE} AND protected = ? ORDER BY seq LIMIT ?)",
-                    (ns, agent, branch, protected, excess),
+                    (ns, agent, branch, int(protected), excess),
                 ).rowcount
                 deleted += gone
                 excess -= gone
