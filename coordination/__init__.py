@@ -4,6 +4,12 @@
 facts between the agents of those branches through a :class:`Transport`:
 :class:`InProcessTransport` (the default) or :class:`MqttTransport` (a real MQTT broker);
 either can sign what it sends with a namespace's key (:class:`EnvelopeSigner`).
+
+Modules, top to bottom (each imports only those below it; checked by ``lint-imports``):
+``coordinator`` (the Coordinator); ``merging`` (merge strategies) and ``envelope`` (wire
+models); ``graph`` (BranchGraph), ``mqtt`` and ``transport`` (the transports); ``signing``,
+``wire`` (topics and payload checks), ``ordering`` and ``repair`` (per-sender ordering, the
+outbox). The errors are in :mod:`marsys_mem.exceptions` with the rest of the library's.
 """
 
 from marsys_mem.coordination.coordinator import Coordinator, attach_memory
@@ -22,20 +28,17 @@ from marsys_mem.coordination.graph import (
     MergeStrategy,
 )
 from marsys_mem.coordination.mqtt import MqttTransport
-from marsys_mem.coordination.signing import SIGNING_KEY_ENV, EnvelopeSigner, SignatureError
-from marsys_mem.coordination.transport import (
-    DEFAULT_MAX_PAYLOAD,
+from marsys_mem.coordination.signing import SIGNING_KEY_ENV, EnvelopeSigner
+from marsys_mem.coordination.transport import InProcessBroker, InProcessTransport, Transport
+from marsys_mem.coordination.wire import DEFAULT_MAX_PAYLOAD, fact_topic, facts_filter
+from marsys_mem.exceptions import (
     AuthenticationError,
     BranchError,
     CoordinationError,
-    InProcessBroker,
-    InProcessTransport,
     MergeCycleError,
-    Transport,
+    SignatureError,
     TransportError,
     UnknownBranchError,
-    fact_topic,
-    facts_filter,
 )
 
 __all__ = [

@@ -83,18 +83,19 @@ from marsys_mem.coordination.graph import BranchGraph, BranchInfo, GraphChange, 
 from marsys_mem.coordination.merging import merge_memories
 from marsys_mem.coordination.ordering import SenderOrdering
 from marsys_mem.coordination.repair import Outbox, heartbeats
-from marsys_mem.coordination.transport import (
+from marsys_mem.coordination.transport import InProcessTransport, Transport
+from marsys_mem.coordination.wire import (
     DEFAULT_MAX_PAYLOAD,
-    BranchError,
-    CoordinationError,
-    InProcessTransport,
-    Transport,
-    TransportError,
-    UnknownBranchError,
     control_topic,
     fact_topic,
     facts_filter,
     parse_fact_topic,
+)
+from marsys_mem.exceptions import (
+    BranchError,
+    CoordinationError,
+    TransportError,
+    UnknownBranchError,
 )
 from marsys_mem.lifecycle import AsyncClosing
 from marsys_mem.model.facts import FactScope, SharedFact

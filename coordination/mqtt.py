@@ -48,18 +48,16 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from marsys_mem.coordination.signing import EnvelopeSigner, SignedWire, as_signer
-from marsys_mem.coordination.transport import (
+from marsys_mem.coordination.wire import (
     DEFAULT_MAX_PAYLOAD,
-    AuthenticationError,
-    CoordinationError,
-    TransportError,
-    _check_in_namespace,
-    _check_payload,
+    check_in_namespace,
+    check_payload,
     validate_filter,
-    validate_name,
     validate_topic,
 )
+from marsys_mem.exceptions import AuthenticationError, CoordinationError, TransportError
 from marsys_mem.lifecycle import AsyncClosing
+from marsys_mem.model.names import validate_name
 
 __all__ = ["MqttTransport"]
 
@@ -456,8 +454,8 @@ class MqttTransport(AsyncClosing):
                 passed.
         """
         validate_topic(topic)
-        _check_in_namespace(self.namespace, topic, "topic")
-        data = _check_payload(payload, self.max_payload)
+        check_in_namespace(self.namespace, topic, "topic")
+        data = check_payload(payload, self.max_payload)
         if self._wire is not None:
             data = self._wire.seal(topic, data)
         self._check_usable()
@@ -503,7 +501,7 @@ class MqttTransport(AsyncClosing):
             TransportError: the broker refused it, or the transport is closed.
         """
         validate_filter(topic_filter)
-        _check_in_namespace(self.namespace, topic_filter, "topic filter")
+        check_in_namespace(self.namespace, topic_filter, "topic filter")
         self._check_usable()
         if topic_filter not in self._filters:
             self._filters.append(topic_filter)

@@ -34,7 +34,7 @@ Example:
     >>> signer.verify("marsys/t/branch/r1/facts", sealed)
     Traceback (most recent call last):
     ...
-    marsys_mem.coordination.signing.SignatureError: bad signature (key id 'k1') on 'marsys/t/...'
+    marsys_mem.exceptions.SignatureError: bad signature (key id 'k1') on 'marsys/t/...'
 """
 
 from __future__ import annotations
@@ -46,10 +46,9 @@ import logging
 import os
 import re
 from collections.abc import Mapping
-from typing import Final, Literal
+from typing import Final
 
-from marsys_mem.coordination.transport import CoordinationError
-from marsys_mem.exceptions import ConfigError
+from marsys_mem.exceptions import ConfigError, SignatureError, SignatureReason
 
 __all__ = [
     "MIN_KEY_BYTES",
@@ -74,20 +73,8 @@ _KEY_ID = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 SIGNATURE_OVERHEAD: Final = len(_VERSION) + 1 + 32 + 1 + _MAC_CHARS + 1
 """The most bytes signing adds to a payload (longest key id)."""
 
-Reason = Literal["unsigned", "bad_signature"]
-
-
-class SignatureError(CoordinationError, ValueError):
-    """A payload that is not signed, or not signed by a key this signer knows.
-
-    Attributes:
-        reason: ``"unsigned"`` (no ``mm1.`` header) or ``"bad_signature"`` (a header
-            whose key id is unknown or whose MAC does not match the topic and body).
-    """
-
-    def __init__(self, message: str, *, reason: Reason) -> None:
-        super().__init__(message)
-        self.reason: Reason = reason
+Reason = SignatureReason
+"""Why a payload was rejected (see :class:`~marsys_mem.exceptions.SignatureError`)."""
 
 
 def _short(value: object, limit: int = 60) -> str:

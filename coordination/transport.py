@@ -1,27 +1,18 @@
 """Transports for shared facts: the :class:`Transport` protocol and :class:`InProcessTransport`.
 
-A transport moves opaque payloads (bytes) between coordinators on MQTT-style topics. Fact
-topics are ``marsys/<namespace>/branch/<branch>/facts`` (:func:`fact_topic`); a coordinator
-subscribes to ``marsys/<namespace>/branch/+/facts`` (:func:`facts_filter`) and to
-``marsys/<namespace>/control`` (:func:`control_topic`: high-water marks, resend requests).
-Every transport is bound to one namespace and refuses topics outside ``marsys/<namespace>/``,
-so no payload crosses namespaces.
+A transport moves opaque payloads (bytes) between coordinators on MQTT-style topics. The
+topic scheme and the checks every transport makes (the namespace fence, payload size) are
+in :mod:`marsys_mem.coordination.wire`; they are re-exported here, where they were first
+defined. Every transport is bound to one namespace and refuses topics outside
+``marsys/<namespace>/``, so no payload crosses namespaces.
 
 :class:`InProcessTransport` talks to an :class:`InProcessBroker` (one per process by default)
 with asyncio queues. It mirrors what the MQTT transport guarantees with QoS 1 and a persistent
 session: a client that disconnects and reconnects with the same ``client_id`` receives what
 was published on its subscriptions while it was away (up to ``max_queued`` payloads).
 
-Errors of the coordination layer::
-
-    MarsysMemError
-    └── CoordinationError
-        ├── BranchError (ValueError)              bad branch-graph operation
-        │   ├── UnknownBranchError                no branch with that name
-        │   └── MergeCycleError                   a merge that would close a cycle
-        ├── SignatureError (ValueError)           an unsigned or badly signed payload (signing.py)
-        └── TransportError (ConnectionError)      connecting, publishing or receiving failed
-            └── AuthenticationError (PermissionError)  the broker refused the credentials
+The errors of the coordination layer (:class:`CoordinationError` and below) are defined in
+:mod:`marsys_mem.exceptions`, with the rest of the library's, and re-exported here.
 """
 
 from __future__ import annotations
@@ -33,19 +24,39 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator
 from types import TracebackType
-from typing import TYPE_CHECKING, Final, Protocol, Self, cast, runtime_checkable
+from typing import Final, Protocol, Self, cast, runtime_checkable
 
-from marsys_mem.exceptions import MarsysMemError
+from marsys_mem.coordination.signing import EnvelopeSigner, SignedWire, as_signer
+from marsys_mem.coordination.wire import (
+    DEFAULT_MAX_PAYLOAD,
+    check_in_namespace,
+    check_payload,
+    control_topic,
+    fact_topic,
+    facts_filter,
+    levels_match,
+    namespace_prefix,
+    parse_fact_topic,
+    topic_matches,
+    validate_filter,
+    validate_topic,
+)
+from marsys_mem.exceptions import (
+    AuthenticationError,
+    BranchError,
+    CoordinationError,
+    MergeCycleError,
+    TransportError,
+    UnknownBranchError,
+)
 from marsys_mem.lifecycle import AsyncClosing
-from marsys_mem.model.names import is_name, validate_name
-
-if TYPE_CHECKING:
-    from marsys_mem.coordination.signing import EnvelopeSigner, SignedWire
+from marsys_mem.model.names import validate_name
 
 __all__ = [
     "DEFAULT_MAX_PAYLOAD",
     "AuthenticationError",
     "BranchError",
+    "BrokerSession",
     "CoordinationError",
     "InProcessBroker",
     "InProcessTransport",
@@ -60,156 +71,11 @@ __all__ = [
     "parse_fact_topic",
     "topic_matches",
     "validate_filter",
+    "validate_name",
     "validate_topic",
 ]
 
 log = logging.getLogger("marsys_mem.coordination")
-
-DEFAULT_MAX_PAYLOAD: Final = 64 * 1024
-
-
-# ---------------------------------------------------------------------------- errors
-class CoordinationError(MarsysMemError):
-    """Root of the coordination layer's errors (branch graph, transports, coordinator)."""
-
-
-class BranchError(CoordinationError, ValueError):
-    """A branch-graph operation that cannot be done; nothing was changed."""
-
-
-class UnknownBranchError(BranchError):
-    """No branch with that name in the graph."""
-
-
-class MergeCycleError(BranchError):
-    """A merge that would close a cycle (see :meth:`BranchGraph.check_merge`)."""
-
-
-class TransportError(CoordinationError, ConnectionError):
-    """Connecting, publishing or receiving failed; the cause is chained as ``__cause__``."""
-
-
-class AuthenticationError(TransportError, PermissionError):
-    """The broker refused the client's credentials (bad username/password, not authorised)."""
-
-
-# ---------------------------------------------------------------------------- topics
-def namespace_prefix(namespace: str) -> str:
-    """``marsys/<namespace>/``: every topic of a namespace starts with it."""
-    return f"marsys/{validate_name('namespace', namespace)}/"
-
-
-def fact_topic(namespace: str, branch: str) -> str:
-    """The topic facts of ``branch`` are published on.
-
-    Example:
-        >>> fact_topic("team-a", "main")
-        'marsys/team-a/branch/main/facts'
-    """
-    return f"{namespace_prefix(namespace)}branch/{validate_name('branch', branch)}/facts"
-
-
-def facts_filter(namespace: str) -> str:
-    """The filter matching the fact topics of every branch of ``namespace``.
-
-    Example:
-        >>> facts_filter("team-a")
-        'marsys/team-a/branch/+/facts'
-    """
-    return f"{namespace_prefix(namespace)}branch/+/facts"
-
-
-def control_topic(namespace: str) -> str:
-    """The topic coordinators of ``namespace`` exchange high-water marks and resend requests on.
-
-    Example:
-        >>> control_topic("team-a")
-        'marsys/team-a/control'
-    """
-    return f"{namespace_prefix(namespace)}control"
-
-
-def parse_fact_topic(topic: str) -> tuple[str, str] | None:
-    """``(namespace, branch)`` of a fact topic, ``None`` if ``topic`` is not one.
-
-    Example:
-        >>> parse_fact_topic("marsys/team-a/branch/r1/facts")
-        ('team-a', 'r1')
-        >>> parse_fact_topic("marsys/team-a/other") is None
-        True
-    """
-    parts = topic.split("/")
-    if len(parts) != 5 or parts[0] != "marsys" or parts[2] != "branch" or parts[4] != "facts":
-        return None
-    if not is_name(parts[1]) or not is_name(parts[3]):
-        return None
-    return parts[1], parts[3]
-
-
-def validate_topic(topic: object) -> str:
-    """A topic to publish on: non-empty, no wildcards, no NUL, at most 65535 bytes."""
-    if not isinstance(topic, str) or not topic:
-        raise ValueError(f"a topic must be a non-empty string, got {topic!r}")
-    if "+" in topic or "#" in topic or "\x00" in topic:
-        raise ValueError(f"a topic to publish on cannot contain '+', '#' or NUL: {topic!r}")
-    if len(topic.encode("utf-8")) > 65535:
-        raise ValueError("a topic is at most 65535 bytes")
-    return topic
-
-
-def validate_filter(topic_filter: object) -> str:
-    """An MQTT topic filter: ``+`` matches one level, ``#`` (last) the rest."""
-    if not isinstance(topic_filter, str) or not topic_filter:
-        raise ValueError(f"a topic filter must be a non-empty string, got {topic_filter!r}")
-    levels = topic_filter.split("/")
-    for i, level in enumerate(levels):
-        if "#" in level and (level != "#" or i != len(levels) - 1):
-            raise ValueError(f"'#' must be a whole last level of the filter: {topic_filter!r}")
-        if "+" in level and level != "+":
-            raise ValueError(f"'+' must be a whole level of the filter: {topic_filter!r}")
-    if "\x00" in topic_filter:
-        raise ValueError("a topic filter cannot contain NUL")
-    return topic_filter
-
-
-def topic_matches(topic_filter: str, topic: str) -> bool:
-    """True if ``topic`` matches the MQTT filter ``topic_filter``.
-
-    Example:
-        >>> topic_matches("marsys/a/branch/+/facts", "marsys/a/branch/r1/facts")
-        True
-        >>> topic_matches("marsys/a/#", "marsys/b/branch/r1/facts")
-        False
-    """
-    return _matches(topic_filter.split("/"), topic.split("/"))
-
-
-def _matches(flt: list[str] | tuple[str, ...], levels: list[str]) -> bool:
-    n = len(levels)
-    for i, part in enumerate(flt):
-        if part == "#":
-            return True
-        if i >= n or (part != "+" and part != levels[i]):
-            return False
-    return len(flt) == n
-
-
-def _check_in_namespace(namespace: str, topic: str, what: str) -> None:
-    prefix = f"marsys/{namespace}/"
-    if not topic.startswith(prefix):
-        raise ValueError(
-            f"{what} {topic!r} is outside this transport's namespace {namespace!r} "
-            f"(it must start with {prefix!r})"
-        )
-
-
-def _check_payload(payload: object, max_payload: int) -> bytes:
-    if not isinstance(payload, bytes | bytearray | memoryview):
-        raise TypeError(f"a payload must be bytes, got {type(payload).__name__}")
-    data = bytes(payload)
-    if len(data) > max_payload:
-        raise ValueError(f"payload of {len(data)} bytes is over the maximum of {max_payload}")
-    return data
 
 
 # ---------------------------------------------------------------------------- protocol
@@ -265,7 +131,27 @@ class Transport(Protocol):
 _CLOSED: Final = object()
 
 
-class _Session:
+class BrokerSession:
+    """One client's session on an :class:`InProcessBroker` (what MQTT calls a session).
+
+    Made by :meth:`InProcessBroker.connect`; it outlives a disconnect unless it is clean.
+
+    Attributes:
+        client_id: the client's id (unique on its broker).
+        clean: forget the session when the client disconnects.
+        no_local: do not deliver the client's own publishes back to it.
+        filters: the subscribed topic filters, each with its levels (split at ``/``).
+        queue: where deliveries go while the client is connected (``None`` while it is not).
+        pending: what arrived while it was disconnected (bounded: the oldest dropped first).
+        dropped: how many payloads were dropped from :attr:`pending`.
+
+    Example:
+        >>> session = InProcessBroker().connect("c1", clean=True)
+        >>> session.subscribe("marsys/t/#")
+        >>> session.client_id, list(session.filters), session.connected
+        ('c1', ['marsys/t/#'], True)
+    """
+
     __slots__ = ("clean", "client_id", "dropped", "filters", "no_local", "pending", "queue")
 
     def __init__(self, client_id: str, clean: bool, max_queued: int) -> None:
@@ -276,6 +162,28 @@ class _Session:
         self.queue: asyncio.Queue[object] | None = None  # set while connected
         self.pending: deque[tuple[str, bytes]] = deque(maxlen=max_queued)
         self.dropped = 0
+
+    @property
+    def connected(self) -> bool:
+        """True while its client is connected."""
+        return self.queue is not None
+
+    def subscribe(self, topic_filter: str) -> None:
+        """Receive what is published on topics matching ``topic_filter`` (validated)."""
+        self.filters[validate_filter(topic_filter)] = tuple(topic_filter.split("/"))
+
+    def unsubscribe(self, topic_filter: str) -> None:
+        """Stop receiving what matches ``topic_filter`` (nothing if it was not subscribed)."""
+        self.filters.pop(topic_filter, None)
+
+    def deliver(self, item: tuple[str, bytes]) -> None:
+        """Hand ``(topic, payload)`` to the client, or keep it until the client reconnects."""
+        if self.queue is not None:
+            self.queue.put_nowait(item)
+            return
+        if len(self.pending) == self.pending.maxlen:
+            self.dropped += 1
+        self.pending.append(item)
 
 
 class InProcessBroker:
@@ -302,7 +210,7 @@ class InProcessBroker:
         if max_queued < 1:
             raise ValueError(f"max_queued must be >= 1, got {max_queued}")
         self.max_queued = max_queued
-        self._sessions: dict[str, _Session] = {}
+        self._sessions: dict[str, BrokerSession] = {}
         self.published = 0
 
     @classmethod
@@ -322,12 +230,22 @@ class InProcessBroker:
         """Payloads dropped because a disconnected session's queue was full."""
         return sum(s.dropped for s in self._sessions.values())
 
-    def _connect(self, client_id: str, clean: bool, no_local: bool = True) -> _Session:
+    def connect(self, client_id: str, *, clean: bool, no_local: bool = True) -> BrokerSession:
+        """Connect a client: its session, resumed unless ``clean`` (what it missed is queued).
+
+        Args:
+            client_id: the client's id; a second live connection with it is refused.
+            clean: start a fresh session and forget it on :meth:`disconnect`.
+            no_local: do not deliver the client's own publishes back to it.
+
+        Raises:
+            TransportError: a client with this id is already connected.
+        """
         session = self._sessions.get(client_id)
         if session is not None and session.queue is not None:
             raise TransportError(f"client id {client_id!r} is already connected to this broker")
         if session is None or clean:
-            session = _Session(client_id, clean, self.max_queued)
+            session = BrokerSession(client_id, clean, self.max_queued)
             self._sessions[client_id] = session
         session.clean = clean
         session.no_local = no_local
@@ -338,14 +256,22 @@ class InProcessBroker:
         session.queue = queue
         return session
 
-    def _disconnect(self, session: _Session) -> None:
+    def disconnect(self, session: BrokerSession) -> None:
+        """Disconnect ``session``'s client: its iterator ends; a clean session is forgotten."""
         queue, session.queue = session.queue, None
         if queue is not None:
             queue.put_nowait(_CLOSED)
         if session.clean and self._sessions.get(session.client_id) is session:
             del self._sessions[session.client_id]
 
-    def _publish(self, topic: str, payload: bytes, source: _Session | None = None) -> None:
+    def publish(self, topic: str, payload: bytes, *, source: BrokerSession | None = None) -> None:
+        """Deliver ``payload`` to every session subscribed to ``topic`` (each at most once).
+
+        Args:
+            topic: the topic (not checked here: transports check it before publishing).
+            payload: the bytes, delivered as they are.
+            source: the publishing client's session (skipped if it set ``no_local``).
+        """
         self.published += 1
         levels = topic.split("/")
         item = (topic, payload)
@@ -353,13 +279,8 @@ class InProcessBroker:
             if session is source and session.no_local:
                 continue
             for flt in session.filters.values():
-                if _matches(flt, levels):
-                    if session.queue is not None:
-                        session.queue.put_nowait(item)
-                    else:
-                        if len(session.pending) == session.pending.maxlen:
-                            session.dropped += 1
-                        session.pending.append(item)
+                if levels_match(flt, levels):
+                    session.deliver(item)
                     break
 
     def __repr__(self) -> str:
@@ -416,8 +337,6 @@ class InProcessTransport(AsyncClosing):
         self.namespace = validate_name("namespace", namespace)
         if max_payload < 1:
             raise ValueError(f"max_payload must be >= 1, got {max_payload}")
-        from marsys_mem.coordination.signing import SignedWire, as_signer  # (imports us)
-
         signer = as_signer(signing_key)
         self._wire = None if signer is None else SignedWire(signer, max_payload=max_payload)
         if client_id is not None and (not isinstance(client_id, str) or not client_id):
@@ -427,7 +346,7 @@ class InProcessTransport(AsyncClosing):
         self.clean_session = (client_id is None) if clean_session is None else clean_session
         self.max_payload = max_payload
         self.no_local = no_local
-        self._session: _Session | None = None
+        self._session: BrokerSession | None = None
         self._queue: asyncio.Queue[object] | None = None
 
     @property
@@ -445,7 +364,9 @@ class InProcessTransport(AsyncClosing):
     async def __aenter__(self) -> Self:
         if self._session is not None:
             raise CoordinationError("this transport is already connected (not re-entrant)")
-        self._session = self.broker._connect(self.client_id, self.clean_session, self.no_local)
+        self._session = self.broker.connect(
+            self.client_id, clean=self.clean_session, no_local=self.no_local
+        )
         self._queue = self._session.queue
         return self
 
@@ -453,9 +374,9 @@ class InProcessTransport(AsyncClosing):
         """Disconnect (idempotent); a persistent session keeps collecting payloads."""
         session, self._session = self._session, None
         if session is not None:
-            self.broker._disconnect(session)
+            self.broker.disconnect(session)
 
-    def _require(self) -> _Session:
+    def _require(self) -> BrokerSession:
         if self._session is None:
             raise TransportError("the transport is not connected: use 'async with transport:'")
         return self._session
@@ -463,21 +384,21 @@ class InProcessTransport(AsyncClosing):
     async def publish(self, topic: str, payload: bytes) -> None:
         """Publish ``payload`` on ``topic`` (delivered before this returns)."""
         validate_topic(topic)
-        _check_in_namespace(self.namespace, topic, "topic")
-        data = _check_payload(payload, self.max_payload)
+        check_in_namespace(self.namespace, topic, "topic")
+        data = check_payload(payload, self.max_payload)
         if self._wire is not None:
             data = self._wire.seal(topic, data)
-        self.broker._publish(topic, data, self._require())
+        self.broker.publish(topic, data, source=self._require())
 
     async def subscribe(self, topic_filter: str) -> None:
         """Receive what is published on topics matching ``topic_filter``."""
         validate_filter(topic_filter)
-        _check_in_namespace(self.namespace, topic_filter, "topic filter")
-        self._require().filters[topic_filter] = tuple(topic_filter.split("/"))
+        check_in_namespace(self.namespace, topic_filter, "topic filter")
+        self._require().subscribe(topic_filter)
 
     async def unsubscribe(self, topic_filter: str) -> None:
         """Stop receiving what matches ``topic_filter``."""
-        self._require().filters.pop(topic_filter, None)
+        self._require().unsubscribe(topic_filter)
 
     def messages(self) -> AsyncIterator[tuple[str, bytes]]:
         """``(topic, payload)`` of each message, until the transport closes.

@@ -1,50 +1,71 @@
 """The one exception hierarchy of marsys-mem.
 
 Every error the library raises on purpose derives from :class:`MarsysMemError`, and
-subclasses the builtin that fits, so ``except ValueError`` keeps working::
+subclasses the builtin that fits, so ``except ValueError`` keeps working. The tree below is
+checked against the classes by ``tests/test_exceptions.py`` (each name drawn under its
+parent, the builtins it also subclasses in parentheses)::
 
     MarsysMemError
-    ├── ContextOverflowError (ValueError)    the budget cannot hold what must be kept
-    ├── DuplicateMessageError (ValueError)   a message_id that is already in the memory
-    ├── MessageNotFoundError (KeyError)      no message with that id
-    ├── MessageFormatError (ValueError)      a provider dict that cannot become a Message
-    ├── ToolSequenceError (ValueError)       tool calls and results that do not match
-    │   ├── OrphanToolResultError            a tool result with no earlier tool call
-    │   └── DuplicateToolCallError           a tool call id used twice
-    ├── SummarizerError (RuntimeError)       the summariser failed or returned no text
-    ├── ConfigError (ValueError)             a bad retention-policy / config value
-    │   ├── InvalidNameError                 an agent, branch or namespace name breaking the rule
-    │   └── WorkflowError                    a workflow file that cannot run (file:line: field)
-    ├── WorkflowRunError (RuntimeError)      a workflow step failed while running
-    ├── StoreError (RuntimeError)            a storage backend failed
-    ├── StoreNotFoundError (FileNotFoundError) no store file at a path given to the CLI
-    │   └── IndexCorruptError                a vector index file is missing, stale or corrupt
-    ├── EmbeddingError (ValueError)          bad vectors (NaN, wrong dimension) or texts
-    └── MissingDependencyError (ImportError) an optional extra is not installed
+    ├── ContextOverflowError (ValueError)        the budget cannot hold what must be kept
+    ├── DuplicateMessageError (ValueError)       a message_id that is already in the memory
+    ├── MessageNotFoundError (KeyError)          no message with that id
+    ├── MessageFormatError (ValueError)          a provider dict that cannot become a Message
+    ├── ToolSequenceError (ValueError)           tool calls and results that do not match
+    │   ├── OrphanToolResultError                a tool result with no earlier tool call
+    │   └── DuplicateToolCallError               a tool call id used twice
+    ├── SummarizerError (RuntimeError)           the summariser failed or returned no text
+    ├── ConfigError (ValueError)                 a bad retention-policy / config value
+    │   ├── InvalidNameError                     a name (agent, branch, namespace) breaking the rule
+    │   └── WorkflowError                        a workflow file that cannot run (file:line: field)
+    ├── WorkflowRunError (RuntimeError)          a workflow step failed while running
+    ├── StoreError (RuntimeError)                a storage backend failed
+    │   └── IndexCorruptError                    a vector index file is missing, stale or corrupt
+    ├── StoreNotFoundError (FileNotFoundError)   no store file at a path given to the CLI
+    ├── EmbeddingError (ValueError)              bad vectors (NaN, wrong dimension) or texts
+    ├── MissingDependencyError (ImportError)     an optional extra is not installed
+    └── CoordinationError                        the coordination layer (marsys_mem.coordination)
+        ├── BranchError (ValueError)             a branch-graph operation that cannot be done
+        │   ├── UnknownBranchError               no branch with that name
+        │   └── MergeCycleError                  a merge that would close a cycle
+        ├── SignatureError (ValueError)          an unsigned or badly signed payload
+        └── TransportError (ConnectionError)     connecting, publishing or receiving failed
+            └── AuthenticationError (PermissionError)  the broker refused the credentials
 
+The coordination errors are also importable from :mod:`marsys_mem.coordination` (and from
+the modules that raise them, ``coordination.transport`` and ``coordination.signing``).
 Pydantic's own ``ValidationError`` (a ``ValueError``) is raised unchanged for bad fields
 of a model: it already names the field and the value.
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 __all__ = [
+    "AuthenticationError",
+    "BranchError",
     "ConfigError",
     "ContextOverflowError",
+    "CoordinationError",
     "DuplicateMessageError",
     "DuplicateToolCallError",
     "EmbeddingError",
     "IndexCorruptError",
     "InvalidNameError",
     "MarsysMemError",
+    "MergeCycleError",
     "MessageFormatError",
     "MessageNotFoundError",
     "MissingDependencyError",
     "OrphanToolResultError",
+    "SignatureError",
+    "SignatureReason",
     "StoreError",
     "StoreNotFoundError",
     "SummarizerError",
     "ToolSequenceError",
+    "TransportError",
+    "UnknownBranchError",
     "WorkflowError",
     "WorkflowRunError",
 ]
@@ -171,3 +192,54 @@ class StoreNotFoundError(MarsysMemError, FileNotFoundError):
         >>> issubclass(StoreNotFoundError, FileNotFoundError)
         True
     """
+
+
+# ---------------------------------------------------------------------------- coordination
+class CoordinationError(MarsysMemError):
+    """Root of the coordination layer's errors (branch graph, transports, signing, coordinator).
+
+    Example:
+        >>> issubclass(TransportError, CoordinationError), issubclass(BranchError, ValueError)
+        (True, True)
+    """
+
+
+class BranchError(CoordinationError, ValueError):
+    """A branch-graph operation that cannot be done; nothing was changed."""
+
+
+class UnknownBranchError(BranchError):
+    """No branch with that name in the graph."""
+
+
+class MergeCycleError(BranchError):
+    """A merge that would close a cycle (see ``BranchGraph.check_merge``)."""
+
+
+SignatureReason = Literal["unsigned", "bad_signature"]
+"""Why a payload failed verification (:attr:`SignatureError.reason`)."""
+
+
+class SignatureError(CoordinationError, ValueError):
+    """A payload that is not signed, or not signed by a key this signer knows.
+
+    Attributes:
+        reason: ``"unsigned"`` (no ``mm1.`` header) or ``"bad_signature"`` (a header
+            whose key id is unknown or whose MAC does not match the topic and body).
+
+    Example:
+        >>> SignatureError("no header on 'marsys/t/x'", reason="unsigned").reason
+        'unsigned'
+    """
+
+    def __init__(self, message: str, *, reason: SignatureReason) -> None:
+        super().__init__(message)
+        self.reason: SignatureReason = reason
+
+
+class TransportError(CoordinationError, ConnectionError):
+    """Connecting, publishing or receiving failed; the cause is chained as ``__cause__``."""
+
+
+class AuthenticationError(TransportError, PermissionError):
+    """The broker refused the client's credentials (bad username/password, not authorised)."""
