@@ -2,25 +2,31 @@
 
 * :func:`fake_summarizer` / :class:`AsyncFakeSummarizer`: summarisers with no model.
 * :class:`StoreConformance`: the tests every :class:`~marsys_mem.store.base.MemoryStore`
-  backend must pass; subclass it and provide a ``store`` fixture. It needs pytest, so it is
-  imported on first use: ``marsys_mem.testing`` itself works without pytest installed.
+  backend must pass, one module per :class:`Capability` in
+  :mod:`marsys_mem.testing.conformance`; subclass it and provide a ``store`` fixture.
+  It needs pytest, so it loads on first use (PEP 562 ``__getattr__``):
+  ``marsys_mem.testing`` itself works without pytest installed.
 """
 
 from __future__ import annotations
 
+import importlib as _importlib
 from typing import TYPE_CHECKING, Any
 
 from marsys_mem.testing.fakes import AsyncFakeSummarizer, fake_summarizer
 
 if TYPE_CHECKING:
-    from marsys_mem.testing.store_conformance import StoreConformance
+    from marsys_mem.testing.conformance import Capability, StoreConformance
 
-__all__ = ["AsyncFakeSummarizer", "StoreConformance", "fake_summarizer"]
+__all__ = ["AsyncFakeSummarizer", "Capability", "StoreConformance", "fake_summarizer"]
+
+_NEEDS_PYTEST = frozenset({"Capability", "StoreConformance"})
 
 
 def __getattr__(name: str) -> Any:
-    if name == "StoreConformance":
-        from marsys_mem.testing.store_conformance import StoreConformance
-
-        return StoreConformance
+    """Load the conformance names (which need pytest) on first use."""
+    if name in _NEEDS_PYTEST:
+        value = getattr(_importlib.import_module("marsys_mem.testing.conformance"), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
