@@ -8,6 +8,8 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
+from marsys_mem.testing.conformance import UNSUPPORTED_REASON_PREFIX
+
 settings.register_profile(
     "ci", max_examples=200, derandomize=True, deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
@@ -21,10 +23,14 @@ settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHES
 def pytest_runtest_makereport(item, call):
     """In CI a skipped test is a failure: nothing that needs a server or the model may skip.
 
-    Doctest examples whose lines are all marked ``+SKIP`` are exempt.
+    Exempt: doctest examples whose lines are all marked ``+SKIP``, and conformance tests of a
+    capability a backend declares unsupported, with its reason (a stated limit of the
+    backend, e.g. an in-memory store is not durable; never a missing server).
     """
     outcome = yield
     report = outcome.get_result()
-    if os.environ.get("CI") and report.skipped and "+SKIP" not in str(report.longrepr):
+    text = str(report.longrepr)
+    exempt = "+SKIP" in text or UNSUPPORTED_REASON_PREFIX in text
+    if os.environ.get("CI") and report.skipped and not exempt:
         report.outcome = "failed"
         report.longrepr = f"skipped in CI (not allowed): {report.longrepr}"
