@@ -59,17 +59,23 @@ class MemorySink(Protocol):
     """Mirrors a memory's changes, e.g. into a store (write-through persistence).
 
     Each method is called after validation and before the memory changes: if it raises,
-    the change does not happen, so memory and sink never disagree. A sink may also
-    define ``after_append(memory, messages)``: :meth:`ConversationMemory.add_many` calls
-    it after appending (the manager trims a batch larger than a bound with it).
+    the change does not happen, so memory and sink never disagree.
 
-    The methods run under the memory's re-entrant lock: they may call back into the same
-    memory (e.g. ``remove``) from their thread, and see other threads' changes in the order
-    the memory applies them.
+    The write path runs one way, memory to sink. ``on_append`` may return the ids of
+    messages the memory must drop once the append is done (e.g. what a retention rule
+    evicts; a store sink has already deleted them in the append's transaction): the
+    memory drops them itself (:meth:`ConversationMemory.evict`) without calling the sink
+    back, and publishes a ``remove`` event. ``None`` (or nothing) drops nothing, so a sink
+    written before this hook keeps working. A sink never changes the memory itself.
+
+    The methods run under the memory's lock, so they see every thread's changes in the
+    order the memory applies them, one call at a time.
     """
 
-    def on_append(self, memory: ConversationMemory, messages: Sequence[Message]) -> None:
-        """``messages`` are about to be appended."""
+    def on_append(
+        self, memory: ConversationMemory, messages: Sequence[Message]
+    ) -> Collection[str] | None:
+        """``messages`` are about to be appended; returns ids to drop afterwards (or None)."""
 
     def on_remove(self, memory: ConversationMemory, messages: Sequence[Message]) -> None:
         """``messages`` are about to be removed (remove, trim_oldest, clear(keep_system))."""
@@ -435,8 +441,7 @@ class ConversationMemory:
         tokens = count_message(self.counter, m)  # cached on the message: outside the lock
         with self._lock:
             self._check(m, _NONE, _NONE, _NONE)
-            if self.sink is not None:
-                self.sink.on_append(self, (m,))
+            drop = self.sink.on_append(self, (m,)) if self.sink is not None else None
             self._own.append(m)
             self._total += tokens
             if self._other_totals:
@@ -444,6 +449,8 @@ class ConversationMemory:
                     entry[1] += count_message(entry[0], m)
             if self.events is not None and self.events.wants("add"):
                 self._publish_add(self._offset + len(self._own.messages) - 1, (m.message_id,))
+            if drop:
+                self.evict(drop)
         return m.message_id
 
     store = add
@@ -468,8 +475,9 @@ class ConversationMemory:
                 calls.update(c.id for c in m.tool_calls)
                 if m.tool_call_id is not None:
                     results.add(m.tool_call_id)
+            drop = None
             if _publish and batch and self.sink is not None:
-                self.sink.on_append(self, batch)
+                drop = self.sink.on_append(self, batch)
             before = len(self)
             for m in batch:
                 self._own.append(m)
@@ -478,9 +486,8 @@ class ConversationMemory:
             self._total += tokens
             if _publish and batch and self.events is not None and self.events.wants("add"):
                 self._publish_add(before, tuple(m.message_id for m in batch))
-            after = getattr(self.sink, "after_append", None) if _publish and batch else None
-            if after is not None:  # optional sink hook, e.g. trim a batch back to a bound
-                after(self, batch)
+            if drop:
+                self.evict(drop)
         return [m.message_id for m in batch]
 
     def _publish_add(self, before: int, ids: tuple[str, ...]) -> None:
@@ -489,10 +496,13 @@ class ConversationMemory:
             AddEvent(agent=self.agent, before=before, after=len(self), message_ids=ids)
         )
 
-    def _rebuild(self, keep: Callable[[int, Message], bool]) -> list[Message]:
+    def _rebuild(
+        self, keep: Callable[[int, Message], bool], *, mirror: bool = True
+    ) -> list[Message]:
         """Replace the history by the messages ``keep`` accepts; returns the removed ones.
 
-        Call with the lock held.
+        ``mirror``: tell the sink first (``False``: it already knows). Call with the lock
+        held.
         """
         removed: list[Message] = []
         kept: list[Message] = []
@@ -506,7 +516,7 @@ class ConversationMemory:
                     initial -= 1
         if not removed:
             return removed
-        if self.sink is not None:
+        if mirror and self.sink is not None:
             self.sink.on_remove(self, removed)
         self._borrowed, self._starts, self._offset = [], [], 0
         self._own = _Segment.of(kept)  # a new segment: forks keep the old one
@@ -527,19 +537,43 @@ class ConversationMemory:
             missing = [i for i in message_ids if self._position(i) is None]
             if missing:
                 raise MessageNotFoundError(f"no message with id {missing[0]!r} in this memory")
-            before = len(self)
-            targets = set(message_ids)
-            removed = self._rebuild(lambda _pos, m: m.message_id not in targets)
-            if self.events is not None and removed:
-                self.events.publish(
-                    RemoveEvent(
-                        agent=self.agent,
-                        before=before,
-                        after=len(self),
-                        message_ids=tuple(m.message_id for m in removed),
-                    )
+            return self._remove(set(message_ids), mirror=True)
+
+    def evict(self, message_ids: Iterable[str]) -> list[Message]:
+        """Drop messages that were already removed where the sink mirrors to; returns them.
+
+        What a sink's ``on_append`` returns is dropped this way after the append (e.g. the
+        messages a retention rule evicted, which a store sink deleted in the same
+        transaction). The sink is not called; ids not in the memory are ignored; a
+        ``remove`` event is published as by :meth:`remove`.
+
+        Example:
+            >>> mem = ConversationMemory([Message.user("old"), Message.user("new")])
+            >>> [m.text for m in mem.evict([mem[0].message_id, "gone already"])]
+            ['old']
+            >>> [m.text for m in mem]
+            ['new']
+        """
+        if isinstance(message_ids, str):
+            raise TypeError("message_ids must be an iterable of ids, not a single str")
+        targets = set(message_ids)
+        with self._lock:
+            return self._remove(targets, mirror=False) if targets else []
+
+    def _remove(self, targets: set[str], *, mirror: bool) -> list[Message]:
+        """Remove the messages whose id is in ``targets``; publish it (lock held)."""
+        before = len(self)
+        removed = self._rebuild(lambda _pos, m: m.message_id not in targets, mirror=mirror)
+        if self.events is not None and removed:
+            self.events.publish(
+                RemoveEvent(
+                    agent=self.agent,
+                    before=before,
+                    after=len(self),
+                    message_ids=tuple(m.message_id for m in removed),
                 )
-            return removed
+            )
+        return removed
 
     def clear(self, *, keep_system: bool = False) -> None:
         """Remove every message (``keep_system``: keep the system messages)."""

@@ -756,6 +756,49 @@ def test_failing_sink_leaves_memory_unchanged(kind: str) -> None:
     assert seen == []
 
 
+class EvictingSink(RecordingSink):
+    """Returns from on_append the ids ``choose(memory, batch)`` says it already dropped."""
+
+    def __init__(self, choose: Callable[[ConversationMemory, list[Message]], list[str]]) -> None:
+        super().__init__()
+        self.choose = choose
+
+    def on_append(self, memory: ConversationMemory, messages) -> list[str]:  # type: ignore[override]
+        super().on_append(memory, messages)
+        assert all(m.message_id not in memory for m in messages)  # before the append
+        return self.choose(memory, list(messages))
+
+
+def test_ids_returned_by_on_append_are_dropped_after_the_append_without_a_call_back() -> None:
+    """One-way write path: the sink says what to drop; the memory drops it itself."""
+    bus = EventBus()
+    seen: list = []
+    bus.subscribe("*", seen.append)
+    msgs = [Message.system("s"), Message.user("u0"), Message.user("u1")]
+    sink = EvictingSink(lambda mem, batch: [mem[1].message_id, "not here"])
+    mem = ConversationMemory(msgs, sink=sink, events=bus)
+    new = Message.user("u2")
+    assert mem.add(new) == new.message_id
+    assert [m.text for m in mem] == ["s", "u1", "u2"]
+    assert sink.calls == [("append", [new.message_id])]  # never on_remove: no call back
+    assert [type(e) for e in seen] == [AddEvent, RemoveEvent]
+    assert seen[1].message_ids == (msgs[1].message_id,)
+    assert (seen[1].before, seen[1].after) == (4, 3)
+    # a batch: it may drop the batch's own messages too (a batch larger than a bound)
+    sink.choose = lambda mem, batch: [batch[0].message_id]
+    ids = mem.add_many([Message.user("b0"), Message.user("b1")])
+    assert [m.text for m in mem] == ["s", "u1", "u2", "b1"]
+    assert [m.message_id for m in mem.appended()] == [new.message_id, ids[1]]
+    assert mem.total_tokens == recount(mem)
+    assert [kind for kind, _ in sink.calls] == ["append", "append"]
+    # a sink returning None (or an empty collection) drops nothing
+    sink.choose = lambda mem, batch: []
+    mem.add(Message.user("kept"))
+    assert len(mem) == 5
+    with pytest.raises(TypeError, match="single str"):
+        mem.evict("abc")
+
+
 # ---------------------------------------------------------------------- threads (issue 9)
 @pytest.fixture
 def busy_switching():
@@ -949,7 +992,7 @@ def test_concurrent_writers_on_a_persistent_bounded_manager_agent(tmp_path, busy
         }
     )
     with MemoryManager(config, retention_every=20) as manager:
-        mem = manager.memory("a")  # its sink trims the memory from inside add (re-entrant)
+        mem = manager.memory("a")  # its sink returns what the bound evicts; add drops it
         added: list[list[Message]] = [[] for _ in range(4)]
         run_threads(*(writer(mem, f"t{t}", 150, added[t], groups_atomic=True) for t in range(4)))
         assert mem.total_tokens == recount(mem)

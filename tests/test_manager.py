@@ -465,7 +465,7 @@ def test_buffered_writes_keep_only_what_the_bound_would_keep(tmp_path: Path) -> 
         mem.add(Message.system("rules", message_id="rules"))
         for i in range(2000):
             mem.add(Message.user(f"{i}", message_id=f"id{i}"))
-            assert len(manager._sinks[("r", "main")].pending) <= 20 + 2
+            assert len(manager._sinks[("r", "main")].writer.pending) <= 20 + 2
         assert manager.store.count_messages(key) == 0
         manager.flush()
         stored = [m.message_id for m in manager.store.load_messages(key)]
@@ -504,3 +504,34 @@ def test_a_bound_may_split_a_tool_call_from_its_result_but_never_sends_an_orphan
         assert [m.role for m in mem.read()] == ["system", "tool", "assistant"]
         sent = manager.context_for("a").messages
         assert [m.role for m in sent] == ["system", "assistant"]
+
+
+@pytest.mark.parametrize("retention", ["session", "persistent"])
+def test_the_bound_never_detaches_the_sink_or_calls_it_back(retention: str) -> None:
+    """Issue 10: the sink once trimmed the memory from inside ``add``, detaching itself
+    (``mem.sink = None``) and calling ``mem.remove`` while that add was still running."""
+    with MemoryManager(_bounded(retention)) as manager:
+        mem = manager.memory("a")
+        sink = mem.sink
+        assert sink is not None
+        during: list[object] = []
+        manager.events.subscribe("remove", lambda _e: during.append(mem.sink))
+        for i in range(300):
+            mem.add(Message.user(f"message {i}"))
+        assert len(during) >= 20  # the bound dropped chunks ...
+        assert all(s is sink for s in during)  # ... with the sink in place all along
+        assert len(mem) <= 100
+        if retention == "persistent":
+            assert manager.store.count_messages(manager.key("a")) == 100
+
+
+def test_a_ttl_reaching_before_year_1_never_overflows_in_process() -> None:
+    config = MemoryConfig.model_validate(
+        {"version": 1, "agents": {"a": {"retention": "session", "ttl": "999999999d"}}}
+    )
+    with MemoryManager(config, retention_every=1) as manager:
+        mem = manager.memory("a")
+        mem.add(Message.user("ancient", timestamp=datetime(1, 1, 2, tzinfo=UTC)))
+        mem.add(Message.user("now"))
+        assert [m.text for m in mem.read()] == ["ancient", "now"]
+        assert manager.apply_retention() == 0

@@ -14,11 +14,16 @@ governed by the agent's :class:`~marsys_mem.config.models.RetentionPolicy`:
 * ``single_run`` memories are cleared when the agent's run ends (and at end_session).
 
 Every kind of memory is bounded in process too: it never holds more than
-``max_stored_messages`` messages. The bound drops by the stores' rule (oldest unprotected
-first, system / pinned messages last), in chunks of at most a tenth of the bound (see
-:meth:`MemoryManager._chunk`), so a full memory holds between ``limit - chunk + 1`` and
-``limit`` messages; a persistent memory holds the newest part of what its store holds.
-Messages older than ``ttl`` leave it every ``retention_every`` appends.
+``max_stored_messages`` messages. The bound drops by the one retention rule of
+:mod:`marsys_mem.store.retention` (oldest unprotected first, system / pinned messages
+last), in chunks of at most a tenth of the bound (:func:`~marsys_mem.manager.sinks.
+trim_chunk`), so a full memory holds between ``limit - chunk + 1`` and ``limit``
+messages; a persistent memory holds the newest part of what its store holds. Messages
+older than ``ttl`` leave it every ``retention_every`` appends.
+
+The write path runs one way: each memory's sink (:class:`~marsys_mem.manager.sinks.
+AgentSink`) writes an append to the store, feeds the patterns and returns the ids the
+bound evicts; the memory drops them itself after appending.
 
 Runs (:meth:`run`) record what an agent did as a :class:`~marsys_mem.model.runs.RunSnapshot`:
 saved in the store for persistent agents, kept in process otherwise. A run started with
@@ -31,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
@@ -41,9 +46,10 @@ from marsys_mem.config.models import MemoryConfig, RetentionPolicy, load_config
 from marsys_mem.context.compose import Block, aassemble, assemble
 from marsys_mem.context.tokens import TokenCounter, get_counter
 from marsys_mem.context.window import ContextPolicy, Summarizer
-from marsys_mem.conversation import ConversationMemory, MemorySink
+from marsys_mem.conversation import ConversationMemory
 from marsys_mem.exceptions import ContextOverflowError, MarsysMemError, MessageNotFoundError
 from marsys_mem.lifecycle import Closing
+from marsys_mem.manager.sinks import AgentSink, MemoryBound, StoreWriter
 from marsys_mem.model.events import EventBus
 from marsys_mem.model.messages import Message, Provider, to_llm_format
 from marsys_mem.model.names import validate_name
@@ -51,233 +57,40 @@ from marsys_mem.model.runs import RunContext, RunSnapshot, history
 from marsys_mem.patterns.agent import AgentPatterns, resolve_embedder
 from marsys_mem.patterns.shared import SharedMemoryPool, member_key
 from marsys_mem.retrieval.embeddings import Embedder, default_embedder
-from marsys_mem.store.base import Append, EnforceRetention, Key, MemoryStore, Op
+from marsys_mem.store.base import Key, MemoryStore
 from marsys_mem.store.memory import InMemoryStore
+from marsys_mem.store.sqlite import SQLiteStore
 
 __all__ = ["MemoryManager"]
 
 
 log = logging.getLogger("marsys_mem.manager")
 
-
-class _PatternFeed:
-    """A memory sink that writes to the store (if any), then feeds the agent's patterns."""
-
-    def __init__(self, store: _StoreSink | None, patterns: AgentPatterns) -> None:
-        self.store = store
-        self.patterns = patterns
-
-    def on_append(self, memory: ConversationMemory, messages: Sequence[Message]) -> None:
-        if self.store is not None:
-            self.store.on_append(memory, messages)
-        self.patterns.ingest(messages)
-
-    def after_append(self, memory: ConversationMemory, messages: Sequence[Message]) -> None:
-        if self.store is not None:
-            self.store.after_append(memory, messages)
-
-    def on_remove(self, memory: ConversationMemory, messages: Sequence[Message]) -> None:
-        if self.store is not None:  # patterns keep what the window trims: that is their job
-            self.store.on_remove(memory, messages)
-
-    def on_clear(self, memory: ConversationMemory) -> None:
-        if self.store is not None:
-            self.store.on_clear(memory)
-
-
-class _BoundSink:
-    """Keeps a memory that never reaches the store within its policy's bound.
-
-    ``session`` and ``single_run`` memories hold at most ``max_stored_messages``
-    messages (dropped by the stores' rule, in chunks: :meth:`MemoryManager._chunk`), and
-    drop messages older than ``ttl`` every ``retention_every`` appends.
-    """
-
-    def __init__(
-        self, manager: MemoryManager, policy: RetentionPolicy, inner: MemorySink | None
-    ) -> None:
-        self.manager = manager
-        self.policy = policy
-        self.inner = inner
-        self.since_ttl = 0
-
-    def on_append(self, memory: ConversationMemory, messages: Sequence[Message]) -> None:
-        if self.inner is not None:
-            self.inner.on_append(memory, messages)
-        self.since_ttl += len(messages)
-        ttl = self.policy.ttl is not None and self.since_ttl >= self.manager.retention_every
-        if ttl:
-            self.since_ttl = 0
-        self.manager._bound_memory(memory, self.policy, len(messages), ttl=ttl)
-
-    def after_append(self, memory: ConversationMemory, messages: Sequence[Message]) -> None:
-        self.manager._bound_memory(memory, self.policy, 0, ttl=False)
-
-    def on_remove(self, memory: ConversationMemory, messages: Sequence[Message]) -> None:
-        if self.inner is not None:
-            self.inner.on_remove(memory, messages)
-
-    def on_clear(self, memory: ConversationMemory) -> None:
-        if self.inner is not None:
-            self.inner.on_clear(memory)
-
-
 _check_name = validate_name  # the one naming rule (InvalidNameError, a ValueError)
 
 
-class _StoreSink:
-    """Writes a persistent memory's changes to the store (or buffers them).
+class _RunScope:
+    """``with manager.run(agent) as run`` / ``async with ...``.
 
-    ``max_stored_messages`` is enforced in the same store transaction as every append: the
-    store counts the key's messages inside that transaction, so the bound holds whatever
-    other processes wrote to the same key. ``ttl`` is applied every ``retention_every``
-    appends. The in-process memory is kept within the same bound by the same rule (see
-    :meth:`MemoryManager._bound_memory`); so is the buffer of ``write_through=False``.
+    ``begin`` and ``end`` are the manager's callbacks for the run's start and end.
     """
 
     def __init__(
-        self, manager: MemoryManager, key: Key, policy: RetentionPolicy, stored: int
+        self,
+        run: RunContext,
+        begin: Callable[[RunContext], None],
+        end: Callable[[RunContext, BaseException | None], None],
     ) -> None:
-        self.manager = manager
-        self.key = key
-        self.policy = policy
-        self.pending: list[Message] = []
-        self.stored = stored  # messages in the store under key (this process's estimate)
-        self.since_retention = 0
-
-    def _write(self, messages: Sequence[Message], *, force_retention: bool = False) -> None:
-        policy = self.policy
-        ops: list[Op] = [Append(self.key, tuple(messages))] if messages else []
-        limit = policy.max_stored_messages
-        due = force_retention or (
-            policy.ttl is not None and self.since_retention >= self.manager.retention_every
-        )
-        ttl = policy.ttl if due else None
-        if limit is not None or ttl is not None:
-            # Always with the bound: only the store knows what other processes appended.
-            ops.append(EnforceRetention(self.key, ttl, limit, datetime.now(UTC)))
-        if not ops:
-            return
-        results = self.manager.store.batch(ops)
-        self.stored += len(messages)
-        if isinstance(ops[-1], EnforceRetention):
-            self.stored = max(self.stored - results[-1], 0)
-        if due:
-            self.since_retention = 0
-
-    def on_append(self, memory: ConversationMemory, messages: Sequence[Message]) -> None:
-        self.since_retention += len(messages)
-        ttl_due = (
-            self.policy.ttl is not None and self.since_retention >= self.manager.retention_every
-        )
-        if self.manager.write_through:
-            self._write(messages)
-        else:
-            self.pending.extend(messages)
-            self._bound_pending()
-            if ttl_due:
-                self.since_retention = 0
-        self.manager._bound_memory(memory, self.policy, len(messages), ttl=ttl_due)
-
-    def after_append(self, memory: ConversationMemory, messages: Sequence[Message]) -> None:
-        self.manager._bound_memory(memory, self.policy, 0, ttl=False)
-
-    def _bound_pending(self) -> None:
-        """Drop buffered messages the store's bound would delete at the next flush.
-
-        The buffer is committed in one transaction, after everything already stored, so
-        of its messages at most the newest ``max_stored_messages`` (by the store's rule)
-        can survive that flush's retention. Amortised: every ``chunk`` appends.
-        """
-        limit = self.policy.max_stored_messages
-        if limit is None or len(self.pending) <= limit + self.manager._chunk(limit):
-            return
-        drop = set(_beyond_bound(self.pending, limit))
-        self.pending = [m for m in self.pending if m.message_id not in drop]
-
-    def on_remove(self, memory: ConversationMemory, messages: Sequence[Message]) -> None:
-        ids = {m.message_id for m in messages}
-        self.pending = [m for m in self.pending if m.message_id not in ids]
-        self.stored -= self.manager.store.delete_messages(self.key, ids=ids)
-
-    def on_clear(self, memory: ConversationMemory) -> None:
-        self.pending.clear()
-        self.manager.store.delete_messages(self.key)
-        self.stored = 0
-
-    def flush(self, *, retention: bool = False) -> int:
-        before = self.stored + len(self.pending)
-        pending, self.pending = self.pending, []
-        if pending or retention:
-            self._write(pending, force_retention=retention)
-        return before - self.stored
-
-
-def _beyond_bound(messages: Sequence[Message], limit: int, excess: int | None = None) -> list[str]:
-    """Ids of the ``excess`` (default: all beyond ``limit``) messages the bound drops first.
-
-    The stores' rule: the oldest unprotected messages go first, then, only if that is
-    not enough, the oldest protected ones (system, pinned, ``preserve``). Tool calls and
-    their results are not kept together here (the stores do not either); a window built
-    from what remains never starts with an orphan tool result.
-    """
-    if excess is None:
-        excess = len(messages) - limit
-    drop: list[str] = []
-    for protected in (False, True):
-        for m in messages:
-            if len(drop) >= excess:
-                return drop
-            if m.is_protected == protected:
-                drop.append(m.message_id)
-    return drop
-
-
-def _over_retention(
-    memory: ConversationMemory,
-    policy: RetentionPolicy,
-    now: datetime,
-    extra: int = 0,
-    *,
-    headroom: int = 0,
-    ttl: bool = True,
-) -> list[str]:
-    """Ids the policy no longer allows, by the store's rule (protected: ttl-exempt, last).
-
-    ``extra``: messages about to be appended; ``headroom``: drop that many more once over
-    the bound (amortises the cost of trimming); ``ttl``: apply the ttl too.
-    """
-    drop: set[str] = set()
-    if ttl and policy.ttl is not None:
-        try:
-            cutoff: datetime | None = now - policy.ttl
-        except OverflowError:  # a ttl reaching before year 1: nothing is that old
-            cutoff = None
-        if cutoff is not None:
-            drop.update(m.message_id for m in memory if not m.is_protected and m.timestamp < cutoff)
-    limit = policy.max_stored_messages
-    if limit is not None and len(memory) + extra - len(drop) > limit:
-        left = [m for m in memory if m.message_id not in drop] if drop else list(memory)
-        excess = min(len(left) + extra - limit + headroom, len(left))
-        drop.update(_beyond_bound(left, limit, excess))
-    return [m.message_id for m in memory if m.message_id in drop]
-
-
-class _RunScope:
-    """``with manager.run(agent) as run`` / ``async with ...``."""
-
-    def __init__(self, manager: MemoryManager, run: RunContext) -> None:
-        self._manager = manager
         self._run = run
+        self._begin = begin
+        self._end = end
         self._entered = False
 
     def __enter__(self) -> RunContext:
         if self._entered:
             raise RuntimeError("a run scope can be entered only once")
         self._entered = True
-        self._manager._active_runs[self._run.agent] = (
-            self._manager._active_runs.get(self._run.agent, 0) + 1
-        )
+        self._begin(self._run)
         return self._run
 
     def __exit__(
@@ -286,7 +99,7 @@ class _RunScope:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._manager._end_run(self._run, exc)
+        self._end(self._run, exc)
 
     async def __aenter__(self) -> RunContext:
         return self.__enter__()
@@ -297,7 +110,7 @@ class _RunScope:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await asyncio.to_thread(self._manager._end_run, self._run, exc)
+        await asyncio.to_thread(self._end, self._run, exc)
 
 
 class MemoryManager(Closing):
@@ -357,7 +170,7 @@ class MemoryManager(Closing):
         self._own_store = own if own_store is None else own_store
         self._ephemeral_runs = InMemoryStore()  # snapshots of non-persistent agents
         self._memories: dict[tuple[str, str], ConversationMemory] = {}
-        self._sinks: dict[tuple[str, str], _StoreSink] = {}
+        self._sinks: dict[tuple[str, str], AgentSink] = {}
         self._patterns: dict[tuple[str, str], AgentPatterns] = {}
         self._embedders: dict[str, Embedder | None] = {}
         if embedder is not None:
@@ -374,8 +187,6 @@ class MemoryManager(Closing):
     def _open_store(self) -> MemoryStore:
         cfg = self.config.store
         if cfg.backend == "sqlite":
-            from marsys_mem.store.sqlite import SQLiteStore
-
             return SQLiteStore(cfg.resolved_path(self.config.base_dir))
         return InMemoryStore()
 
@@ -415,14 +226,7 @@ class MemoryManager(Closing):
             agent=agent,
         )
         mem.strict_tools = True
-        store_sink = None
-        if policy.is_persistent:
-            store_sink = _StoreSink(self, self.key(agent, branch), policy, len(initial))
-            self._sinks[slot] = store_sink
-        mem.sink = self._feed(slot, policy, store_sink, initial)
-        self._memories[slot] = mem
-        self.shared.register(member_key(agent, branch), mem)
-        self._trim_memory(mem, policy)
+        self._manage(slot, mem, policy, len(initial))
         return mem
 
     def attach_memory(self, agent: str, branch: str, memory: ConversationMemory) -> None:
@@ -441,17 +245,47 @@ class MemoryManager(Closing):
             raise ValueError(f"{agent!r} already has a memory on branch {branch!r}")
         policy = self.config.policy_for(agent)
         memory.agent = memory.agent or agent
-        store_sink = None
+        stored = self.store.count_messages(self.key(*slot)) if policy.is_persistent else 0
+        self._manage(slot, memory, policy, stored, seed=stored == 0)
+
+    def _manage(
+        self,
+        slot: tuple[str, str],
+        memory: ConversationMemory,
+        policy: RetentionPolicy,
+        stored: int,
+        *,
+        seed: bool = False,
+    ) -> None:
+        """Give ``memory`` its sink, register it, and bring it within its policy.
+
+        ``stored``: the store's message count under the memory's key (persistent agents);
+        ``seed``: write the memory's messages to the (empty) store key first.
+        """
+        writer = None
         if policy.is_persistent:
-            key = self.key(agent, branch)
-            store_sink = _StoreSink(self, key, policy, self.store.count_messages(key))
-            if store_sink.stored == 0 and len(memory):
-                store_sink._write(memory.read())
-            self._sinks[slot] = store_sink
-        memory.sink = self._feed(slot, policy, store_sink, memory.read())
+            writer = StoreWriter(
+                self.store,
+                self.key(*slot),
+                policy,
+                stored,
+                write_through=self.write_through,
+                retention_every=self.retention_every,
+            )
+            if seed and len(memory):
+                writer.write(memory.read())
+        patterns = self._new_patterns(slot, policy, memory.read())
+        bound = MemoryBound(policy, self.retention_every)
+        with memory.lock:
+            if writer is not None or patterns is not None or bound.active:
+                sink = AgentSink(bound, writer, patterns, retention_every=self.retention_every)
+                self._sinks[slot] = sink
+                memory.sink = sink
+                memory.evict(bound.enforce(memory))  # the store applies the rule itself
+            else:
+                memory.sink = None
         self._memories[slot] = memory
-        self.shared.register(member_key(agent, branch), memory)
-        self._trim_memory(memory, policy)
+        self.shared.register(member_key(*slot), memory)
 
     def _embedder(self, spelling: str) -> Embedder | None:
         """One embedder per spelling for the whole manager (the model loads once)."""
@@ -469,33 +303,12 @@ class MemoryManager(Closing):
                 self._embedders[spelling] = resolved if resolved != "default" else None
         return self._embedders[spelling]
 
-    def _feed(
-        self,
-        slot: tuple[str, str],
-        policy: RetentionPolicy,
-        store_sink: _StoreSink | None,
-        existing: Sequence[Message],
-    ) -> MemorySink | None:
-        """The memory's sink: the store (persistent) and the patterns (if configured).
-
-        A memory that never reaches the store (session, single_run) with a ttl or
-        ``max_stored_messages`` gets a :class:`_BoundSink` that keeps it within them.
-        """
-        feed = self._feed_inner(slot, policy, store_sink, existing)
-        bounded = policy.ttl is not None or policy.max_stored_messages is not None
-        if store_sink is None and bounded:
-            return _BoundSink(self, policy, feed)
-        return feed
-
-    def _feed_inner(
-        self,
-        slot: tuple[str, str],
-        policy: RetentionPolicy,
-        store_sink: _StoreSink | None,
-        existing: Sequence[Message],
-    ) -> MemorySink | None:
+    def _new_patterns(
+        self, slot: tuple[str, str], policy: RetentionPolicy, existing: Sequence[Message]
+    ) -> AgentPatterns | None:
+        """The agent's patterns on the slot's branch, if its policy enables any."""
         if not policy.patterns.any:
-            return store_sink
+            return None
         index_dir = None
         if policy.is_persistent and self.config.store.backend == "sqlite":
             index_dir = self.config.store.resolved_path(self.config.base_dir).parent / "indexes"
@@ -510,7 +323,7 @@ class MemoryManager(Closing):
         if not policy.is_persistent:
             patterns.ingest(existing)
         self._patterns[slot] = patterns
-        return _PatternFeed(store_sink, patterns)
+        return patterns
 
     def patterns(self, agent: str, branch: str = "main") -> AgentPatterns | None:
         """The agent's memory patterns on ``branch`` (``None`` if its policy enables none)."""
@@ -522,48 +335,6 @@ class MemoryManager(Closing):
         for (agent, branch), mem in list(self._memories.items()):
             yield agent, branch, mem
 
-    def _chunk(self, limit: int) -> int:
-        """How many messages a bounded in-process memory drops at once, when full.
-
-        Trimming a ConversationMemory costs O(its length), so a full memory drops the
-        oldest ``chunk`` messages at once (at most ``retention_every``, at most a tenth of
-        the bound) rather than one per append: it then holds between
-        ``limit - chunk + 1`` and ``limit`` messages, never more.
-        """
-        return max(1, min(self.retention_every, limit // 10))
-
-    def _bound_memory(
-        self, mem: ConversationMemory, policy: RetentionPolicy, extra: int, *, ttl: bool
-    ) -> None:
-        """Keep ``mem`` within its bound before ``extra`` messages arrive (O(1) if within)."""
-        limit = policy.max_stored_messages
-        over = limit is not None and len(mem) + extra > limit
-        if over or ttl:
-            headroom = self._chunk(limit) - 1 if limit is not None and over else 0
-            self._trim_memory(mem, policy, extra=extra, headroom=headroom, ttl=ttl)
-
-    def _trim_memory(
-        self,
-        mem: ConversationMemory,
-        policy: RetentionPolicy,
-        *,
-        extra: int = 0,
-        headroom: int = 0,
-        ttl: bool = True,
-    ) -> int:
-        """Remove what the policy no longer allows; ``extra``: messages about to arrive."""
-        if policy.ttl is None and policy.max_stored_messages is None:
-            return 0
-        with mem.lock:  # one step for concurrent writers: no add slips past a detached sink
-            ids = _over_retention(mem, policy, datetime.now(UTC), extra, headroom=headroom, ttl=ttl)
-            if ids:
-                sink, mem.sink = mem.sink, None  # the store already applied the same rule
-                try:
-                    mem.remove(*ids)
-                finally:
-                    mem.sink = sink
-        return len(ids)
-
     def apply_retention(self, agent: str | None = None) -> int:
         """Enforce ttl / max_stored_messages now, in the store and in memory.
 
@@ -572,26 +343,32 @@ class MemoryManager(Closing):
         """
         self._check_open()
         removed = 0
-        for (name, branch), mem in list(self._memories.items()):
-            if agent is not None and name != agent:
+        for slot, mem in list(self._memories.items()):
+            sink = self._sinks.get(slot)
+            if sink is None or (agent is not None and slot[0] != agent):
                 continue
-            policy = self.config.policy_for(name)
-            sink = self._sinks.get((name, branch))
-            if sink is not None:
-                removed += sink.flush(retention=True)
-                self._trim_memory(mem, policy)
-            else:
-                removed += self._trim_memory(mem, policy)
+            with mem.lock:  # one step: no append slips between the store and the memory
+                stored, drop = sink.retain(mem)
+                dropped = mem.evict(drop)  # the store already applied the same rule
+            removed += stored if sink.writer is not None else len(dropped)
         return removed
 
     def flush(self) -> None:
         """Write buffered persistent appends to the store and enforce retention."""
         self._check_open()
-        for sink in self._sinks.values():
-            sink.flush()
+        self._flush_sinks()
         for patterns in self._patterns.values():
             patterns.flush()
         self.apply_retention()
+
+    def _flush_sinks(self, slots: Iterable[tuple[str, str]] | None = None) -> None:
+        """Write the buffered appends of ``slots`` (default: every memory's)."""
+        for slot in list(self._sinks) if slots is None else slots:
+            sink, mem = self._sinks.get(slot), self._memories.get(slot)
+            if sink is None or mem is None:
+                continue
+            with mem.lock:  # the sink's other calls run under this lock too
+                sink.flush()
 
     async def aflush(self) -> None:
         """Async twin of :meth:`flush`."""
@@ -673,10 +450,13 @@ class MemoryManager(Closing):
             branch=branch,
             metadata=metadata,
         )
-        return _RunScope(self, ctx)
+        return _RunScope(ctx, self._begin_run, self._end_run)
 
     def _runs_store(self, agent: str) -> MemoryStore:
         return self.store if self.config.policy_for(agent).is_persistent else self._ephemeral_runs
+
+    def _begin_run(self, run: RunContext) -> None:
+        self._active_runs[run.agent] = self._active_runs.get(run.agent, 0) + 1
 
     def _end_run(self, run: RunContext, error: BaseException | None) -> None:
         run.finish(error)
@@ -696,9 +476,7 @@ class MemoryManager(Closing):
         if policy.retention == "single_run" and count <= 0 and run.parent_id is None:
             self._drop((run.agent, run.branch))
         elif policy.is_persistent:
-            sink = self._sinks.get((run.agent, run.branch))
-            if sink is not None:
-                sink.flush()
+            self._flush_sinks([(run.agent, run.branch)])
             self.apply_retention(run.agent)
 
     def load_run(self, run_id: str) -> RunSnapshot | None:
@@ -787,8 +565,7 @@ class MemoryManager(Closing):
         if self.closed:
             return
         try:
-            for sink in self._sinks.values():
-                sink.flush()
+            self._flush_sinks()
         finally:
             for patterns in self._patterns.values():
                 patterns.close()
