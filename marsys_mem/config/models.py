@@ -37,7 +37,7 @@ import math
 import re
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -368,6 +368,10 @@ def _merge_errors(name: str, raw: object, defaults: object) -> list[InitErrorDet
 class MemoryConfig(BaseModel):
     """A whole config file: store, defaults and per-agent policies.
 
+    :func:`load_config` records the file a config came from (:attr:`source`, and
+    :attr:`base_dir` for relative store paths) by validating with the context
+    ``{"source": path}``; a config validated without it has no source.
+
     Example:
         >>> cfg = MemoryConfig.model_validate({
         ...     "version": 1,
@@ -387,6 +391,14 @@ class MemoryConfig(BaseModel):
     defaults: RetentionPolicy = Field(default_factory=RetentionPolicy)
     agents: dict[str, AgentConfig] = Field(default_factory=dict)
     _source: Path | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _remember_source(self, info: ValidationInfo) -> Self:
+        """The validation context's ``"source"`` (the file read) becomes :attr:`source`."""
+        source = info.context.get("source") if isinstance(info.context, dict) else None
+        if source is not None:
+            self._source = Path(source)
+        return self
 
     @field_validator("agents", mode="wrap")
     @classmethod
@@ -514,8 +526,6 @@ def load_config(path: str | Path, *, limits: FileLimits = DEFAULT_LIMITS) -> Mem
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
     try:
-        config = MemoryConfig.model_validate(data)
+        return MemoryConfig.model_validate(data, context={"source": path.resolve()})
     except ValidationError as exc:
         raise ConfigError(f"{path}: {format_validation_error(exc)}") from None
-    config._source = path.resolve()
-    return config

@@ -300,7 +300,9 @@ def _packaged_model_path() -> Path | None:
 def _hf_cached(name: str) -> bool:
     """Whether a Hugging Face model is in the local cache (never touches the network)."""
     try:
-        from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub import (  # noqa: PLC0415 (optional dependency: embeddings)
+            try_to_load_from_cache,
+        )
     except ImportError:
         return False
     try:
@@ -464,8 +466,10 @@ class SentenceTransformerEmbedder:
             if self._model is not None:
                 return
             try:
-                import torch
-                from sentence_transformers import SentenceTransformer
+                import torch  # noqa: PLC0415 (optional dependency: embeddings)
+                from sentence_transformers import (  # noqa: PLC0415 (optional dependency: embeddings)
+                    SentenceTransformer,
+                )
             except ImportError as exc:
                 raise MissingDependencyError(
                     f"SentenceTransformerEmbedder needs sentence-transformers and torch "

@@ -64,30 +64,9 @@ _live_lock = threading.Lock()
 _hook_registered = False
 
 
-def _register(queue: EmbeddingQueue) -> None:
-    global _hook_registered
-    with _live_lock:
-        _live.add(queue)
-        if not _hook_registered:
-            atexit.register(_stop_open_queues)
-            _hook_registered = True
-
-
 def _unregister(queue: EmbeddingQueue) -> None:
     with _live_lock:
         _live.discard(queue)
-
-
-def _stop_open_queues() -> None:
-    """The exit hook: cancel every open queue of this process, wait, run ``at_exit``."""
-    pid = os.getpid()
-    with _live_lock:
-        queues = [q for q in _live if q._pid == pid]  # a forked child has no workers
-    deadline = time.monotonic() + EXIT_TIMEOUT
-    for q in queues:
-        q._begin_exit()
-    for q in queues:
-        q._finish_exit(deadline)
 
 
 class EmbeddingQueue:
@@ -171,7 +150,7 @@ class EmbeddingQueue:
             target=self._run, name="marsys-mem-embedding-queue", daemon=True
         )
         self._thread.start()
-        _register(self)
+        self._register()
 
     @property
     def pending(self) -> int:
@@ -364,6 +343,28 @@ class EmbeddingQueue:
         with self._has_items:
             self._closed = True
         _unregister(self)
+
+    def _register(self) -> None:
+        """Join the registry of open queues; the first queue registers the exit hook."""
+        global _hook_registered
+        with _live_lock:
+            _live.add(self)
+            if not _hook_registered:
+                atexit.register(self._stop_open_queues)
+                _hook_registered = True
+
+    @classmethod
+    def _stop_open_queues(cls) -> None:
+        """The exit hook: cancel every open queue of this process, wait, run ``at_exit``."""
+        pid = os.getpid()
+        with _live_lock:
+            # a forked child has no workers
+            queues = [q for q in _live if q._pid == pid]  # noqa: SLF001 (same class)
+        deadline = time.monotonic() + EXIT_TIMEOUT
+        for q in queues:
+            q._begin_exit()  # noqa: SLF001 (same class)
+        for q in queues:
+            q._finish_exit(deadline)  # noqa: SLF001 (same class)
 
     def _begin_exit(self) -> None:
         """Exit hook, step 1 (all queues first): cancel, so every worker winds down at once."""
