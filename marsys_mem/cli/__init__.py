@@ -1,6 +1,9 @@
 """The ``marsys-mem`` command line: demo, run, validate, schema, inspect, search.
 
-The top layer: nothing in the library imports it.
+The top layer: nothing in the library imports it. Modules: ``main`` (the parser, the
+commands, error reporting; ``marsys_mem.cli.main:main`` is the console script),
+``output`` (plain or rich output, progress), ``demo`` (``marsys-mem demo``) and
+``inspect`` (what a store holds, searching it).
 """
 
 from marsys_mem.cli.main import main

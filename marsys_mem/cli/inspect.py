@@ -25,6 +25,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from marsys_mem.exceptions import StoreError, StoreNotFoundError
 from marsys_mem.model.facts import SharedFact
+from marsys_mem.model.messages import Message
+from marsys_mem.patterns.agent import index_file
+from marsys_mem.patterns.rag import RAGMemory
+from marsys_mem.retrieval.bm25 import BM25Index
+from marsys_mem.retrieval.embeddings import Embedder, default_embedder
 from marsys_mem.store.base import Key
 from marsys_mem.store.keys import KeyInfo, parse_key
 from marsys_mem.store.sqlite import SQLiteStore
@@ -304,8 +309,6 @@ def inspect_store(path: str | Path) -> StoreSummary:
 
 def _index_file(db: Path, key: Key) -> Path:
     """Where ``AgentPatterns`` saves the RAG index of a SQLite-backed agent."""
-    from marsys_mem.patterns.agent import index_file
-
     conversation = parse_key(key).conversation
     assert conversation is not None
     return index_file(db.parent / "indexes", conversation, "rag")
@@ -352,8 +355,6 @@ def search_store(
         rag_keys = [key for key in keys if _internal_kind(key) == "rag"]
         how = "bm25"
         if mode != "bm25" and rag_keys:
-            from marsys_mem.retrieval.embeddings import default_embedder
-
             embedder = default_embedder()
             if embedder is not None:
                 if status is not None:
@@ -367,10 +368,8 @@ def search_store(
 
 
 def _search_bm25(store: SQLiteStore, keys: list[Key], query: str, k: int) -> list[SearchHit]:
-    from marsys_mem.retrieval.bm25 import BM25Index
-
     index = BM25Index()
-    found: dict[str, tuple[Key, object]] = {}
+    found: dict[str, tuple[Key, Message]] = {}
     for key in keys:
         for m in store.load_messages(key):
             text = m.text
@@ -387,11 +386,8 @@ def _search_bm25(store: SQLiteStore, keys: list[Key], query: str, k: int) -> lis
 
 
 def _hit(
-    rank: int, score: float, key: Key, msg: object, source: Literal["bm25", "rag"]
+    rank: int, score: float, key: Key, msg: Message, source: Literal["bm25", "rag"]
 ) -> SearchHit:
-    from marsys_mem.model.messages import Message
-
-    assert isinstance(msg, Message)
     return SearchHit(
         rank=rank,
         score=round(float(score), 4),
@@ -406,19 +402,17 @@ def _hit(
 
 
 def _search_rag(
-    store: SQLiteStore, keys: list[Key], query: str, k: int, embedder: object
+    store: SQLiteStore, keys: list[Key], query: str, k: int, embedder: Embedder
 ) -> list[SearchHit]:
-    from marsys_mem.patterns.rag import RAGMemory
-
     db = Path(store.path)
-    scored: list[tuple[float, Key, object]] = []
+    scored: list[tuple[float, Key, Message]] = []
     for key in keys:
-        index_file = _index_file(db, key)
+        saved = _index_file(db, key)
         rag = RAGMemory(
-            embedder,  # type: ignore[arg-type]
+            embedder,
             store=store,
             key=key,
-            index_path=index_file if index_file.is_file() else None,
+            index_path=saved if saved.is_file() else None,
         )
         try:
             rag.flush()  # messages without a saved vector are embedded first

@@ -14,6 +14,11 @@ Exit codes: 0 ok; 1 a runtime failure, or a question whose ``expect`` was not fo
 2 bad input (a bad file, flag or argument; with ``validate --strict`` also a warning).
 Output is coloured on a terminal and plain otherwise; progress goes to stderr, on a
 terminal only.
+
+This module holds the parser, the commands and the error reporting; the package's other
+modules hold what the commands use: :mod:`~marsys_mem.cli.output` (printing),
+:mod:`~marsys_mem.cli.demo` (the demo) and :mod:`~marsys_mem.cli.inspect` (looking
+inside a store).
 """
 
 from __future__ import annotations
@@ -26,196 +31,24 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any, TextIO
 
-from marsys_mem.context.window import ContextPolicy, ContextWindow
-from marsys_mem.conversation import ConversationMemory
-from marsys_mem.exceptions import ConfigError, MarsysMemError, StoreError
-from marsys_mem.model.messages import Message, ToolCall
+from marsys_mem.cli.demo import DEMO_WORKFLOW, demo_workflow_path, windows_demo
+from marsys_mem.cli.inspect import inspect_store, search_store
+from marsys_mem.cli.output import Output, progress_bar, status_spinner
+from marsys_mem.exceptions import ConfigError, MarsysMemError, StoreError, StoreNotFoundError
+from marsys_mem.workflow import Workflow, check_file, load_workflow, prepare_workflow, run_workflow
+from marsys_mem.workflow.files import config_schema
+from marsys_mem.workflow.models import workflow_schema
 
-__all__ = ["DEMO_WORKFLOW", "build_demo_memory", "demo_workflow_path", "main"]
-
-DEMO_WORKFLOW = "research_team.yaml"
-"""The workflow ``marsys-mem demo`` runs (shipped in ``marsys_mem/data/``; the same file
-as ``examples/workflows/research_team.yaml``)."""
-
-_CITIES = ["Tokyo", "Paris", "Lima", "Oslo", "Cairo", "Perth", "Quito", "Seoul"]
-
-
-# ---------------------------------------------------------------------------- output
-class _Output:
-    """stdout: rich on a terminal (unless NO_COLOR), plain text otherwise."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self.stream = stream
-        self.console: Any = None
-        if _isatty(stream) and "NO_COLOR" not in os.environ:
-            try:
-                from rich.console import Console
-            except ImportError:  # pragma: no cover - rich is a dependency
-                return
-            self.console = Console(file=stream, highlight=False, soft_wrap=True)
-
-    def print(self, text: str = "", style: str | None = None) -> None:
-        if self.console is None:
-            print(text, file=self.stream)
-            return
-        from rich.text import Text
-
-        self.console.print(Text(text, style=style or ""))
-
-    def report(self, text: str) -> None:
-        """A report: ``==`` headers bold, ✓ green, ✗ and FAILED red."""
-        for line in text.splitlines():
-            style = None
-            if line.startswith("=="):
-                style = "bold cyan"
-            elif line.startswith("FAILED") or "✗" in line:
-                style = "bold red"
-            elif line == "ok" or ("✓" in line and "✗" not in line):
-                style = "green"
-            self.print(line, style)
-
-    def table(self, headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-        cells = [[str(c) for c in row] for row in rows]
-        widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
-        head = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
-        self.print(head.rstrip(), "bold")
-        for row in cells:
-            self.print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-
-
-def _isatty(stream: TextIO) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
-@contextlib.contextmanager
-def _progress(title: str, enabled: bool) -> Iterator[Callable[[int, int, str], None] | None]:
-    """A progress bar on stderr (terminal only); yields the workflow progress callback."""
-    if not enabled or not _isatty(sys.stderr):
-        yield None
-        return
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        SpinnerColumn,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
-    with Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    ) as bar:
-        task = bar.add_task(title, total=None)
-
-        def update(done: int, total: int, label: str) -> None:
-            bar.update(task, completed=done, total=total, description=f"{title}: {label}")
-
-        yield update
-
-
-@contextlib.contextmanager
-def _status(text: str) -> Iterator[Callable[[str], None]]:
-    """A spinner on stderr (terminal only) for slow work without steps."""
-    if not _isatty(sys.stderr):
-        yield lambda _text: None
-        return
-    from rich.console import Console
-
-    with Console(stderr=True).status(text) as status:
-        yield lambda new: status.update(new)
-
-
-# ---------------------------------------------------------------------------- windows demo
-def build_demo_memory(turns: int = 40) -> ConversationMemory:
-    """A travel-planning conversation with ``turns`` user turns, half of them tool calls."""
-    mem = ConversationMemory(agent="planner")
-    mem.add(Message.system("You are a travel planner. Answer briefly and cite tool results."))
-    mem.add(Message.user("Goal: plan a 10-day trip under 4000 EUR.", pinned=True))
-    for i in range(turns):
-        city = _CITIES[i % len(_CITIES)]
-        mem.add(Message.user(f"What is the weather like in {city} in week {i % 52 + 1}?"))
-        if i % 2 == 0:
-            call = ToolCall(id=f"call_{i}", name="weather", arguments={"city": city, "week": i})
-            mem.add(Message.assistant(None, tool_calls=[call]))
-            mem.add(
-                Message.tool(
-                    f"{city}: {15 + i % 12}C, light wind", tool_call_id=call.id, name="weather"
-                )
-            )
-        mem.add(
-            Message.assistant(
-                f"{city} should be mild then, around {15 + i % 12}C; pack a light jacket. "
-                f"Flights from Berlin to {city} cost about {180 + 7 * i} EUR."
-            )
-        )
-    return mem
-
-
-def _print_window(out: _Output, title: str, win: ContextWindow) -> None:
-    out.print(
-        f"\n== {title}: {len(win)} messages, {win.tokens} tokens "
-        f"(history {win.history_messages} messages, {win.history_tokens} tokens; "
-        f"saved {win.tokens_saved} tokens, dropped {win.dropped})",
-        "bold cyan",
-    )
-    for m in win.messages:
-        label = "summary" if m is win.summary else m.role
-        flag = " [pinned]" if m.pinned else ""
-        body = m.text or ", ".join(f"{c.name}({c.arguments})" for c in m.tool_calls)
-        body = " ".join(body.split())
-        out.print(f"  {label:>9}{flag}: {body[:96]}{'...' if len(body) > 96 else ''}")
-
-
-def windows_demo(out: _Output, max_tokens: int, turns: int) -> None:
-    """One conversation, three context strategies, one budget."""
-    out.print(f"marsys-mem demo: a {turns}-turn agent conversation under max_tokens={max_tokens}")
-    mem = build_demo_memory(turns)
-    _print_window(
-        out,
-        "sliding_window (a view: the history stays whole)",
-        mem.context(ContextPolicy(max_tokens=max_tokens)),
-    )
-    _print_window(
-        out,
-        "summarize (older turns folded into one summary message)",
-        mem.context(ContextPolicy(max_tokens=max_tokens, strategy="summarize", keep_recent=6)),
-    )
-    trimmed = mem.fork()
-    win = trimmed.context(ContextPolicy(max_tokens=max_tokens, strategy="trim_oldest"))
-    _print_window(out, "trim_oldest (destructive: the dropped turns are deleted)", win)
-    out.print(
-        f"\nafter trim_oldest the fork holds {len(trimmed)} messages; "
-        f"the original still holds {len(mem)}."
-    )
-    out.print(
-        "Invariants: system + pinned kept, tool calls never split from results, "
-        "every window fits its budget."
-    )
+__all__ = ["main"]
 
 
 # ---------------------------------------------------------------------------- commands
-def demo_workflow_path() -> Any:
-    """The bundled demo workflow (an ``importlib.resources`` traversable)."""
-    return resources.files("marsys_mem").joinpath("data", DEMO_WORKFLOW)
-
-
 def _run_and_print(
-    out: _Output,
+    out: Output,
     workflow: Path,
     *,
     store: str | None,
@@ -223,10 +56,8 @@ def _run_and_print(
     as_json: bool,
     progress: bool,
 ) -> int:
-    from marsys_mem.workflow import load_workflow, run_workflow
-
     wf = load_workflow(workflow)  # validate before anything is written
-    with _progress(f"running {wf.name}", progress and not as_json) as callback:
+    with progress_bar(f"running {wf.name}", progress and not as_json) as callback:
         report = run_workflow(wf, store_dir=store, mqtt=mqtt, progress=callback)
     if as_json:
         print(report.to_json(), file=out.stream)
@@ -235,7 +66,7 @@ def _run_and_print(
     return 0 if report.ok else 1
 
 
-def cmd_demo(out: _Output, args: argparse.Namespace) -> int:
+def cmd_demo(out: Output, args: argparse.Namespace) -> int:
     if args.windows:
         windows_demo(out, args.max_tokens, args.turns)
         return 0
@@ -262,7 +93,7 @@ def cmd_demo(out: _Output, args: argparse.Namespace) -> int:
     return code
 
 
-def cmd_run(out: _Output, args: argparse.Namespace) -> int:
+def cmd_run(out: Output, args: argparse.Namespace) -> int:
     return _run_and_print(
         out,
         Path(args.workflow),
@@ -273,9 +104,7 @@ def cmd_run(out: _Output, args: argparse.Namespace) -> int:
     )
 
 
-def cmd_validate(out: _Output, args: argparse.Namespace) -> int:
-    from marsys_mem.workflow import Workflow, check_file, prepare_workflow
-
+def cmd_validate(out: Output, args: argparse.Namespace) -> int:
     result = check_file(args.file)
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
@@ -301,18 +130,14 @@ def cmd_validate(out: _Output, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_schema(out: _Output, args: argparse.Namespace) -> int:
-    from marsys_mem.workflow.plan import config_schema, workflow_schema
-
+def cmd_schema(out: Output, args: argparse.Namespace) -> int:
     schema = workflow_schema() if args.workflow else config_schema()
     document = {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
     print(json.dumps(document, indent=2), file=out.stream)
     return 0
 
 
-def cmd_inspect(out: _Output, args: argparse.Namespace) -> int:
-    from marsys_mem.cli.inspect import inspect_store
-
+def cmd_inspect(out: Output, args: argparse.Namespace) -> int:
     summary = inspect_store(args.store)
     if args.json:
         print(summary.model_dump_json(indent=2), file=out.stream)
@@ -358,10 +183,8 @@ def cmd_inspect(out: _Output, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_search(out: _Output, args: argparse.Namespace) -> int:
-    from marsys_mem.cli.inspect import search_store
-
-    with _status("searching") as status:
+def cmd_search(out: Output, args: argparse.Namespace) -> int:
+    with status_spinner("searching") as status:
         hits, how = search_store(
             args.store,
             args.query,
@@ -462,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2)
         return exc.code if isinstance(exc.code, int) else 2
-    out = _Output(sys.stdout)
+    out = Output(sys.stdout)
     if args.command is None:
         parser.print_help()
         return 0
@@ -482,8 +305,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _report_error(exc: Exception, *, debug: bool) -> int:
-    from marsys_mem.cli.inspect import StoreNotFoundError
-
     bad_input = isinstance(exc, ConfigError | StoreNotFoundError) or (
         isinstance(exc, MarsysMemError) and isinstance(exc, ValueError)
     )

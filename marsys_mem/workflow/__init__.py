@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from marsys_mem.config.models import MemoryConfig
+from marsys_mem.workflow.files import load_config_file, read_data
 from marsys_mem.workflow.models import (
     STEP_KINDS,
     AgentSpec,
@@ -88,13 +89,12 @@ from marsys_mem.workflow.plan import (
     PlannedStep,
     PreparedWorkflow,
     ProgressCallback,
-    _load_config_file,
-    _parse,
     check_workflow_data,
     config_warnings,
     prepare_workflow,
 )
 from marsys_mem.workflow.report import WorkflowReport
+from marsys_mem.workflow.runner import WorkflowRunner
 
 __all__ = [
     "STEP_KINDS",
@@ -160,7 +160,7 @@ def load_workflow(path: str | Path) -> Workflow:
             lists every error, one per line, each naming the file, the line and the field.
     """
     path = Path(path)
-    data, lines = _parse(path, "workflow file")
+    data, lines = read_data(path, "workflow file")
     return check_workflow_data(data, lines, path)
 
 
@@ -206,13 +206,13 @@ def check_file(path: str | Path) -> FileCheck:
             file, line and field.
     """
     path = Path(path)
-    data, lines = _parse(path, "file")
+    data, lines = read_data(path, "file")
     if path.suffix.lower() != ".toml" and detect_kind(data) == "workflow":
         wf = check_workflow_data(data, lines, path)
         return FileCheck("workflow", wf, list(prepare_workflow(wf).warnings))
-    config, cdata, clines = _load_config_file(path, f"{path}: ")
-    warnings = config_warnings(config, data=cdata, lines=clines, file=str(path))
-    return FileCheck("config", config, warnings)
+    loaded = load_config_file(path, f"{path}: ")
+    warnings = config_warnings(loaded.config, data=loaded.data, lines=loaded.lines, file=str(path))
+    return FileCheck("config", loaded.config, warnings)
 
 
 def parse_mqtt(value: str | MqttSettings) -> MqttSettings:
@@ -250,8 +250,6 @@ async def arun_workflow(
     progress: ProgressCallback | None = None,
 ) -> WorkflowReport:
     """Async twin of :func:`run_workflow`."""
-    from marsys_mem.workflow.runner import WorkflowRunner
-
     prepared = _prepare_any(workflow)
     if store_dir is None:
         for warning in prepared.warnings:

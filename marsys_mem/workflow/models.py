@@ -7,9 +7,11 @@ the two workflow errors.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeAlias
+from typing import Annotated, Any, Literal, Self, TypeAlias, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -29,7 +31,7 @@ from pydantic_core import CoreSchema
 from marsys_mem.config.files import short_repr
 from marsys_mem.config.models import MemoryConfig
 from marsys_mem.config.schema_forms import AlsoAccepts
-from marsys_mem.config.sourcemap import SourceMap, did_you_mean
+from marsys_mem.config.sourcemap import Located, PathPart, SourceMap, did_you_mean, locate
 from marsys_mem.coordination.graph import MergeStrategy
 from marsys_mem.exceptions import WorkflowError, WorkflowRunError
 from marsys_mem.model.facts import FactScope
@@ -38,6 +40,7 @@ from marsys_mem.patterns.shared import ConflictRule
 
 __all__ = [
     "STEP_KINDS",
+    "UNION_TAGS",
     "AgentSpec",
     "AskStep",
     "BranchSpec",
@@ -60,7 +63,12 @@ __all__ = [
     "TransportSpec",
     "Workflow",
     "WorkflowError",
+    "WorkflowOrigin",
     "WorkflowRunError",
+    "normalize_agent",
+    "normalize_step",
+    "validate_step",
+    "workflow_schema",
 ]
 
 STEP_KINDS: tuple[str, ...] = (
@@ -78,11 +86,16 @@ STEP_KINDS: tuple[str, ...] = (
 )
 """Every step kind, as written in workflow files."""
 
-_TAGS = frozenset(
+UNION_TAGS: frozenset[str] = frozenset(
     (*STEP_KINDS, "memory_inline", "memory_file", "transport_inprocess", "transport_mqtt")
 )
+"""The discriminator tags of the format's unions (step kinds, memory and transport forms).
+
+Pydantic puts them in error paths (``steps.3.say.agent``); they are not in the file, so
+:func:`~marsys_mem.config.sourcemap.locate` skips them (``tags=UNION_TAGS``)."""
+
 _NAME = NAME_PATTERN  # the one naming rule (marsys_mem.model.names)
-_MAX_EXPANDED = 200_000
+_T = TypeVar("_T")
 
 
 # ---------------------------------------------------------------------------- models
@@ -104,7 +117,13 @@ class AgentSpec(_Model):
     system: str | None = Field(default=None, description="System prompt added to its memory.")
 
 
-def _agent_item(value: object) -> object:
+def normalize_agent(value: object) -> object:
+    """An agent as files write it: ``- researcher`` is ``- {name: researcher}``.
+
+    Example:
+        >>> normalize_agent("researcher")
+        {'name': 'researcher'}
+    """
     return {"name": value} if isinstance(value, str) else value
 
 
@@ -385,12 +404,23 @@ class RepeatStep(_Model):
     steps: list[Step] = Field(min_length=1)
 
 
-def _normalize_step(value: object) -> object:
-    """``- end_session``, ``- say: {...}`` and ``- {kind: say, ...}`` are the same step."""
+def normalize_step(value: object) -> object:
+    """A step as files write it, in its long form ``{kind: KIND, fields...}``.
+
+    ``- end_session``, ``- say: {...}`` and ``- {kind: say, ...}`` are the same step.
+
+    Raises:
+        ValueError: not a step: an unknown kind (with the closest known one) or a mapping
+            of more than one kind.
+
+    Example:
+        >>> normalize_step({"say": {"agent": "a", "text": "hi"}})
+        {'kind': 'say', 'agent': 'a', 'text': 'hi'}
+    """
     if isinstance(value, str):
         if value in STEP_KINDS:
             return {"kind": value}
-        raise ValueError(f"unknown step {short_repr(value)}{_suggest(value[:100], STEP_KINDS)}")
+        raise ValueError(f"unknown step {short_repr(value)}{_closest_kind(value)}")
     if isinstance(value, dict) and "kind" not in value:
         if len(value) == 1:
             (key,) = value
@@ -398,21 +428,25 @@ def _normalize_step(value: object) -> object:
             if key in STEP_KINDS and (body is None or isinstance(body, dict)):
                 return {"kind": key, **(body or {})}
             if key not in STEP_KINDS:
-                raise ValueError(
-                    f"unknown step kind {short_repr(key)}{_suggest(str(key)[:100], STEP_KINDS)}; "
-                    f"expected one of {', '.join(STEP_KINDS)}"
-                )
+                raise ValueError(_unknown_kind(key))
         raise ValueError(
             "a step is '- KIND: {fields}' or '- {kind: KIND, fields}' "
             f"with KIND one of {', '.join(STEP_KINDS)}"
         )
     if isinstance(value, dict) and value.get("kind") not in STEP_KINDS:
-        kind = value.get("kind")
-        raise ValueError(
-            f"unknown step kind {short_repr(kind)}{_suggest(str(kind)[:100], STEP_KINDS)}; "
-            f"expected one of {', '.join(STEP_KINDS)}"
-        )
+        raise ValueError(_unknown_kind(value.get("kind")))
     return value
+
+
+def _closest_kind(kind: object) -> str:
+    return did_you_mean(str(kind)[:100], STEP_KINDS)
+
+
+def _unknown_kind(kind: object) -> str:
+    return (
+        f"unknown step kind {short_repr(kind)}{_closest_kind(kind)}; "
+        f"expected one of {', '.join(STEP_KINDS)}"
+    )
 
 
 class _StepForms:
@@ -484,7 +518,7 @@ Step: TypeAlias = Annotated[
         | RepeatStep,
         Field(discriminator="kind"),
     ],
-    BeforeValidator(_normalize_step),
+    BeforeValidator(normalize_step),
     _StepForms(),
 ]
 """One step of a workflow (a discriminated union on ``kind``)."""
@@ -492,6 +526,41 @@ Step: TypeAlias = Annotated[
 RunStep.model_rebuild()
 RepeatStep.model_rebuild()
 _STEP_ADAPTER: TypeAdapter[Any] = TypeAdapter(Step)
+
+
+def validate_step(data: object) -> Any:
+    """One step, validated as files write it (short or long form); the step model.
+
+    Raises:
+        pydantic.ValidationError: not a valid step.
+
+    Example:
+        >>> validate_step({"fork": {"parent": "main", "child": "r1"}}).child
+        'r1'
+    """
+    return _STEP_ADAPTER.validate_python(data)
+
+
+@dataclass(frozen=True)
+class WorkflowOrigin:
+    """The file a workflow was read from, so that its errors point into it.
+
+    Attributes:
+        path: the file, resolved (relative paths in the workflow resolve against its
+            folder).
+        name: the file as it was given (how error messages name it).
+        data: the data parsed from the file, before validation (error paths index it).
+        lines: the line of every item of ``data`` (``None``: not known, as for TOML).
+
+    Example:
+        >>> WorkflowOrigin(Path("/work/wf.yaml"), "wf.yaml", {"agents": ["a"]}).name
+        'wf.yaml'
+    """
+
+    path: Path
+    name: str
+    data: Any
+    lines: SourceMap | None = None
 
 
 class Workflow(_Model):
@@ -518,28 +587,96 @@ class Workflow(_Model):
     agents: list[
         Annotated[
             AgentSpec,
-            BeforeValidator(_agent_item),
+            BeforeValidator(normalize_agent),
             AlsoAccepts({"type": "string", "pattern": _NAME}),
         ]
     ] = Field(min_length=1)
     branches: list[BranchSpec] = Field(default_factory=list)
     steps: list[Step] = Field(default_factory=list)
-    _source: Path | None = PrivateAttr(default=None)
-    _raw: Any = PrivateAttr(default=None)
-    _lines: SourceMap | None = PrivateAttr(default=None)
-    _display: str | None = PrivateAttr(default=None)
-    _prepared: Any = PrivateAttr(default=None)
+    _origin: WorkflowOrigin | None = PrivateAttr(default=None)
+    _memo: dict[Callable[[Workflow], Any], Any] = PrivateAttr(default_factory=dict)
+
+    @property
+    def origin(self) -> WorkflowOrigin | None:
+        """The file this workflow was read from (``None`` for one built in Python)."""
+        return self._origin
 
     @property
     def source(self) -> Path | None:
         """The file this workflow was loaded from, if any."""
-        return self._source
+        return self._origin.path if self._origin is not None else None
 
     @property
     def base_dir(self) -> Path:
         """The workflow file's folder (relative paths resolve against it), else the cwd."""
-        return self._source.parent if self._source is not None else Path.cwd()
+        return self._origin.path.parent if self._origin is not None else Path.cwd()
+
+    def with_origin(self, origin: WorkflowOrigin) -> Workflow:
+        """This workflow as read from ``origin``: its errors point into that file.
+
+        A shallow copy, like :meth:`model_copy`.
+
+        Example:
+            >>> wf = Workflow(agents=[AgentSpec(name="a")])
+            >>> origin = WorkflowOrigin(Path("/tmp/wf.yaml"), "wf.yaml", {"agents": ["a"]})
+            >>> wf.with_origin(origin).locate(("agents", 0)).file
+            'wf.yaml'
+        """
+        copy: Workflow = self.model_copy()
+        copy._origin = origin
+        return copy
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy (see pydantic); what :meth:`memo` computed for this workflow is not kept."""
+        copy: Self = super().model_copy(update=update, deep=deep)
+        copy._memo = {}
+        return copy
+
+    def file_data(self) -> Any:
+        """The data error paths index: the parsed file, else this workflow as JSON data."""
+        if self._origin is not None:
+            return self._origin.data
+        return self.memo(_json_data)
+
+    def locate(self, path: Sequence[PathPart]) -> Located:
+        """Where ``path`` (a field path such as ``("steps", 3, "agent")``) is in the file.
+
+        Example:
+            >>> wf = Workflow(agents=[AgentSpec(name="a")], steps=[EndSessionStep()])
+            >>> str(wf.locate(("steps", 0, "kind")))
+            'steps[0].kind'
+        """
+        origin = self._origin
+        lines = origin.lines if origin is not None else None
+        file = origin.name if origin is not None else None
+        return locate(self.file_data(), path, lines, file=file, tags=UNION_TAGS)
+
+    def memo(self, compute: Callable[[Workflow], _T]) -> _T:
+        """``compute(self)``, computed once per workflow (a workflow never changes).
+
+        The planner keeps its plan here (:func:`~marsys_mem.workflow.prepare_workflow`).
+        An exception is not kept: the next call computes again.
+
+        Example:
+            >>> calls = []
+            >>> def agents(w: Workflow) -> int:
+            ...     calls.append(w.name)
+            ...     return len(w.agents)
+            >>> wf = Workflow(agents=[AgentSpec(name="a")])
+            >>> wf.memo(agents), wf.memo(agents), calls
+            (1, 1, ['workflow'])
+        """
+        if compute not in self._memo:
+            self._memo[compute] = compute(self)
+        value: _T = self._memo[compute]
+        return value
 
 
-def _suggest(name: str, known: Sequence[str]) -> str:
-    return did_you_mean(name, known)
+def _json_data(workflow: Workflow) -> Any:
+    return workflow.model_dump(mode="json")
+
+
+@functools.cache
+def workflow_schema() -> dict[str, Any]:
+    """The workflow format's JSON Schema (``marsys-mem schema --workflow``)."""
+    return Workflow.model_json_schema()

@@ -21,7 +21,6 @@ prints them and exits 0, or 2 with ``--strict``.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,23 +28,31 @@ from typing import Any, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
-from marsys_mem.config.files import read_text, short_repr
-from marsys_mem.config.models import MemoryConfig, StoreConfig
+from marsys_mem.config.files import short_repr
+from marsys_mem.config.models import MemoryConfig
 from marsys_mem.config.sourcemap import (
     LocatedError,
     PathPart,
     SourceMap,
+    did_you_mean,
     format_path,
-    load_with_lines,
     locate,
     located_errors,
 )
 from marsys_mem.coordination.graph import BranchGraph
 from marsys_mem.coordination.transport import BranchError
-from marsys_mem.exceptions import ConfigError
+from marsys_mem.workflow.files import (
+    MAX_ERRORS,
+    MoreErrors,
+    Problem,
+    is_file,
+    load_config_file,
+    more_errors,
+    raise_errors,
+    shown_path,
+)
 from marsys_mem.workflow.models import (
-    _STEP_ADAPTER,
-    _TAGS,
+    UNION_TAGS,
     AgentSpec,
     BranchSpec,
     MemoryFile,
@@ -53,9 +60,11 @@ from marsys_mem.workflow.models import (
     RepeatStep,
     Workflow,
     WorkflowError,
-    _agent_item,
-    _normalize_step,
-    _suggest,
+    WorkflowOrigin,
+    normalize_agent,
+    normalize_step,
+    validate_step,
+    workflow_schema,
 )
 
 __all__ = [
@@ -68,138 +77,12 @@ __all__ = [
 ]
 
 _MAX_EXPANDED = 200_000
-_MAX_ERRORS = 50
-
 ProgressCallback = Callable[[int, int, str], None]
 """``progress(done, total, label)``: ``done`` steps of ``total`` are finished; ``label``
 says what runs now (called when a step starts, when it waits for embeddings, and when
 it ends)."""
 
 _T = TypeVar("_T")
-
-
-@functools.cache
-def workflow_schema() -> dict[str, Any]:
-    """The workflow format's JSON Schema (``marsys-mem schema --workflow``)."""
-    return Workflow.model_json_schema()
-
-
-@functools.cache
-def config_schema() -> dict[str, Any]:
-    """The retention-policy format's JSON Schema (``marsys-mem schema``)."""
-    return MemoryConfig.model_json_schema()
-
-
-def _shown_path(path: Path) -> str:
-    """The path as text, its middle cut out when it is very long."""
-    text = str(path)
-    return text if len(text) <= 200 else f"{text[:120]}...{text[-60:]}"
-
-
-def _is_file(path: Path) -> bool:
-    """``path.is_file()``, false where the name cannot even be looked up (too long, ...)."""
-    try:
-        return path.is_file()
-    except (OSError, ValueError):
-        return False
-
-
-def _read_text(path: Path, what: str) -> str:
-    try:
-        path.stat()
-    except FileNotFoundError:
-        pass  # read_text says so
-    except (OSError, ValueError) as exc:
-        reason = getattr(exc, "strerror", None) or str(exc)
-        raise WorkflowError(f"{_shown_path(path)}: cannot read the {what}: {reason}") from None
-    try:
-        return read_text(path, what=what)
-    except ConfigError as exc:
-        raise WorkflowError(str(exc)) from None
-
-
-def _parse(path: Path, what: str) -> tuple[Any, SourceMap]:
-    text = _read_text(path, what)
-    try:
-        return load_with_lines(text, name=str(path))
-    except ConfigError as exc:
-        raise WorkflowError(str(exc)) from None
-
-
-@dataclass(frozen=True)
-class _More:
-    """Errors left out of a report: ``count`` of them, or ``None``: checking stopped."""
-
-    count: int | None
-
-
-_Problem = LocatedError | str | _More
-"""A located error, a line from another report (a referenced config file), or a note."""
-
-
-def _raise_all(errors: Sequence[_Problem], first_file: str | None = None) -> None:
-    """One :class:`WorkflowError` with every error on its own line, in file order.
-
-    At most 50 are listed, then how many more there are.
-    """
-    notes = [e for e in errors if isinstance(e, _More)]
-    real = [e for e in errors if not isinstance(e, _More)]
-    if not real:
-        return
-
-    def order(e: LocatedError | str) -> tuple[int, int]:
-        if isinstance(e, str):
-            return (2, 0)
-        return (0 if e.where.file == first_file else 1, e.where.line or 0)
-
-    ordered = sorted(real, key=order)
-    lines = [str(e) for e in ordered[:_MAX_ERRORS]]
-    more = len(ordered) - len(lines) + sum(n.count or 0 for n in notes)
-    stopped = any(n.count is None for n in notes)
-    if stopped:
-        lines.append(f"... and more: checking stopped after {len(ordered) + more} errors")
-    elif more:
-        lines.append(f"... and {more} more error{'s' if more > 1 else ''}")
-    raise WorkflowError("\n".join(lines))
-
-
-def _hidden(exc: ValidationError) -> list[_More]:
-    """A note for the errors past the ones looked at."""
-    hidden = exc.error_count() - (_MAX_ERRORS + 1)
-    return [_More(hidden)] if hidden > 0 else []
-
-
-def _load_memory_config(path: Path, where: str) -> MemoryConfig:
-    """A retention-policy file, validated with file/line/field errors (all of them)."""
-    config, _, _ = _load_config_file(path, where)
-    return config
-
-
-def _load_config_file(path: Path, where: str) -> tuple[MemoryConfig, Any, SourceMap | None]:
-    if not _is_file(path):
-        raise WorkflowError(f"{where}config file not found: {_shown_path(path)}")
-    data, lines = _parse(path, "config file")
-    config = _validate_config_data(data, lines, path)
-    config._source = path.resolve()
-    return config, data, lines
-
-
-def _validate_config_data(data: Any, lines: SourceMap | None, path: Path | None) -> MemoryConfig:
-    file = str(path) if path is not None else None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise WorkflowError(f"{file}: a config file is a mapping, got {type(data).__name__}")
-    try:
-        return MemoryConfig.model_validate(data)
-    except ValidationError as exc:
-        errors: list[_Problem] = []
-        errors += located_errors(
-            exc, data, lines, file=file, schema=config_schema(), limit=_MAX_ERRORS + 1
-        )
-        errors += _hidden(exc)
-        _raise_all(errors, file)
-        raise  # pragma: no cover - _raise_all raised
 
 
 def config_warnings(
@@ -341,9 +224,10 @@ class _Checker:
         bad_branches: Collection[str] = (),
     ) -> None:
         self.wf = wf
-        self.data = wf._raw if wf._raw is not None else wf.model_dump(mode="json")
-        self.lines = wf._lines
-        self.file = wf._display
+        origin = wf.origin
+        self.data = wf.file_data()
+        self.lines = origin.lines if origin is not None else None
+        self.file = origin.name if origin is not None else None
         self.agents = [a.name for a in wf.agents if isinstance(a, AgentSpec)]
         self.graph = BranchGraph()
         self.runs: list[tuple[str, str]] = []
@@ -358,8 +242,7 @@ class _Checker:
     # ------------------------------------------------------------------ errors
     def error(self, path: Sequence[PathPart], message: str) -> LocatedError:
         """The error at ``path``, located in the file."""
-        where = locate(self.data, path, self.lines, file=self.file, tags=_TAGS)
-        return LocatedError(where, message)
+        return LocatedError(self.wf.locate(path), message)
 
     def fail(self, path: Sequence[PathPart], message: str) -> _Failed:
         """The error at ``path`` (``None`` inside when already reported there)."""
@@ -374,7 +257,7 @@ class _Checker:
     def record(self, failed: _Failed) -> None:
         if failed.error is not None:
             self.errors.append(failed.error)
-            if len(self.errors) > _MAX_ERRORS:
+            if len(self.errors) > MAX_ERRORS:
                 raise _TooMany
 
     def attempt(self, check: Callable[[], _T]) -> _T | None:
@@ -393,7 +276,7 @@ class _Checker:
             self.bad_agents.add(name)  # said once, not once per step or repeat iteration
             raise self.fail(
                 path,
-                f"unknown agent {short_repr(name)}{_suggest(name[:100], self.agents)}; "
+                f"unknown agent {short_repr(name)}{did_you_mean(name[:100], self.agents)}; "
                 f"the workflow's agents are: {_listing(self.agents)}",
             )
         return name
@@ -415,7 +298,7 @@ class _Checker:
             known = self.graph.branches
             raise self.fail(
                 path,
-                f"unknown branch {short_repr(name)}{_suggest(name[:100], known)}; "
+                f"unknown branch {short_repr(name)}{did_you_mean(name[:100], known)}; "
                 f"branches at this step: {_listing(known)}",
             )
         return name
@@ -494,7 +377,11 @@ class _Checker:
                 if b.parent not in self.graph:
                     if b.parent not in self.bad_branches:
                         later = " (a parent must be listed before its children)"
-                        hint = later if b.parent in declared else _suggest(b.parent, list(declared))
+                        hint = (
+                            later
+                            if b.parent in declared
+                            else did_you_mean(b.parent, list(declared))
+                        )
                         self.record(
                             self.fail(
                                 (*path, "parent"), f"unknown parent branch {b.parent!r}{hint}"
@@ -556,7 +443,7 @@ class _Checker:
                         data, keys = template
                         data = {**data, **{k: _sub(data[k], values) for k in keys}}
                         try:
-                            s = _STEP_ADAPTER.validate_python(data)
+                            s = validate_step(data)
                         except ValidationError as exc:
                             self.record(self.fail(here, _substitution_error(exc)))
                             s = _Invalid(creates=_created_branches(data))
@@ -695,12 +582,12 @@ def _substitute(step: Any, values: dict[str, str]) -> Any:
     template = _template(step)
     if template is None:
         return step
-    return _STEP_ADAPTER.validate_python(_sub(template[0], values))
+    return validate_step(_sub(template[0], values))
 
 
 def _substitution_error(exc: ValidationError) -> str:
     err = exc.errors(include_url=False)[0]
-    loc = format_path(p for p in err["loc"] if p not in _TAGS)
+    loc = format_path(p for p in err["loc"] if p not in UNION_TAGS)
     msg = err["msg"].removeprefix("Value error, ")
     return f"invalid after substituting the repeat's values: {loc + ': ' if loc else ''}{msg}"
 
@@ -770,10 +657,10 @@ def _salvage(data: dict[Any, Any]) -> tuple[Workflow, bool, set[str], set[str]] 
     bad_agents: set[str] = set()
     for item in raw_agents:
         try:
-            agents.append(_AGENT_ADAPTER.validate_python(_agent_item(item)))
+            agents.append(_AGENT_ADAPTER.validate_python(normalize_agent(item)))
         except ValidationError:
             agents.append(_Invalid())
-            name = _agent_item(item)
+            name = normalize_agent(item)
             if isinstance(name, dict) and isinstance(name.get("name"), str):
                 bad_agents.add(name["name"])
     if not any(isinstance(a, AgentSpec) for a in agents):
@@ -806,12 +693,12 @@ def _salvage_steps(raw: list[Any], depth: int) -> list[Any]:
     out: list[Any] = []
     for item in raw:
         try:
-            out.append(_STEP_ADAPTER.validate_python(item))
+            out.append(validate_step(item))
             continue
         except ValidationError:
             pass
         try:
-            norm = _normalize_step(item)
+            norm = normalize_step(item)
         except ValueError:
             norm = None
         block: Any = _Invalid(creates=_created_branches(item))
@@ -820,7 +707,7 @@ def _salvage_steps(raw: list[Any], depth: int) -> list[Any]:
             inner = _salvage_steps(inner_raw, depth + 1) if isinstance(inner_raw, list) else []
             shell = {**norm, "steps": [] if norm["kind"] == "run" else ["end_session"]}
             try:
-                valid = _STEP_ADAPTER.validate_python(shell)
+                valid = validate_step(shell)
                 if inner or norm["kind"] == "run":  # a repeat needs a step to repeat
                     block = valid.model_copy(update={"steps": inner})
             except ValidationError:
@@ -846,34 +733,34 @@ def check_workflow_data(data: Any, lines: SourceMap | None, path: Path) -> Workf
     if "name" not in data:
         data = {**data, "name": path.stem}
     file = str(path)
+    origin = WorkflowOrigin(path.resolve(), file, data, lines)
     try:
         wf = Workflow.model_validate(data)
     except ValidationError as exc:
-        errors: list[_Problem] = []
+        errors: list[Problem] = []
         errors += located_errors(
-            exc, data, lines, file=file, tags=_TAGS, schema=workflow_schema(), limit=_MAX_ERRORS + 1
+            exc,
+            data,
+            lines,
+            file=file,
+            tags=UNION_TAGS,
+            schema=workflow_schema(),
+            limit=MAX_ERRORS + 1,
         )
-        errors += _hidden(exc)
+        errors += more_errors(exc)
         salvaged = _salvage(data)
         if salvaged is not None:
             partial, memory_ok, bad_agents, bad_branches = salvaged
-            _attach(partial, data, lines, path)
+            partial = partial.with_origin(origin)
             _, more = _check(
                 partial, memory_ok=memory_ok, bad_agents=bad_agents, bad_branches=bad_branches
             )
             errors += more
-        _raise_all(errors, file)
-        raise  # pragma: no cover - _raise_all raised
-    _attach(wf, data, lines, path)
+        raise_errors(errors, file)
+        raise  # pragma: no cover - raise_errors raised
+    wf = wf.with_origin(origin)
     prepare_workflow(wf)  # semantic checks now: a loaded workflow can run
     return wf
-
-
-def _attach(wf: Workflow, data: Any, lines: SourceMap | None, path: Path) -> None:
-    wf._source = path.resolve()
-    wf._display = str(path)
-    wf._raw = data
-    wf._lines = lines
 
 
 def _check(
@@ -882,10 +769,10 @@ def _check(
     memory_ok: bool = True,
     bad_agents: Collection[str] = (),
     bad_branches: Collection[str] = (),
-) -> tuple[PreparedWorkflow | None, list[_Problem]]:
+) -> tuple[PreparedWorkflow | None, list[Problem]]:
     """Check everything; the plan when there is no error, and the errors."""
     checker = _Checker(workflow, bad_agents=bad_agents, bad_branches=bad_branches)
-    errors: list[_Problem] = []
+    errors: list[Problem] = []
     warnings: list[str] = []
     config: MemoryConfig | None = None
     explicit_store = False
@@ -902,17 +789,18 @@ def _check(
         ref = memory.config
         path = ref if ref.is_absolute() else workflow.base_dir / ref
         try:
-            if not _is_file(path):
+            if not is_file(path):
                 raise checker.fail(
-                    ("memory", "config"), f"config file not found: {_shown_path(path)}"
+                    ("memory", "config"), f"config file not found: {shown_path(path)}"
                 )
-            config, cdata, clines = _load_config_file(path, "")
+            loaded = load_config_file(path, "")
         except _Failed as failed:
             if failed.error is not None:
                 errors.append(failed.error)
         except WorkflowError as exc:
             errors.extend(str(exc).splitlines())
         else:
+            config, cdata, clines = loaded.config, loaded.data, loaded.lines
             explicit_store = isinstance(cdata, dict) and "store" in cdata
             source = (cdata, clines, str(path), ())
             warnings += _policy_warnings(checker, config, cdata, clines, str(path))
@@ -925,7 +813,7 @@ def _check(
                     checker.error(
                         ("memory", "agents", name),
                         f"no agent {short_repr(name)} in this workflow"
-                        f"{_suggest(name[:100], checker.agents)}; "
+                        f"{did_you_mean(name[:100], checker.agents)}; "
                         f"its policy would apply to no one (agents: {_listing(checker.agents)})",
                     )
                 )
@@ -948,7 +836,7 @@ def _check(
         else:
             plan = checker.plan(workflow.steps, ("steps",), False)
     except _TooMany:
-        errors.append(_More(None))
+        errors.append(MoreErrors(None))
     errors = [*checker.errors, *errors]
     if errors or config is None:
         return None, errors
@@ -969,7 +857,7 @@ def _policy_warnings(
     out = []
     unlisted = [a for a in checker.agents if a not in config.agents]
     for name in config.agents:
-        hint = _suggest(name[:100], unlisted) if name not in checker.agents else ""
+        hint = did_you_mean(name[:100], unlisted) if name not in checker.agents else ""
         if hint:
             where = locate(data, ("agents", name), lines, file=file)
             out.append(
@@ -982,36 +870,20 @@ def _policy_warnings(
 def prepare_workflow(workflow: Workflow) -> PreparedWorkflow:
     """Check ``workflow`` fully and plan it (memory config resolved, repeats expanded).
 
-    Cached on the workflow. Nothing is written.
+    Computed once per workflow (:meth:`Workflow.memo
+    <marsys_mem.workflow.models.Workflow.memo>`). Nothing is written.
 
     Raises:
         WorkflowError: every problem found, one per line: unknown agents or branches,
             forks of unknown parents, duplicate branches, merge cycles, a missing or
             invalid config file, ``memory.agents`` entries for no agent of the workflow.
     """
-    cached = workflow._prepared
-    if isinstance(cached, PreparedWorkflow):
-        return cached
+    return workflow.memo(_prepare)
+
+
+def _prepare(workflow: Workflow) -> PreparedWorkflow:
     prepared, errors = _check(workflow)
-    _raise_all(errors, workflow._display)
+    origin = workflow.origin
+    raise_errors(errors, origin.name if origin is not None else None)
     assert prepared is not None
-    workflow._prepared = prepared
     return prepared
-
-
-def _store_config(prepared: PreparedWorkflow, store_dir: str | Path | None) -> MemoryConfig:
-    """The config with the store the run uses (see :func:`run_workflow`)."""
-    config = prepared.config
-    if store_dir is not None:
-        path = (Path(store_dir) / "memory.db").resolve()
-    elif prepared.config_explicit_store:
-        if config.store.backend != "sqlite":
-            return config
-        path = config.store.resolved_path(config.base_dir or prepared.workflow.base_dir)
-        path = path.resolve()
-    else:
-        path = (prepared.workflow.base_dir / ".marsys_mem" / "memory.db").resolve()
-    store = StoreConfig(backend="sqlite", path=path, namespace=config.store.namespace)
-    updated = config.model_copy(update={"store": store})
-    updated._source = config.source
-    return updated

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from marsys_mem.display import report_html
+
 if TYPE_CHECKING:
     from marsys_mem.context.window import ContextPolicy, ContextWindow
     from marsys_mem.model.facts import SharedFact
@@ -350,8 +352,6 @@ class WorkflowReport(_Model):
     ok: bool = Field(default=True, description="Every ask found what it expected.")
 
     def _repr_html_(self) -> str:
-        from marsys_mem.display import report_html
-
         return report_html(self)
 
     def memory(self, agent: str, branch: str = "main") -> MemoryReport:

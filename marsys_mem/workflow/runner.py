@@ -21,7 +21,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from marsys_mem.config.sourcemap import format_path, locate
+from marsys_mem.config.models import MemoryConfig, StoreConfig
+from marsys_mem.config.sourcemap import format_path
 from marsys_mem.conversation import ConversationMemory
 from marsys_mem.coordination import (
     BranchGraph,
@@ -42,8 +43,8 @@ from marsys_mem.retrieval.embeddings import Embedder, default_embedder
 from marsys_mem.store.base import Key
 from marsys_mem.store.keys import FACTS_AGENT, facts_key
 from marsys_mem.workflow.evidence import best_evidence, gather_evidence
-from marsys_mem.workflow.models import _TAGS, MqttSettings, MqttTransportSpec, WorkflowRunError
-from marsys_mem.workflow.plan import PlannedStep, PreparedWorkflow, ProgressCallback, _store_config
+from marsys_mem.workflow.models import MqttSettings, MqttTransportSpec, WorkflowRunError
+from marsys_mem.workflow.plan import PlannedStep, PreparedWorkflow, ProgressCallback
 from marsys_mem.workflow.report import (
     AskReport,
     BranchReport,
@@ -75,6 +76,22 @@ def shared_default_embedder() -> Embedder | None:
     if "default" not in _EMBEDDER:
         _EMBEDDER["default"] = default_embedder()
     return _EMBEDDER["default"]
+
+
+def _store_config(prepared: PreparedWorkflow, store_dir: str | Path | None) -> MemoryConfig:
+    """The config with the store the run uses (see :func:`run_workflow`)."""
+    config = prepared.config
+    if store_dir is not None:
+        path = (Path(store_dir) / "memory.db").resolve()
+    elif prepared.config_explicit_store:
+        if config.store.backend != "sqlite":
+            return config
+        path = config.store.resolved_path(config.base_dir or prepared.workflow.base_dir)
+        path = path.resolve()
+    else:
+        path = (prepared.workflow.base_dir / ".marsys_mem" / "memory.db").resolve()
+    store = StoreConfig(backend="sqlite", path=path, namespace=config.store.namespace)
+    return config.model_copy(update={"store": store})  # keeps the config's source
 
 
 def _items(message: Message) -> int:
@@ -184,9 +201,7 @@ class WorkflowRunner:
             clean_session=True,
             protocol=m.protocol,
             connect_timeout=m.connect_timeout,
-            signing_key=(
-                EnvelopeSigner.from_env(m.signing_key_env) if m.signing_key_env else None
-            ),
+            signing_key=(EnvelopeSigner.from_env(m.signing_key_env) if m.signing_key_env else None),
         )
 
     def _transport_name(self) -> str:
@@ -399,10 +414,7 @@ class WorkflowRunner:
         self._tell(p.label())
 
     def _where(self, p: PlannedStep) -> str:
-        wf = self.workflow
-        data = wf._raw if wf._raw is not None else wf.model_dump(mode="json")
-        file = wf._display
-        where = str(locate(data, p.path, wf._lines, file=file, tags=_TAGS))
+        where = str(self.workflow.locate(p.path))
         return where + (f" (repeat iteration {p.iteration})" if p.iteration else "")
 
     async def _play(self, p: PlannedStep) -> None:
@@ -549,8 +561,7 @@ class WorkflowRunner:
         found = [e for e in s.expect if e.casefold() in haystack]
         missing = [e for e in s.expect if e not in found]
         blocks = {m.metadata.get("block"): m for m in win.messages if m.metadata.get("block")}
-        wf = self.workflow
-        line = locate(wf._raw, p.path, wf._lines, tags=_TAGS).line
+        line = self.workflow.locate(p.path).line
         self._asks.append(
             AskReport(
                 step=format_path(p.path) + (f" #{p.iteration}" if p.iteration else ""),
@@ -686,6 +697,3 @@ class WorkflowRunner:
                 for p, sec in slowest
             ],
         )
-
-
-# ---------------------------------------------------------------------------- helpers

@@ -14,7 +14,8 @@ import jsonschema
 import pytest
 import yaml
 
-from marsys_mem.cli.main import build_demo_memory, main
+from marsys_mem.cli.demo import build_demo_memory
+from marsys_mem.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "workflows"
