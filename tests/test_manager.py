@@ -1,6 +1,7 @@
 import subprocess
 import sys
 import textwrap
+import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -535,3 +536,62 @@ def test_a_ttl_reaching_before_year_1_never_overflows_in_process() -> None:
         mem.add(Message.user("now"))
         assert [m.text for m in mem.read()] == ["ancient", "now"]
         assert manager.apply_retention() == 0
+
+
+@pytest.mark.parametrize("retention", ["session", "persistent"])
+def test_eight_threads_never_push_a_memory_or_its_store_past_the_bound(
+    retention: str, tmp_path: Path
+) -> None:
+    bound = 60
+    config = MemoryConfig.model_validate(
+        {
+            "version": 1,
+            "store": {"backend": "sqlite", "path": str(tmp_path / "m.db")},
+            "agents": {"a": {"retention": retention, "max_stored_messages": bound}},
+        }
+    )
+    seen: list[int] = []
+    errors: list[BaseException] = []
+    with MemoryManager(config, retention_every=7) as manager:
+        mem = manager.memory("a")
+        mem.add(Message.system("rules"))
+        key = manager.key("a")
+        start = threading.Barrier(9)
+        done = threading.Event()
+
+        def write(t: int) -> None:
+            try:
+                start.wait(30)
+                for i in range(150):
+                    if i % 10 == 0:
+                        mem.add_many([Message.user(f"{t}/{i}/{j}") for j in range(3)])
+                    else:
+                        mem.add(Message.user(f"{t}/{i}"))
+            except BaseException as exc:
+                errors.append(exc)
+
+        def sample() -> None:
+            start.wait(30)
+            while not done.is_set():
+                seen.append(len(mem))
+                if retention == "persistent":
+                    seen.append(manager.store.count_messages(key))
+
+        threads = [threading.Thread(target=write, args=(t,)) for t in range(8)]
+        sampler = threading.Thread(target=sample)
+        for th in [*threads, sampler]:
+            th.start()
+        for th in threads:
+            th.join(120)
+        done.set()
+        sampler.join(30)
+        assert errors == []
+        assert seen
+        assert max(seen) <= bound
+        assert len(mem) <= bound
+        assert mem.read()[0].text == "rules"  # protected: evicted last
+        if retention == "persistent":
+            stored = [m.message_id for m in manager.store.load_messages(key)]
+            assert len(stored) == bound
+            in_memory = [m.message_id for m in mem.read()]
+            assert in_memory[1:] == stored[len(stored) - len(in_memory) + 1 :]
