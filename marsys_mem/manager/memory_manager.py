@@ -16,14 +16,16 @@ governed by the agent's :class:`~marsys_mem.config.models.RetentionPolicy`:
 Every kind of memory is bounded in process too: it never holds more than
 ``max_stored_messages`` messages. The bound drops by the one retention rule of
 :mod:`marsys_mem.store.retention` (oldest unprotected first, system / pinned messages
-last), in chunks of at most a tenth of the bound (:func:`~marsys_mem.manager.sinks.
-trim_chunk`), so a full memory holds between ``limit - chunk + 1`` and ``limit``
-messages; a persistent memory holds the newest part of what its store holds. Messages
-older than ``ttl`` leave it every ``retention_every`` appends.
+last), in chunks of at most a tenth of the bound
+(:func:`~marsys_mem.manager.sinks.trim_chunk`), so a full memory holds between
+``limit - chunk + 1`` and ``limit`` messages; a persistent memory holds the newest part
+of what its store holds. Messages older than ``ttl`` leave it every ``retention_every``
+appends.
 
-The write path runs one way: each memory's sink (:class:`~marsys_mem.manager.sinks.
-AgentSink`) writes an append to the store, feeds the patterns and returns the ids the
-bound evicts; the memory drops them itself after appending.
+The write path runs one way: each memory's sink
+(:class:`~marsys_mem.manager.sinks.AgentSink`) writes an append to the store, feeds the
+patterns and returns the ids the bound evicts; the memory drops them itself after
+appending (:meth:`ConversationMemory.evict`), without calling the sink back.
 
 Runs (:meth:`run`) record what an agent did as a :class:`~marsys_mem.model.runs.RunSnapshot`:
 saved in the store for persistent agents, kept in process otherwise. A run started with

@@ -1,8 +1,9 @@
 """The sinks a :class:`~marsys_mem.manager.MemoryManager` gives its agents' memories.
 
 Each managed memory gets one :class:`AgentSink` (or none, when there is nothing to do). The
-write path runs one way: :meth:`ConversationMemory.add <marsys_mem.conversation.
-ConversationMemory.add>` calls :meth:`AgentSink.on_append`, which
+write path runs one way:
+:meth:`ConversationMemory.add <marsys_mem.conversation.ConversationMemory.add>` calls
+:meth:`AgentSink.on_append`, which
 
 1. writes the messages to the store (persistent agents, :class:`StoreWriter`): the append
    and the store's retention (``max_stored_messages`` always, ``ttl`` when due) run in ONE
@@ -193,7 +194,7 @@ class StoreWriter:
         limit = self.policy.max_stored_messages
         if limit is None or len(self.pending) <= limit + trim_chunk(limit, self.retention_every):
             return
-        # The rule at the far future: no ttl, only the bound.
+        # Only the bound: the ttl is the store's business when the buffer is flushed.
         drop = set(evicted(self.pending, now=datetime.now(UTC), max_messages=limit))
         self.pending = [m for i, m in enumerate(self.pending) if i not in drop]
 
