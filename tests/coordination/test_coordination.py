@@ -28,7 +28,7 @@ from marsys_mem.coordination import (
 )
 from marsys_mem.coordination.envelope import HighWaterMark, ResendRequest
 from marsys_mem.coordination.repair import Outbox
-from marsys_mem.coordination.transport import control_topic
+from marsys_mem.coordination.wire import control_topic
 from marsys_mem.manager import MemoryManager
 from marsys_mem.model.facts import SharedFact
 from marsys_mem.model.messages import Message
