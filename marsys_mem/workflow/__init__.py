@@ -88,13 +88,12 @@ from marsys_mem.workflow.models import (
 from marsys_mem.workflow.plan import (
     PlannedStep,
     PreparedWorkflow,
-    ProgressCallback,
     check_workflow_data,
     config_warnings,
     prepare_workflow,
 )
 from marsys_mem.workflow.report import WorkflowReport
-from marsys_mem.workflow.runner import WorkflowRunner
+from marsys_mem.workflow.runner import ProgressCallback, WorkflowRunner
 
 __all__ = [
     "STEP_KINDS",

@@ -200,4 +200,3 @@ def _validate_config_data(data: Any, lines: SourceMap | None, path: Path) -> Mem
         errors += more_errors(exc)
         raise_errors(errors, file)
         raise  # pragma: no cover - raise_errors raised
-

@@ -70,18 +70,12 @@ from marsys_mem.workflow.models import (
 __all__ = [
     "PlannedStep",
     "PreparedWorkflow",
-    "ProgressCallback",
     "check_workflow_data",
     "config_warnings",
     "prepare_workflow",
 ]
 
 _MAX_EXPANDED = 200_000
-ProgressCallback = Callable[[int, int, str], None]
-"""``progress(done, total, label)``: ``done`` steps of ``total`` are finished; ``label``
-says what runs now (called when a step starts, when it waits for embeddings, and when
-it ends)."""
-
 _T = TypeVar("_T")
 
 

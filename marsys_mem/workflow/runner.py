@@ -18,6 +18,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ from marsys_mem.store.base import Key
 from marsys_mem.store.keys import FACTS_AGENT, facts_key
 from marsys_mem.workflow.evidence import best_evidence, gather_evidence
 from marsys_mem.workflow.models import MqttSettings, MqttTransportSpec, WorkflowRunError
-from marsys_mem.workflow.plan import PlannedStep, PreparedWorkflow, ProgressCallback
+from marsys_mem.workflow.plan import PlannedStep, PreparedWorkflow
 from marsys_mem.workflow.report import (
     AskReport,
     BranchReport,
@@ -60,7 +61,12 @@ from marsys_mem.workflow.report import (
     clip,
 )
 
-__all__ = ["FACTS_AGENT", "WorkflowRunner", "shared_default_embedder"]
+__all__ = ["FACTS_AGENT", "ProgressCallback", "WorkflowRunner", "shared_default_embedder"]
+
+ProgressCallback = Callable[[int, int, str], None]
+"""``progress(done, total, label)``: ``done`` steps of ``total`` are finished; ``label``
+says what runs now (called when a step starts, when it waits for embeddings, and when
+it ends)."""
 
 log = logging.getLogger("marsys_mem.workflow")
 

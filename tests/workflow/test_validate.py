@@ -24,6 +24,7 @@ from marsys_mem.workflow import (
     check_file,
     load_workflow,
     prepare_workflow,
+    run_workflow,
     validate_config_file,
 )
 
@@ -418,8 +419,6 @@ def test_errors_are_library_errors():
 
 
 def test_running_warns_through_the_log_unless_a_store_folder_is_given(tmp_path, caplog):
-    from marsys_mem.workflow import run_workflow
-
     path = write(
         tmp_path,
         """
@@ -442,3 +441,41 @@ def test_running_warns_through_the_log_unless_a_store_folder_is_given(tmp_path, 
     with caplog.at_level(logging.WARNING, logger="marsys_mem.workflow"):
         run_workflow(path, store_dir=tmp_path / "store")  # SQLite there: it persists
     assert not [r for r in caplog.records if "in-memory store" in r.getMessage()]
+
+
+def test_a_changed_copy_of_a_workflow_is_planned_again(tmp_path):
+    """The plan is kept per workflow: a copy with other steps never reuses the original's."""
+    path = write(tmp_path, "agents: [a]\nsteps:\n  - say: {agent: a, text: hi}\n")
+    wf = load_workflow(path)
+    assert prepare_workflow(wf) is prepare_workflow(wf)  # computed once
+    longer = wf.model_copy(update={"steps": [*wf.steps, SayStep(agent="a", text="more")]})
+    assert prepare_workflow(longer).count == 2
+    assert prepare_workflow(wf).count == 1
+    broken = wf.model_copy(update={"steps": [SayStep(agent="b", text="x")]})
+    with pytest.raises(WorkflowError, match=r"steps\[0\].agent: unknown agent 'b'"):
+        prepare_workflow(broken)
+
+
+def test_a_loaded_workflow_knows_its_file_and_locates_paths_in_it(tmp_path):
+    path = write(tmp_path, "agents: [a]\nsteps:\n  - say: {agent: a, text: hi}\n")
+    wf = load_workflow(path)
+    assert wf.origin is not None
+    assert wf.origin.name == str(path)
+    assert wf.source == path.resolve()
+    assert wf.base_dir == path.resolve().parent
+    assert str(wf.locate(("steps", 0, "say", "text"))) == f"{path}:3: steps[0].text"
+    python_built = Workflow(agents=["a"], steps=[SayStep(agent="a", text="hi")])
+    assert python_built.origin is None
+    assert python_built.source is None
+    assert str(python_built.locate(("steps", 0, "text"))) == "steps[0].text"
+
+
+def test_a_referenced_config_file_resolves_its_store_against_its_own_folder(tmp_path):
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "team.yaml").write_text("store: {backend: sqlite, path: data/memory.db}\n")
+    path = write(tmp_path, "memory: {config: policies/team.yaml}\nagents: [a]\n")
+    prepared = prepare_workflow(load_workflow(path))
+    assert prepared.config.source == (policies / "team.yaml").resolve()
+    report = run_workflow(path)
+    assert report.store == str((policies / "data" / "memory.db").resolve())
