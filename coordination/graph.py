@@ -43,6 +43,7 @@ from marsys_mem.coordination.transport import (
     UnknownBranchError,
     validate_name,
 )
+from marsys_mem.display import MAX_CHARS, MAX_ROWS, graph_html
 from marsys_mem.exceptions import MissingDependencyError
 from marsys_mem.model.facts import SCOPES, FactScope
 from marsys_mem.patterns.shared import ConflictRule
@@ -572,10 +573,12 @@ class BranchGraph:
             raise ValueError("the axes belong to no figure")
         return fig
 
-    def _repr_html_(self) -> str:
-        from marsys_mem.display import graph_html
+    def __html_view__(self, *, max_rows: int = MAX_ROWS, max_chars: int = MAX_CHARS) -> str:
+        """The graph as a bounded HTML table (:class:`~marsys_mem.display.HtmlViewable`)."""
+        return graph_html(self, max_rows=max_rows, max_chars=max_chars)
 
-        return graph_html(self)
+    def _repr_html_(self) -> str:
+        return self.__html_view__()
 
     def __repr__(self) -> str:
         counts = {"active": 0, "merged": 0, "closed": 0}

@@ -17,22 +17,22 @@ them. A summariser therefore runs without the lock, and writers are not blocked 
 from __future__ import annotations
 
 import bisect
+import functools
 import threading
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol, overload, runtime_checkable
 
+from marsys_mem.context.policy import ContextPolicy, ContextWindow, Summarizer
 from marsys_mem.context.tokens import TokenCounter, count_message, get_counter
 from marsys_mem.context.window import (
-    ContextPolicy,
-    ContextWindow,
-    Summarizer,
-    _abuild,
-    _build,
-    _latest_before,
-    _Prepared,
-    _SummaryState,
+    SummaryState,
+    WindowBuild,
+    abuild_window,
+    build_window,
+    latest_before,
 )
+from marsys_mem.display import MAX_CHARS, MAX_ROWS, MemoryView, memory_html
 from marsys_mem.exceptions import (
     DuplicateMessageError,
     DuplicateToolCallError,
@@ -167,7 +167,7 @@ class _View:
             seg, bound = self._segs[i]
             start = self._starts[i]
             limit = bound if before is None else min(bound, before - start)
-            local = _latest_before(seg.owners.get(call_id), limit)
+            local = latest_before(seg.owners.get(call_id), limit)
             if local is not None:
                 return start + local
         return None
@@ -202,7 +202,7 @@ class _FlatView(_View):
 
     def call_owner(self, call_id: str, before: int | None = None) -> int | None:
         limit = self._len if before is None else min(self._len, before)
-        return _latest_before(self._seg.owners.get(call_id), limit)
+        return latest_before(self._seg.owners.get(call_id), limit)
 
     def call_results(self, call_id: str) -> list[int]:
         return [p for p in self._seg.results.get(call_id, ()) if p < self._len]
@@ -282,7 +282,7 @@ class ConversationMemory:
         self._offset = 0  # global position of the own segment's first message
         self._total = 0
         self._other_totals: dict[Hashable, list[Any]] = {}  # cache key -> [counter, total]
-        self._summary: _SummaryState | None = None
+        self._summary: SummaryState | None = None
         self._initial = 0
         if messages is not None:
             self.add_many(messages, _publish=False)
@@ -381,10 +381,10 @@ class ConversationMemory:
 
     def _call_owner(self, call_id: str, before: int | None = None) -> int | None:
         if not self._borrowed:
-            return _latest_before(self._own.owners.get(call_id), before)
+            return latest_before(self._own.owners.get(call_id), before)
         for seg, bound, start in self._segments():
             limit = bound if before is None else min(bound, before - start)
-            local = _latest_before(seg.owners.get(call_id), limit)
+            local = latest_before(seg.owners.get(call_id), limit)
             if local is not None:
                 return start + local
         return None
@@ -708,43 +708,30 @@ class ConversationMemory:
         total: int = entry[1]
         return total
 
-    def _begin(self, counter: TokenCounter) -> tuple[_View, _SummaryState | None, int, int]:
+    def _begin(self, counter: TokenCounter) -> tuple[_View, SummaryState | None, int, int]:
         """What a window is built from, taken at one moment: view, summary, tokens."""
         with self._lock:
             tokens = self._history_tokens(counter)  # may run a counter: before the snapshot
             return self._view(), self._summary, tokens, self._generation
 
-    def _after_window(
-        self,
-        win: ContextWindow,
-        state: _SummaryState | None,
-        prep: _Prepared,
-        view: _View,
-        generation: int,
-    ) -> ContextWindow:
+    def _after_window(self, built: WindowBuild, view: _View, generation: int) -> ContextWindow:
         with self._lock:
-            return self._apply_window(win, state, prep, view, generation)
+            return self._apply_window(built, view, generation)
 
-    def _apply_window(
-        self,
-        win: ContextWindow,
-        state: _SummaryState | None,
-        prep: _Prepared,
-        view: _View,
-        generation: int,
-    ) -> ContextWindow:
+    def _apply_window(self, built: WindowBuild, view: _View, generation: int) -> ContextWindow:
         """Cache the summary / delete what trim_oldest dropped (with the lock held).
 
         The window was built on ``view``; other threads may have added messages since
         (kept: they are newer than the window) or removed some (then the positions moved,
         and what to delete is found by id).
         """
+        win = built.window
         policy_strategy = win.strategy
         unchanged = generation == self._generation  # nothing removed since the view
-        if policy_strategy == "summarize" and prep.request is not None and unchanged:
-            self._summary = state
+        if policy_strategy == "summarize" and built.summarized and unchanged:
+            self._summary = built.state
         if policy_strategy == "trim_oldest" and win.dropped:
-            keep = set(prep.plan.positions)
+            keep = set(built.kept)
             size = len(view)
             before, tokens_before = len(self), self._total
             if unchanged:  # the view is a prefix of the history: positions still hold
@@ -818,10 +805,15 @@ class ConversationMemory:
         """
         policy, counter = self._resolve(policy, counter)
         view, state, tokens, generation = self._begin(counter)
-        win, new_state, prep = _build(
-            view, policy, counter, summarizer or self.summarizer, state, tokens
+        built = build_window(
+            view,
+            policy,
+            counter=counter,
+            summarizer=summarizer or self.summarizer,
+            state=state,
+            history_tokens=tokens,
         )
-        return self._after_window(win, new_state, prep, view, generation)
+        return self._after_window(built, view, generation)
 
     async def acontext(
         self,
@@ -833,15 +825,38 @@ class ConversationMemory:
         """Async twin of :meth:`context`; the summariser may be sync or async."""
         policy, counter = self._resolve(policy, counter)
         view, state, tokens, generation = self._begin(counter)
-        win, new_state, prep = await _abuild(
-            view, policy, counter, summarizer or self.summarizer, state, tokens
+        built = await abuild_window(
+            view,
+            policy,
+            counter=counter,
+            summarizer=summarizer or self.summarizer,
+            state=state,
+            history_tokens=tokens,
         )
-        return self._after_window(win, new_state, prep, view, generation)
+        return self._after_window(built, view, generation)
+
+    def __html_view__(self, *, max_rows: int = MAX_ROWS, max_chars: int = MAX_CHARS) -> str:
+        """This memory as a bounded HTML table (:class:`~marsys_mem.display.HtmlViewable`).
+
+        One consistent snapshot of the history, of which only the rows shown are read.
+        """
+        with self._lock:
+            view, initial, tokens = self._view(), self._initial, self._total
+        return memory_html(
+            MemoryView(
+                messages=view,
+                agent=self.agent,
+                appended=len(view) - initial,
+                tokens=tokens,
+                policy=self.policy,
+                count=functools.partial(count_message, self.counter),
+            ),
+            max_rows=max_rows,
+            max_chars=max_chars,
+        )
 
     def _repr_html_(self) -> str:
-        from marsys_mem.display import memory_html
-
-        return memory_html(self)
+        return self.__html_view__()
 
     def __repr__(self) -> str:
         label = f"agent={self.agent!r}, " if self.agent else ""

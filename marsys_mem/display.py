@@ -1,10 +1,20 @@
 """HTML views for Jupyter: conversation memories, context windows, branch graphs, reports.
 
-The classes' ``_repr_html_`` methods delegate here, so a notebook cell that ends with a
-memory, a window or a graph shows a table instead of a one-line repr. Every view is
-*bounded*: long histories show the first and last rows with a "… N more" row between
-them, and long texts are cut, so displaying a million-message memory costs the same as
-displaying a short one. Every piece of user content is HTML-escaped.
+A low layer: it imports only the data model, and renders HTML from plain data. The objects
+it shows sit above it and come to it, not the other way round:
+
+* :class:`HtmlViewable` is the protocol: an object with a ``__html_view__(*, max_rows,
+  max_chars)`` method has its own view (in the spirit of IPython's ``_repr_html_`` and
+  rich's ``__rich__``). ``ConversationMemory``, ``ContextWindow`` and ``BranchGraph``
+  implement it (their ``_repr_html_`` calls it, so a notebook cell that ends with one shows
+  a table), and :func:`report_html` uses it for nested values.
+* Each view reads a small documented shape: :class:`WindowSource` and :class:`GraphSource`
+  are protocols of public attributes, and a memory hands over a :class:`MemoryView`
+  (its messages, counts and a token-count callable).
+
+Every view is *bounded*: long histories show the first and last rows with a "… N more" row
+between them, and long texts are cut, so displaying a million-message memory costs the same
+as displaying a short one. Every piece of user content is HTML-escaped.
 
 Example:
     >>> from marsys_mem import ConversationMemory, Message
@@ -20,23 +30,22 @@ import dataclasses
 import enum
 import html
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import date, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel
 
-from marsys_mem.context.tokens import TokenCounter, count_message
 from marsys_mem.model.messages import Message
-
-if TYPE_CHECKING:
-    from marsys_mem.context.window import ContextWindow
-    from marsys_mem.conversation import ConversationMemory
-    from marsys_mem.coordination.graph import BranchGraph
 
 __all__ = [
     "MAX_CHARS",
     "MAX_ROWS",
+    "GraphSource",
+    "HtmlViewable",
+    "IndexedMessages",
+    "MemoryView",
+    "WindowSource",
     "graph_html",
     "memory_html",
     "message_html",
@@ -70,6 +79,150 @@ _ROLE_COLORS = {
     "summary": "#17becf",
 }
 _STATUS_COLORS = {"active": "#4C9BE8", "merged": "#8BC34A", "closed": "#B0B0B0"}
+
+
+# ---------------------------------------------------------------------- the protocol
+@runtime_checkable
+class HtmlViewable(Protocol):
+    """An object with its own bounded HTML view: what this module dispatches on.
+
+    ``__html_view__`` returns the object's view, at most ``max_rows`` rows per table and
+    ``max_chars`` characters per text, with every piece of user content escaped (build it
+    with this module's functions). :func:`report_html` shows a nested value that has one
+    with it; a class's ``_repr_html_`` usually returns ``self.__html_view__()`` with the
+    defaults :data:`MAX_ROWS` and :data:`MAX_CHARS`.
+
+    Example:
+        >>> class Note:
+        ...     def __html_view__(self, *, max_rows: int, max_chars: int) -> str:
+        ...         return "<i>a note</i>"
+        >>> isinstance(Note(), HtmlViewable), "<i>a note</i>" in report_html({"n": Note()})
+        (True, True)
+    """
+
+    def __html_view__(self, *, max_rows: int, max_chars: int) -> str:
+        """The object as bounded, escaped HTML."""
+        ...
+
+
+class IndexedMessages(Protocol):
+    """Random access to messages: a list, a tuple, or a memory's history without a copy.
+
+    Example:
+        >>> rows: IndexedMessages = [Message.user("hi")]
+        >>> len(rows), rows[0].text
+        (1, 'hi')
+    """
+
+    def __len__(self) -> int:
+        """How many messages."""
+        ...
+
+    def __getitem__(self, position: int, /) -> Message:
+        """The message at ``position`` (0 is the oldest)."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MemoryView:
+    """What :func:`memory_html` shows of a conversation memory: plain data it hands over.
+
+    Attributes:
+        messages: the history, oldest first; only the rows shown are read.
+        agent: the memory's agent, if any.
+        appended: how many of ``messages`` were added after construction (or the fork).
+        tokens: tokens of the whole history.
+        policy: the default context policy (its ``strategy`` and limits are shown).
+        count: tokens of one message, for the tokens column (``None``: no column).
+        title: the view's title.
+
+    Example:
+        >>> view = MemoryView([Message.user("hi")], agent="planner", appended=1, tokens=5)
+        >>> html = memory_html(view)
+        >>> "agent <code>planner</code>" in html, "1 messages (1 appended)" in html
+        (True, True)
+    """
+
+    messages: IndexedMessages
+    agent: str | None = None
+    appended: int = 0
+    tokens: int = 0
+    policy: object | None = None
+    count: Callable[[Message], int] | None = None
+    title: str = "ConversationMemory"
+
+
+class WindowSource(Protocol):
+    """What :func:`window_html` reads: the public fields of a ``ContextWindow``."""
+
+    @property
+    def messages(self) -> Sequence[Message]:
+        """The window, oldest first."""
+        ...
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of the window."""
+        ...
+
+    @property
+    def dropped(self) -> int:
+        """History messages not in the window."""
+        ...
+
+    @property
+    def summary(self) -> Message | None:
+        """The summary message, if any."""
+        ...
+
+    @property
+    def strategy(self) -> str:
+        """The strategy that built the window."""
+        ...
+
+    @property
+    def history_messages(self) -> int:
+        """Messages in the whole history."""
+        ...
+
+    @property
+    def history_tokens(self) -> int:
+        """Tokens of the whole history."""
+        ...
+
+    @property
+    def summarized(self) -> int:
+        """Messages newly summarised by the call that built the window."""
+        ...
+
+    @property
+    def tokens_saved(self) -> int:
+        """History tokens minus window tokens."""
+        ...
+
+
+class GraphSource(Protocol):
+    """What :func:`graph_html` reads: the public structure of a ``BranchGraph``."""
+
+    def roots(self) -> Sequence[str]:
+        """Branches that were added, not forked."""
+        ...
+
+    def children(self, branch: str) -> Sequence[str]:
+        """The branches forked from ``branch``, in creation order."""
+        ...
+
+    def merges(self) -> Sequence[tuple[str, str]]:
+        """``(child, into)`` of every merge."""
+        ...
+
+    def status(self, branch: str) -> str:
+        """``active``, ``merged`` or ``closed``."""
+        ...
+
+    def agents(self, branch: str) -> Sequence[str]:
+        """The agents of ``branch``."""
+        ...
 
 
 # ---------------------------------------------------------------------- helpers
@@ -185,18 +338,18 @@ def message_html(message: Message, *, max_chars: int = MAX_CHARS) -> str:
 
 
 def _message_rows(
-    messages: Sequence[Message],
+    messages: IndexedMessages,
     *,
-    counter: TokenCounter | None,
+    count: Callable[[Message], int] | None,
     summary: Message | None,
     max_rows: int,
     max_chars: int,
     offset: int = 0,
 ) -> str:
-    """A bounded table of ``messages`` (#, role, tokens if a counter is given, content)."""
-    columns = 4 if counter is not None else 3
+    """A bounded table of ``messages`` (#, role, tokens if ``count`` is given, content)."""
+    columns = 4 if count is not None else 3
     head = f'<th style="{_TH}">#</th><th style="{_TH}">role</th>'
-    if counter is not None:
+    if count is not None:
         head += f'<th style="{_TH}">tokens</th>'
     head += f'<th style="{_TH} width: 100%;">content</th>'
     first, hidden, last = _split(len(messages), max_rows)
@@ -208,8 +361,8 @@ def _message_rows(
         tint = "background: rgba(23,190,207,.10);" if is_summary else ""
         cells = f'<td style="{_TD} {_MUTED}">{pos + offset}</td>'
         cells += f'<td style="{_TD}">{_role_cell(m, summary=is_summary)}</td>'
-        if counter is not None:
-            cells += f'<td style="{_TD} text-align: right;">{count_message(counter, m):,}</td>'
+        if count is not None:
+            cells += f'<td style="{_TD} text-align: right;">{count(m):,}</td>'
         cells += f'<td style="{_TEXT}">{_message_body(m, max_chars)}</td>'
         return f'<tr style="{tint}">{cells}</tr>' if tint else f"<tr>{cells}</tr>"
 
@@ -225,22 +378,9 @@ def _message_rows(
     )
 
 
-class _Positions(Sequence[Message]):
-    """Random access into a memory without copying its history."""
-
-    def __init__(self, memory: ConversationMemory) -> None:
-        self._memory = memory
-
-    def __len__(self) -> int:
-        return len(self._memory)
-
-    def __getitem__(self, position: Any) -> Any:
-        return self._memory[position]
-
-
 # ---------------------------------------------------------------------- memory
-def _policy_text(policy: Any) -> str:
-    parts = [str(policy.strategy)]
+def _policy_text(policy: object) -> str:
+    parts = [str(getattr(policy, "strategy", policy))]
     for name in ("max_messages", "max_tokens", "keep_recent"):
         value = getattr(policy, name, None)
         if value is not None:
@@ -249,12 +389,13 @@ def _policy_text(policy: Any) -> str:
 
 
 def memory_html(
-    memory: ConversationMemory, *, max_rows: int = MAX_ROWS, max_chars: int = MAX_CHARS
+    memory: MemoryView | HtmlViewable, *, max_rows: int = MAX_ROWS, max_chars: int = MAX_CHARS
 ) -> str:
-    """A :class:`~marsys_mem.ConversationMemory` as an HTML table (bounded).
+    """A :class:`~marsys_mem.ConversationMemory` (or a :class:`MemoryView`) as HTML (bounded).
 
     Shows the agent, the message and token counts, the default policy and the messages
-    (the first and last ``max_rows // 2`` when there are more than ``max_rows``).
+    (the first and last ``max_rows // 2`` when there are more than ``max_rows``). A memory
+    renders itself through :class:`HtmlViewable`, handing over a :class:`MemoryView`.
 
     Example:
         >>> from marsys_mem import ConversationMemory
@@ -264,21 +405,23 @@ def memory_html(
         (True, False, True, True)
     """
     _check_limits(max_rows, max_chars)
-    total = len(memory)
-    appended = total - getattr(memory, "_initial", 0)
+    if not isinstance(memory, MemoryView):
+        return memory.__html_view__(max_rows=max_rows, max_chars=max_chars)
+    total = len(memory.messages)
     agent = f"agent <code>{_e(memory.agent)}</code> · " if memory.agent else ""
+    policy = f" · policy: {_e(_policy_text(memory.policy))}" if memory.policy is not None else ""
     summary = (
-        f"{agent}{total:,} messages ({appended:,} appended) · "
-        f"{memory.total_tokens:,} tokens · policy: {_e(_policy_text(memory.policy))}"
+        f"{agent}{total:,} messages ({memory.appended:,} appended) · "
+        f"{memory.tokens:,} tokens{policy}"
     )
     table = _message_rows(
-        _Positions(memory),
-        counter=memory.counter,
+        memory.messages,
+        count=memory.count,
         summary=None,
         max_rows=max_rows,
         max_chars=max_chars,
     )
-    return _box("ConversationMemory", summary, table)
+    return _box(memory.title, summary, table)
 
 
 # ---------------------------------------------------------------------- window
@@ -293,7 +436,7 @@ def _bar(part: int, whole: int) -> str:
 
 
 def window_html(
-    window: ContextWindow, *, max_rows: int = MAX_ROWS, max_chars: int = MAX_CHARS
+    window: WindowSource, *, max_rows: int = MAX_ROWS, max_chars: int = MAX_CHARS
 ) -> str:
     """A :class:`~marsys_mem.ContextWindow` as HTML: what it keeps, drops and costs.
 
@@ -324,7 +467,7 @@ def window_html(
         parts.append("with summary")
     body = _bar(window.tokens, window.history_tokens) + _message_rows(
         window.messages,
-        counter=None,
+        count=None,
         summary=window.summary,
         max_rows=max_rows,
         max_chars=max_chars,
@@ -333,7 +476,7 @@ def window_html(
 
 
 # ---------------------------------------------------------------------- graph
-def _tree_order(graph: BranchGraph) -> list[tuple[str, int]]:
+def _tree_order(graph: GraphSource) -> list[tuple[str, int]]:
     """(branch, depth) in depth-first order of the fork forest."""
     out: list[tuple[str, int]] = []
     stack = [(root, 0) for root in reversed(graph.roots())]
@@ -344,7 +487,7 @@ def _tree_order(graph: BranchGraph) -> list[tuple[str, int]]:
     return out
 
 
-def graph_html(graph: BranchGraph, *, max_rows: int = MAX_ROWS, max_chars: int = MAX_CHARS) -> str:
+def graph_html(graph: GraphSource, *, max_rows: int = MAX_ROWS, max_chars: int = MAX_CHARS) -> str:
     """A :class:`~marsys_mem.coordination.BranchGraph` as an indented table of branches.
 
     Each row shows a branch (indented under its fork parent), its status, its agents and
@@ -433,11 +576,6 @@ def _fields(obj: Any) -> list[tuple[str, Any]]:
     return []
 
 
-def _is_graph(value: object) -> bool:
-    """A BranchGraph, without importing the coordination package for the check."""
-    return type(value).__name__ == "BranchGraph" and hasattr(value, "roots")
-
-
 def _section_title(key: str | None, value: Any, position: int) -> str:
     """A section's title: its key, else its ``agent``/``name``/``id`` field, else ``[i]``."""
     if key is not None:
@@ -458,7 +596,7 @@ def _attr(value: Any, name: str) -> Any:
 
 def _is_record(value: Any) -> bool:
     """A model, dataclass or mapping whose fields are scalars or lists of scalars."""
-    if not _is_structured(value) or type(value).__name__ == "ContextWindow":
+    if not _is_structured(value) or isinstance(value, HtmlViewable):
         return False
     return all(
         _is_scalar(v) or (isinstance(v, list | tuple) and all(_is_scalar(x) for x in v))
@@ -474,19 +612,12 @@ class _Renderer:
         self.max_chars = max_chars
 
     def value(self, value: Any, depth: int) -> str:
-        from marsys_mem.context.window import ContextWindow
-        from marsys_mem.conversation import ConversationMemory
-
         if _is_scalar(value):
             return self.scalar(value)
         if isinstance(value, Message):
             return message_html(value, max_chars=self.max_chars)
-        if isinstance(value, ContextWindow):
-            return window_html(value, max_rows=self.max_rows, max_chars=self.max_chars)
-        if isinstance(value, ConversationMemory):
-            return memory_html(value, max_rows=self.max_rows, max_chars=self.max_chars)
-        if _is_graph(value):
-            return graph_html(value, max_rows=self.max_rows, max_chars=self.max_chars)
+        if isinstance(value, HtmlViewable):
+            return value.__html_view__(max_rows=self.max_rows, max_chars=self.max_chars)
         if depth >= _MAX_DEPTH:
             return _cut(repr(value), self.max_chars)
         if _is_structured(value):
@@ -535,9 +666,7 @@ class _Renderer:
 
     def sectioned(self, value: Any) -> bool:
         """Whether a field gets its own collapsible section (not a table row)."""
-        from marsys_mem.conversation import ConversationMemory
-
-        if _is_structured(value) or isinstance(value, ConversationMemory) or _is_graph(value):
+        if _is_structured(value) or isinstance(value, HtmlViewable):
             return True
         if isinstance(value, list | tuple) and value:
             return any(_is_structured(v) or isinstance(v, Message) for v in value)
@@ -604,7 +733,7 @@ class _Renderer:
         if all(isinstance(v, Message) for v in values):
             return _message_rows(
                 values,
-                counter=None,
+                count=None,
                 summary=None,
                 max_rows=self.max_rows,
                 max_chars=self.max_chars,
@@ -633,8 +762,9 @@ def report_html(
     """Any report (a pydantic model, dataclass or mapping) as HTML, one section per agent.
 
     Scalar fields become a key/value table; a mapping or list of models (e.g. per-agent
-    results keyed by agent name) becomes one collapsible section per item; messages,
-    context windows, memories and branch graphs use their own views. Everything is
+    results keyed by agent name) becomes one collapsible section per item; messages and
+    every :class:`HtmlViewable` value (context windows, memories, branch graphs) use their
+    own views. Everything is
     bounded by ``max_rows`` and ``max_chars`` and escaped.
 
     Example:

@@ -1021,7 +1021,7 @@ def test_trim_oldest_deletes_only_what_its_window_dropped_when_the_history_moved
     msgs = [Message.system("rules"), *(Message.user(f"m{i} " + "x" * 40) for i in range(20))]
     mem = ConversationMemory(msgs)
     late = Message.user("added while the window was built")
-    real_build = conversation._build
+    real_build = conversation.build_window
 
     def build_then_other_writer(*args, **kwargs):
         out = real_build(*args, **kwargs)
@@ -1033,7 +1033,7 @@ def test_trim_oldest_deletes_only_what_its_window_dropped_when_the_history_moved
             mem.remove(msgs[1].message_id, msgs[18].message_id)
         return out
 
-    monkeypatch.setattr(conversation, "_build", build_then_other_writer)
+    monkeypatch.setattr(conversation, "build_window", build_then_other_writer)
     win = mem.context(ContextPolicy(max_messages=6, strategy="trim_oldest"))
     kept = [m.message_id for m in win.messages]
     assert kept == [msgs[0].message_id] + [m.message_id for m in msgs[-5:]]

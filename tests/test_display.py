@@ -342,3 +342,69 @@ def test_workflow_report_renders_as_html(tmp_path):
     html = report._repr_html_()
     assert "tiny" in html
     assert "<b>world</b>" not in html
+
+
+# ---------------------------------------------------------------------- the protocol
+def test_viewed_objects_implement_the_html_view_protocol():
+    from marsys_mem.display import HtmlViewable
+
+    mem = tool_memory()
+    win = mem.context(ContextPolicy(max_messages=5))
+    g = BranchGraph()
+    g.add_branch("main")
+    for obj in (mem, win, g):
+        assert isinstance(obj, HtmlViewable)
+    assert not isinstance(Message.user("x"), HtmlViewable)
+    assert mem.__html_view__(max_rows=2, max_chars=50) == memory_html(mem, max_rows=2, max_chars=50)
+    assert win.__html_view__(max_rows=2, max_chars=50) == window_html(win, max_rows=2, max_chars=50)
+    assert g.__html_view__(max_rows=2, max_chars=50) == graph_html(g, max_rows=2, max_chars=50)
+
+
+def test_report_shows_any_html_viewable_value_with_its_own_view_and_limits():
+    seen: list[tuple[int, int]] = []
+
+    class Gauge:
+        def __html_view__(self, *, max_rows: int, max_chars: int) -> str:
+            seen.append((max_rows, max_chars))
+            return "<meter value='0.5'></meter>"
+
+    html = report_html({"load": Gauge(), "items": [Gauge()]}, max_rows=7, max_chars=40)
+    assert html.count("<meter value='0.5'></meter>") == 2
+    assert seen == [(7, 40), (7, 40)]
+    assert "<summary><b>load</b>" in html  # a viewable value gets its own section
+
+
+def test_a_memory_view_renders_from_plain_data():
+    from marsys_mem.display import MemoryView
+
+    rows = [Message.user(f"turn-{i:05d}") for i in range(50)]
+    html = memory_html(
+        MemoryView(rows, agent="<a>", appended=5, tokens=1234, count=lambda m: 7), max_rows=4
+    )
+    assert "agent <code>&lt;a&gt;</code>" in html
+    assert "50 messages (5 appended) · 1,234 tokens" in html
+    assert "policy" not in html
+    assert visible_turns(html) == ["turn-00000", "turn-00001", "turn-00048", "turn-00049"]
+    assert '">tokens</th>' in html
+    assert 'text-align: right;">7</td>' in html
+    no_counts = memory_html(MemoryView(rows))
+    assert '">tokens</th>' not in no_counts
+
+
+def test_memory_view_reads_only_the_rows_it_shows():
+    from marsys_mem.display import MemoryView
+
+    class Rows:
+        def __init__(self) -> None:
+            self.read: list[int] = []
+
+        def __len__(self) -> int:
+            return 1_000_000
+
+        def __getitem__(self, position: int) -> Message:
+            self.read.append(position)
+            return Message.user(f"turn-{position:05d}")
+
+    rows = Rows()
+    memory_html(MemoryView(rows), max_rows=4)
+    assert sorted(rows.read) == [0, 1, 999_998, 999_999]

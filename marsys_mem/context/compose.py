@@ -11,24 +11,53 @@ retrieved snippets) and fits them, with the conversation, into the agent's budge
    are dropped, retrieval first, then core, then shared facts: retrieved snippets never
    push out the system prompt. Only then does ``ContextOverflowError`` propagate.
 
-The result is one :class:`~marsys_mem.context.window.ContextWindow`: the conversation's leading
+The result is one :class:`~marsys_mem.context.policy.ContextWindow`: the conversation's leading
 system messages, then the blocks in order, then the rest of the window.
+
+The conversation is any :class:`ContextSource` (a ``ConversationMemory``): this module names
+what it needs from a memory instead of importing the class, which sits above it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from marsys_mem.context.policy import ContextPolicy, ContextWindow
 from marsys_mem.context.tokens import TokenCounter, count_message
-from marsys_mem.context.window import ContextPolicy, ContextWindow
-from marsys_mem.conversation import ConversationMemory
 from marsys_mem.exceptions import ContextOverflowError
 from marsys_mem.model.messages import Message
 
-__all__ = ["Block", "BudgetSplit", "aassemble", "assemble"]
+__all__ = ["Block", "BudgetSplit", "ContextSource", "aassemble", "assemble"]
+
+
+class ContextSource(Protocol):
+    """What :func:`assemble` needs from a conversation: its window under a policy, sync or async.
+
+    ``ConversationMemory`` is one (its ``context`` / ``acontext`` apply ``trim_oldest`` and
+    cache summaries, as usual).
+
+    Example:
+        >>> from marsys_mem import ConversationMemory
+        >>> source: ContextSource = ConversationMemory([Message.user("hi")])
+        >>> len(source.context(ContextPolicy(max_messages=5)))
+        1
+    """
+
+    def context(
+        self, policy: ContextPolicy | None = None, *, counter: TokenCounter | None = None
+    ) -> ContextWindow:
+        """The window under ``policy``, counted with ``counter``."""
+        ...
+
+    async def acontext(
+        self, policy: ContextPolicy | None = None, *, counter: TokenCounter | None = None
+    ) -> ContextWindow:
+        """Async twin of :meth:`context`."""
+        ...
 
 
 class BudgetSplit(BaseModel):
@@ -156,7 +185,7 @@ def _attempts(
 
 
 def assemble(
-    memory: ConversationMemory,
+    memory: ContextSource,
     policy: ContextPolicy,
     blocks: list[Block],
     counter: TokenCounter,
@@ -176,7 +205,7 @@ def assemble(
 
 
 async def aassemble(
-    memory: ConversationMemory,
+    memory: ContextSource,
     policy: ContextPolicy,
     blocks: list[Block],
     counter: TokenCounter,

@@ -23,7 +23,7 @@ from collections.abc import Callable, Hashable
 from typing import Any, Protocol, runtime_checkable
 
 from marsys_mem.exceptions import MissingDependencyError
-from marsys_mem.model.messages import ImagePart, Message, _content_text
+from marsys_mem.model.messages import ImagePart, Message, content_text
 
 __all__ = [
     "CallableCounter",
@@ -121,7 +121,7 @@ class _TextCounterBase:
         if isinstance(content, str):
             n = self.count_text(content)
         else:
-            n = self.count_text(_content_text(content))
+            n = self.count_text(content_text(content))
         if (
             message.name
             or message.tool_calls
@@ -268,7 +268,7 @@ class TiktokenCounter(_TextCounterBase):
         image_tokens: int = 85,
     ) -> None:
         try:
-            import tiktoken
+            import tiktoken  # noqa: PLC0415 (optional dependency: tiktoken, in the dev extra)
         except ImportError as exc:
             raise MissingDependencyError(
                 "TiktokenCounter needs tiktoken: pip install tiktoken (or 'marsys-mem[dev]')"

@@ -26,6 +26,12 @@ Invariants, for every strategy:
 Cost: counts are cached per message, and the window is found walking back from the newest
 message, so with an indexed history (``ConversationMemory``) a call costs O(window), not
 O(history). A plain list is indexed on each call (O(history)).
+
+The seam with a memory that caches: :func:`build_window` / :func:`abuild_window` take a
+:class:`HistoryIndex` (a memory's indexed history), the previous :class:`SummaryState` and
+the history's token total, and return a :class:`WindowBuild`: the window, the summary state
+to cache, and the positions the window kept (what ``trim_oldest`` deletes the rest by).
+:func:`build_context` is the pure, one-shot front of the same builder.
 """
 
 from __future__ import annotations
@@ -33,187 +39,69 @@ from __future__ import annotations
 import bisect
 import inspect
 import math
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-
+from marsys_mem.context.policy import ContextPolicy, ContextWindow, Strategy, Summarizer
+from marsys_mem.context.summarize import ExtractiveSummarizer
 from marsys_mem.context.tokens import TokenCounter, count_message, get_counter
 from marsys_mem.exceptions import ContextOverflowError, SummarizerError
-from marsys_mem.model.messages import Message, Provider, to_llm_format
+from marsys_mem.model.messages import Message
 
 __all__ = [
+    "SUMMARY_NAME",
     "ContextPolicy",
     "ContextWindow",
+    "HistoryIndex",
     "Strategy",
     "Summarizer",
+    "SummaryState",
+    "WindowBuild",
     "abuild_context",
+    "abuild_window",
     "build_context",
+    "build_window",
+    "latest_before",
 ]
-
-Strategy = Literal["sliding_window", "trim_oldest", "summarize"]
-Summarizer = Callable[[list[Message]], "str | Awaitable[str]"]
-"""A ``list[Message] -> str`` callable, sync or async."""
-
-
-def _check_encoding_name(name: str) -> None:
-    """Reject an encoding tiktoken does not know (when tiktoken is installed)."""
-    try:
-        import tiktoken
-    except ImportError:
-        return
-    known = tiktoken.list_encoding_names()
-    if name not in known:
-        raise ValueError(f"unknown tiktoken encoding {name!r}; known: {', '.join(known)}")
-
-
-class ContextPolicy(BaseModel):
-    """How much of a history an agent may send, and what happens to the rest.
-
-    Args:
-        max_messages: most messages in the window (system, pinned and summary included).
-        max_tokens: most tokens in the window, by the counter.
-        strategy: ``sliding_window`` (view), ``trim_oldest`` (destructive) or ``summarize``.
-        keep_recent: ``summarize`` only: most recent messages kept verbatim; older ones are
-            summarised even when they would fit.
-        summary_max_tokens: ``summarize`` only: tokens reserved for the summary message
-            (default: a quarter of ``max_tokens``); a longer summary is cut to fit.
-        token_counter: ``"heuristic"`` or ``"tiktoken[:encoding]"``; ``None`` uses the
-            memory's counter.
-
-    Example:
-        >>> policy = ContextPolicy(max_messages=50, max_tokens=8000)
-        >>> policy.strategy
-        'sliding_window'
-        >>> ContextPolicy(max_tokens=4000, strategy="summarize", keep_recent=20).keep_recent
-        20
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    max_messages: int | None = Field(default=None, ge=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    strategy: Strategy = "sliding_window"
-    keep_recent: int | None = Field(default=None, ge=0)
-    summary_max_tokens: int | None = Field(default=None, ge=1)
-    token_counter: str | None = None
-
-    @model_validator(mode="after")
-    def _check(self) -> ContextPolicy:
-        if self.strategy != "summarize":
-            for name in ("keep_recent", "summary_max_tokens"):
-                if getattr(self, name) is not None:
-                    raise ValueError(
-                        f"{name} only applies to strategy 'summarize', not {self.strategy!r}"
-                    )
-        if (
-            self.summary_max_tokens is not None
-            and self.max_tokens is not None
-            and self.summary_max_tokens >= self.max_tokens
-        ):
-            raise ValueError(
-                f"summary_max_tokens ({self.summary_max_tokens}) must be less than "
-                f"max_tokens ({self.max_tokens})"
-            )
-        return self
-
-    @field_validator("token_counter")
-    @classmethod
-    def _check_counter_name(cls, value: str | None) -> str | None:
-        if value is None or value in ("heuristic", "tiktoken"):
-            return value
-        if value.startswith("tiktoken:") and len(value) > len("tiktoken:"):
-            _check_encoding_name(value.split(":", 1)[1])
-            return value  # the encoding itself is loaded when the counter is first used
-        raise ValueError(
-            f"unknown token counter {value!r}; use 'heuristic', 'tiktoken' or 'tiktoken:<encoding>'"
-        )
-
-    @property
-    def summary_reserve(self) -> int | None:
-        """Tokens reserved for the summary (``None``: unbounded)."""
-        if self.summary_max_tokens is not None:
-            return self.summary_max_tokens
-        if self.max_tokens is not None:
-            return max(1, self.max_tokens // 4)
-        return None
-
-
-@dataclass(frozen=True, slots=True)
-class ContextWindow:
-    """The messages an agent would send, and what it cost.
-
-    Attributes:
-        messages: the window, oldest first (summary included, where it sits).
-        tokens: tokens of ``messages`` by the policy's counter.
-        dropped: history messages not in the window.
-        summary: the summary message, if the strategy produced one.
-        strategy: the strategy used.
-        history_messages: messages in the whole history.
-        history_tokens: tokens of the whole history.
-        summarized: messages newly passed to the summariser by this call.
-
-    Example:
-        >>> from marsys_mem import ConversationMemory, Message
-        >>> mem = ConversationMemory([Message.system("Be terse."), Message.user("Hi")])
-        >>> win = mem.context(ContextPolicy(max_messages=2))
-        >>> len(win), win.dropped
-        (2, 0)
-    """
-
-    messages: tuple[Message, ...]
-    tokens: int
-    dropped: int
-    summary: Message | None
-    strategy: Strategy
-    history_messages: int
-    history_tokens: int
-    summarized: int = 0
-    dropped_ids: tuple[str, ...] = field(default=(), repr=False)
-
-    @property
-    def tokens_saved(self) -> int:
-        """History tokens minus window tokens (negative if a summary costs more)."""
-        return self.history_tokens - self.tokens
-
-    def __len__(self) -> int:
-        return len(self.messages)
-
-    def __iter__(self) -> Any:
-        return iter(self.messages)
-
-    def to_llm_format(self, provider: Provider = "openai") -> Any:
-        """The window in a provider's format (see :func:`~marsys_mem.model.to_llm_format`)."""
-        return to_llm_format(self.messages, provider)
-
-    def _repr_html_(self) -> str:
-        from marsys_mem.display import window_html
-
-        return window_html(self)
-
-    def __repr__(self) -> str:
-        summary = ", summary=True" if self.summary is not None else ""
-        return (
-            f"ContextWindow(strategy={self.strategy!r}, messages={len(self.messages)}, "
-            f"tokens={self.tokens}, dropped={self.dropped}, history_messages="
-            f"{self.history_messages}, history_tokens={self.history_tokens}{summary})"
-        )
+# ContextPolicy, ContextWindow, Strategy and Summarizer live in context.policy; they are
+# re-exported here for the modules that import them from context.window.
 
 
 # ---------------------------------------------------------------------- history index
-class _HistoryIndex(Protocol):
-    """What the window builder needs from a history: positions and tool-call links."""
+class HistoryIndex(Protocol):
+    """What the window builder needs from a history: positions and tool-call links.
 
-    def __len__(self) -> int: ...
+    A memory that keeps these indexes (``ConversationMemory`` and the views it takes of its
+    history) lets :func:`build_window` cost O(window); a plain list is indexed on each call.
+    Positions are 0-based, oldest first.
 
-    def __getitem__(self, position: int) -> Message: ...
+    Example:
+        >>> from marsys_mem import ConversationMemory
+        >>> ix: HistoryIndex = ConversationMemory([Message.system("s"), Message.user("u")])
+        >>> ix.protected_positions(), ix.call_owner("c1")
+        ([0], None)
+    """
 
-    def protected_positions(self) -> list[int]: ...
+    def __len__(self) -> int:
+        """How many messages the history holds."""
+        ...
 
-    def call_owner(self, call_id: str, before: int | None = None) -> int | None: ...
+    def __getitem__(self, position: int, /) -> Message:
+        """The message at ``position``."""
+        ...
 
-    def call_results(self, call_id: str) -> list[int]: ...
+    def protected_positions(self) -> list[int]:
+        """Positions of system and pinned messages, ascending."""
+        ...
+
+    def call_owner(self, call_id: str, before: int | None = None) -> int | None:
+        """Position of the latest message before ``before`` that made tool call ``call_id``."""
+        ...
+
+    def call_results(self, call_id: str) -> list[int]:
+        """Positions of the tool results answering ``call_id``, ascending."""
+        ...
 
 
 class _ListIndex:
@@ -242,14 +130,21 @@ class _ListIndex:
         return self._protected
 
     def call_owner(self, call_id: str, before: int | None = None) -> int | None:
-        return _latest_before(self._owners.get(call_id), before)
+        return latest_before(self._owners.get(call_id), before)
 
     def call_results(self, call_id: str) -> list[int]:
         return self._results.get(call_id, [])
 
 
-def _latest_before(positions: Sequence[int] | None, before: int | None) -> int | None:
-    """The largest position ``< before`` (or the largest at all), from an ascending list."""
+def latest_before(positions: Sequence[int] | None, before: int | None) -> int | None:
+    """The largest position ``< before`` (or the largest at all), from an ascending list.
+
+    What a :class:`HistoryIndex` answers ``call_owner`` with, from its per-call lists.
+
+    Example:
+        >>> latest_before([1, 4, 9], 5), latest_before([1, 4, 9], None), latest_before([], 3)
+        (4, 9, None)
+    """
     if not positions:
         return None
     if before is None:
@@ -258,16 +153,16 @@ def _latest_before(positions: Sequence[int] | None, before: int | None) -> int |
     return positions[i - 1] if i else None
 
 
-def _owner(ix: _HistoryIndex, pos: int, m: Message) -> int | None:
+def _owner(ix: HistoryIndex, pos: int, m: Message) -> int | None:
     """Position of the call a tool result at ``pos`` answers: the latest one before it."""
     return ix.call_owner(m.tool_call_id, before=pos)  # type: ignore[arg-type]
 
 
-def _is_orphan(ix: _HistoryIndex, pos: int, m: Message) -> bool:
+def _is_orphan(ix: HistoryIndex, pos: int, m: Message) -> bool:
     return m.role == "tool" and _owner(ix, pos, m) is None
 
 
-def _results_of(ix: _HistoryIndex, pos: int, m: Message) -> list[int]:
+def _results_of(ix: HistoryIndex, pos: int, m: Message) -> list[int]:
     """Positions of the tool results answering the calls of the message at ``pos``."""
     out: list[int] = []
     for call in m.tool_calls:
@@ -275,7 +170,7 @@ def _results_of(ix: _HistoryIndex, pos: int, m: Message) -> list[int]:
     return out
 
 
-def _linked(ix: _HistoryIndex, pos: int) -> set[int] | None:
+def _linked(ix: HistoryIndex, pos: int) -> set[int] | None:
     """``pos`` and every call/result linked to it, transitively; ``None`` for an orphan."""
     m = ix[pos]
     if _is_orphan(ix, pos, m):
@@ -297,7 +192,7 @@ def _linked(ix: _HistoryIndex, pos: int) -> set[int] | None:
     return group
 
 
-def _unit(ix: _HistoryIndex, pos: int) -> tuple[int, int] | None:
+def _unit(ix: HistoryIndex, pos: int) -> tuple[int, int] | None:
     """The smallest contiguous range holding ``pos`` and every call/result linked to it.
 
     ``None`` for an orphan tool result.
@@ -343,7 +238,7 @@ def _overflow(what: str, required: int, limit: int, unit: str) -> ContextOverflo
 
 
 def _plan(
-    ix: _HistoryIndex,
+    ix: HistoryIndex,
     policy: ContextPolicy,
     counter: TokenCounter,
     *,
@@ -416,19 +311,37 @@ def _plan(
 
 # ---------------------------------------------------------------------- summaries
 @dataclass(slots=True)
-class _SummaryState:
-    """A cached summary of every unprotected message before position ``covered``."""
+class SummaryState:
+    """A cached summary of every unprotected message before position ``covered``.
+
+    A memory keeps the state :func:`build_window` returns and passes it to the next call,
+    which then summarises only the messages after ``covered`` (with the old summary first).
+    If the message at ``covered - 1`` is no longer ``last_id`` the history changed under
+    the summary, and the next call starts again.
+
+    Attributes:
+        text: the summary.
+        covered: positions ``[0, covered)`` are summarised.
+        last_id: id of the message at ``covered - 1``, to detect edits.
+        count: how many messages the summary covers.
+
+    Example:
+        >>> state = SummaryState(text="They met.", covered=2, last_id="m2", count=2)
+        >>> state.covered
+        2
+    """
 
     text: str
-    covered: int  # positions [0, covered) are summarised
-    last_id: str | None  # id of the message at covered - 1, to detect edits
-    count: int  # messages summarised
+    covered: int
+    last_id: str | None
+    count: int
 
 
 SUMMARY_NAME = "summary"
+"""The ``name`` of summary messages (system messages with ``metadata["summary"] = True``)."""
 
 
-def _summary_message(text: str, state: _SummaryState) -> Message:
+def _summary_message(text: str, state: SummaryState) -> Message:
     return Message.system(
         text,
         name=SUMMARY_NAME,
@@ -458,12 +371,12 @@ def _fit_text(text: str, limit: int | None, counter: TokenCounter) -> str:
 class _Prepared:
     plan: _Plan
     request: list[Message] | None  # what to pass to the summariser, if anything
-    new_state: _SummaryState | None  # state once the summariser answers (text filled later)
+    new_state: SummaryState | None  # state once the summariser answers (text filled later)
     summary_needed: bool
     newly: int
 
 
-def _drops_unprotected(ix: _HistoryIndex, plan: _Plan) -> bool:
+def _drops_unprotected(ix: HistoryIndex, plan: _Plan) -> bool:
     """True if an unprotected, sendable message lies before the retained suffix."""
     for k in range(plan.cut - 1, -1, -1):  # usually stops at the first step
         if k not in plan.protected and not _is_orphan(ix, k, ix[k]):
@@ -472,10 +385,10 @@ def _drops_unprotected(ix: _HistoryIndex, plan: _Plan) -> bool:
 
 
 def _prepare(
-    ix: _HistoryIndex,
+    ix: HistoryIndex,
     policy: ContextPolicy,
     counter: TokenCounter,
-    state: _SummaryState | None,
+    state: SummaryState | None,
 ) -> _Prepared:
     if policy.strategy != "summarize":
         return _Prepared(_plan(ix, policy, counter), None, None, False, 0)
@@ -507,7 +420,7 @@ def _prepare(
     request = list(new)
     if state is not None:
         request.insert(0, _summary_message(state.text, state))
-    new_state = _SummaryState(
+    new_state = SummaryState(
         text="",
         covered=plan.cut,
         last_id=ix[plan.cut - 1].message_id,
@@ -517,7 +430,7 @@ def _prepare(
 
 
 def _finish(
-    ix: _HistoryIndex,
+    ix: HistoryIndex,
     policy: ContextPolicy,
     counter: TokenCounter,
     prep: _Prepared,
@@ -582,14 +495,14 @@ async def _call_async(summarizer: Summarizer, request: list[Message]) -> Any:
 
 
 def _resolve(
-    messages: Sequence[Message] | _HistoryIndex,
+    messages: Sequence[Message] | HistoryIndex,
     policy: ContextPolicy | None,
     counter: TokenCounter | None,
-) -> tuple[_HistoryIndex, ContextPolicy, TokenCounter]:
+) -> tuple[HistoryIndex, ContextPolicy, TokenCounter]:
     policy = policy or ContextPolicy()
     if counter is None:
         counter = get_counter(policy.token_counter)
-    ix: _HistoryIndex
+    ix: HistoryIndex
     if hasattr(messages, "call_owner"):
         ix = messages  # type: ignore[assignment]
     else:
@@ -597,50 +510,104 @@ def _resolve(
     return ix, policy, counter
 
 
-def _history_tokens(ix: _HistoryIndex, counter: TokenCounter, known: int | None) -> int:
+def _history_tokens(ix: HistoryIndex, counter: TokenCounter, known: int | None) -> int:
     if known is not None:
         return known
     return sum(count_message(counter, ix[k]) for k in range(len(ix)))
 
 
-def _default_summarizer() -> Summarizer:
-    from marsys_mem.context.summarize import ExtractiveSummarizer
+@dataclass(frozen=True, slots=True)
+class WindowBuild:
+    """What :func:`build_window` returns: the window and what a caching memory applies.
 
-    return ExtractiveSummarizer()
+    Attributes:
+        window: the context window.
+        state: the summary state to keep for the next call (``None``: no summary).
+        summarized: whether the summariser was called (then cache ``state``).
+        kept: history positions in the window, ascending (``trim_oldest`` deletes the rest
+            of the history it was built from).
+
+    Example:
+        >>> msgs = [Message.user(f"q{i}") for i in range(5)]
+        >>> built = build_window(msgs, ContextPolicy(max_messages=2))
+        >>> built.kept, built.summarized, len(built.window)
+        ((3, 4), False, 2)
+    """
+
+    window: ContextWindow
+    state: SummaryState | None
+    summarized: bool
+    kept: tuple[int, ...]
 
 
-def _build(
-    messages: Sequence[Message] | _HistoryIndex,
-    policy: ContextPolicy | None,
-    counter: TokenCounter | None,
-    summarizer: Summarizer | None,
-    state: _SummaryState | None,
-    history_tokens: int | None,
-) -> tuple[ContextWindow, _SummaryState | None, _Prepared]:
-    ix, policy, counter = _resolve(messages, policy, counter)
+def _built(win: ContextWindow, prep: _Prepared) -> WindowBuild:
+    return WindowBuild(
+        window=win,
+        state=prep.new_state,
+        summarized=prep.request is not None,
+        kept=tuple(prep.plan.positions),
+    )
+
+
+def build_window(
+    history: Sequence[Message] | HistoryIndex,
+    policy: ContextPolicy | None = None,
+    *,
+    counter: TokenCounter | None = None,
+    summarizer: Summarizer | None = None,
+    state: SummaryState | None = None,
+    history_tokens: int | None = None,
+) -> WindowBuild:
+    """Build the window of ``history`` under ``policy``, extending a cached summary.
+
+    The seam a memory builds its windows through (``ConversationMemory.context``): it
+    passes its indexed history, the :class:`SummaryState` it kept from the previous call
+    and, if it keeps one, the history's token total by ``counter`` (else it is counted).
+    Nothing is deleted here: the memory applies ``trim_oldest`` with
+    :attr:`WindowBuild.kept`. With ``summarize`` and no ``summarizer``, the offline
+    :class:`~marsys_mem.context.summarize.ExtractiveSummarizer` is used.
+
+    Raises:
+        ContextOverflowError: what must be kept does not fit; the error has the numbers.
+        SummarizerError: the summariser failed or is async (use :func:`abuild_window`).
+
+    Example:
+        >>> msgs = [Message.user(f"q{i}") for i in range(10)]
+        >>> policy = ContextPolicy(max_messages=3, strategy="summarize", keep_recent=2)
+        >>> first = build_window(msgs, policy, summarizer=lambda ms: f"{len(ms)} earlier")
+        >>> first.window.summary.text, first.state.covered
+        ('8 earlier', 8)
+        >>> more = msgs + [Message.user("q10")]
+        >>> again = build_window(more, policy, state=first.state, summarizer=lambda ms: "+1")
+        >>> again.window.summarized  # only q8 is new to the summariser
+        1
+    """
+    ix, policy, counter = _resolve(history, policy, counter)
     prep = _prepare(ix, policy, counter, state)
     text = None
     if prep.request is not None:
-        text = _call_sync(summarizer or _default_summarizer(), prep.request)
+        text = _call_sync(summarizer or ExtractiveSummarizer(), prep.request)
     win = _finish(ix, policy, counter, prep, text, _history_tokens(ix, counter, history_tokens))
-    return win, prep.new_state, prep
+    return _built(win, prep)
 
 
-async def _abuild(
-    messages: Sequence[Message] | _HistoryIndex,
-    policy: ContextPolicy | None,
-    counter: TokenCounter | None,
-    summarizer: Summarizer | None,
-    state: _SummaryState | None,
-    history_tokens: int | None,
-) -> tuple[ContextWindow, _SummaryState | None, _Prepared]:
-    ix, policy, counter = _resolve(messages, policy, counter)
+async def abuild_window(
+    history: Sequence[Message] | HistoryIndex,
+    policy: ContextPolicy | None = None,
+    *,
+    counter: TokenCounter | None = None,
+    summarizer: Summarizer | None = None,
+    state: SummaryState | None = None,
+    history_tokens: int | None = None,
+) -> WindowBuild:
+    """Async twin of :func:`build_window`; the summariser may be sync or async."""
+    ix, policy, counter = _resolve(history, policy, counter)
     prep = _prepare(ix, policy, counter, state)
     text = None
     if prep.request is not None:
-        text = await _call_async(summarizer or _default_summarizer(), prep.request)
+        text = await _call_async(summarizer or ExtractiveSummarizer(), prep.request)
     win = _finish(ix, policy, counter, prep, text, _history_tokens(ix, counter, history_tokens))
-    return win, prep.new_state, prep
+    return _built(win, prep)
 
 
 def build_context(
@@ -667,7 +634,7 @@ def build_context(
         >>> [m.text for m in win.messages]
         ['Be terse.', 'q8', 'q9']
     """
-    return _build(messages, policy, counter, summarizer, None, None)[0]
+    return build_window(messages, policy, counter=counter, summarizer=summarizer).window
 
 
 async def abuild_context(
@@ -678,4 +645,5 @@ async def abuild_context(
     summarizer: Summarizer | None = None,
 ) -> ContextWindow:
     """Async twin of :func:`build_context`; the summariser may be sync or async."""
-    return (await _abuild(messages, policy, counter, summarizer, None, None))[0]
+    built = await abuild_window(messages, policy, counter=counter, summarizer=summarizer)
+    return built.window

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, field_validator
 
-from marsys_mem.model.messages import _freeze
+from marsys_mem.model.messages import freeze_json
 from marsys_mem.model.names import NAME_PATTERN
 
 __all__ = ["SCOPES", "FactScope", "SharedFact", "fact_id"]
@@ -73,7 +73,7 @@ class SharedFact(BaseModel):
     @field_validator("metadata")
     @classmethod
     def _freeze_metadata(cls, value: Any) -> Any:
-        return _freeze(value)
+        return freeze_json(value)
 
     @classmethod
     def create(

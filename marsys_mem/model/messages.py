@@ -57,6 +57,8 @@ __all__ = [
     "Role",
     "TextPart",
     "ToolCall",
+    "content_text",
+    "freeze_json",
     "to_llm_format",
 ]
 
@@ -154,20 +156,32 @@ _Text = Annotated[str, AfterValidator(_check_text)]
 """A str that encodes as UTF-8 (no lone surrogates): what every text field of a message is."""
 
 
-def _freeze(value: Any) -> Any:
-    """Deep read-only copy of a JSON value; rejects NaN, Infinity and non-UTF-8 text."""
+def freeze_json(value: Any) -> Any:
+    """Deep read-only copy of a JSON value; rejects NaN, Infinity and non-UTF-8 text.
+
+    Dicts become :class:`FrozenDict`, lists :class:`FrozenList`, at any depth: what every
+    JSON field of a message (and of a :class:`~marsys_mem.model.facts.SharedFact`) holds.
+
+    Raises:
+        ValueError: NaN or Infinity, or a string (or key) that does not encode as UTF-8.
+
+    Example:
+        >>> frozen = freeze_json({"a": [1, {"b": 2}]})
+        >>> type(frozen).__name__, type(frozen["a"]).__name__
+        ('FrozenDict', 'FrozenList')
+    """
     if isinstance(value, str):
         if not value.isascii() and _bad_char(value) is not None:
             raise _NotUtf8("text is not valid UTF-8 (it holds a lone surrogate)")
         return value
     if isinstance(value, dict):
-        out = FrozenDict({k: _freeze(v) for k, v in value.items()})
+        out = FrozenDict({k: freeze_json(v) for k, v in value.items()})
         for k in out:
             if isinstance(k, str) and not k.isascii() and _bad_char(k) is not None:
                 raise _NotUtf8("a key is not valid UTF-8 (it holds a lone surrogate)")
         return out
     if isinstance(value, list):
-        return FrozenList(_freeze(v) for v in value)
+        return FrozenList(freeze_json(v) for v in value)
     if isinstance(value, float) and (value != value or value in (_INF, -_INF)):
         raise ValueError(f"{value} is not valid JSON (NaN and Infinity are not allowed)")
     return value
@@ -195,9 +209,9 @@ def _find_not_utf8(value: Any, path: str) -> tuple[str, str, tuple[int, str]] | 
 
 
 def _freeze_field(value: Any, field: str) -> Any:
-    """:func:`_freeze`, with a non-UTF-8 string reported by its path inside ``field``."""
+    """:func:`freeze_json`, with a non-UTF-8 string reported by its path inside ``field``."""
     try:
-        return _freeze(value)
+        return freeze_json(value)
     except _NotUtf8:
         found = _find_not_utf8(value, field)
         assert found is not None
@@ -409,7 +423,7 @@ class Message(BaseModel):
     @property
     def text(self) -> str:
         """The content as plain text (parts joined, dicts as JSON, ``None`` as ``""``)."""
-        return _content_text(self.content)
+        return content_text(self.content)
 
     # ------------------------------------------------------------------ input processor
     @classmethod
@@ -483,7 +497,15 @@ def _errors(exc: ValidationError, limit: int = 3) -> str:
     return "; ".join(parts)
 
 
-def _content_text(content: Content) -> str:
+def content_text(content: Content) -> str:
+    """A message content as plain text: parts joined by newlines, dicts as JSON, ``None``: "".
+
+    Example:
+        >>> content_text([TextPart(text="a"), TextPart(text="b")]).splitlines()
+        ['a', 'b']
+        >>> content_text(None), content_text({"k": 1})
+        ('', '{"k": 1}')
+    """
     if content is None:
         return ""
     if isinstance(content, str):

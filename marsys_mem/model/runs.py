@@ -14,16 +14,15 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Generic, Literal, Protocol
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue
+from typing_extensions import TypeVar
 
+from marsys_mem.exceptions import MessageNotFoundError
 from marsys_mem.model.messages import Message
 
-if TYPE_CHECKING:
-    from marsys_mem.conversation import ConversationMemory
-
-__all__ = ["RunContext", "RunLoader", "RunSnapshot", "RunStatus", "history"]
+__all__ = ["RunContext", "RunLoader", "RunMemory", "RunSnapshot", "RunStatus", "history"]
 
 RunStatus = Literal["running", "ok", "error"]
 _OUTPUT_ROLES = frozenset(("assistant", "agent_response"))
@@ -79,11 +78,41 @@ class RunSnapshot(BaseModel):
         return [m for m in self.messages if not self._is_input(m)]
 
 
-class RunContext:
+class RunMemory(Protocol):
+    """What a run writes to: a ``ConversationMemory``, or anything that appends like one.
+
+    A protocol (structural): the model layer names what it needs from a memory rather than
+    importing ``ConversationMemory``, which sits above it.
+
+    Example:
+        >>> class ListMemory(list):
+        ...     def add(self, message):
+        ...         self.append(message)
+        ...         return message.message_id
+        >>> run = RunContext(agent="a", memory=ListMemory())
+        >>> run.input(Message.user("hi")) == run.memory[-1].message_id
+        True
+    """
+
+    def add(self, message: Message | Mapping[str, Any]) -> str:
+        """Append ``message``; returns its id."""
+        ...
+
+    def __getitem__(self, position: int) -> Message:
+        """The message at ``position`` (``-1``: the newest)."""
+        ...
+
+
+MemoryT = TypeVar("MemoryT", bound=RunMemory, default=RunMemory, covariant=True)
+"""The memory type of a :class:`RunContext` (``RunContext[ConversationMemory]``)."""
+
+
+class RunContext(Generic[MemoryT]):
     """A live run: records the messages added through it, usage and errors.
 
     Use :meth:`add` (or :meth:`input` / :meth:`output`) so the run knows its messages;
-    they also go to ``memory``.
+    they also go to ``memory``, any :class:`RunMemory` (usually a ``ConversationMemory``;
+    the class is generic in it, so ``run.memory`` keeps the type it was given).
 
     Example:
         >>> from marsys_mem import ConversationMemory
@@ -100,7 +129,7 @@ class RunContext:
         self,
         *,
         agent: str,
-        memory: ConversationMemory,
+        memory: MemoryT,
         parent_id: str | None = None,
         run_id: str | None = None,
         namespace: str = "default",
@@ -203,8 +232,6 @@ def history(store: RunLoader, run_id: str) -> list[Message]:
         MessageNotFoundError: a run on the chain is not in the store.
         ValueError: the parent chain has a cycle.
     """
-    from marsys_mem.exceptions import MessageNotFoundError
-
     chain: list[RunSnapshot] = []
     seen: set[str] = set()
     current: str | None = run_id
