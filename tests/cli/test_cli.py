@@ -16,6 +16,7 @@ import yaml
 
 from marsys_mem.cli.demo import build_demo_memory
 from marsys_mem.cli.main import main
+from marsys_mem.workflow import load_workflow
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "workflows"
@@ -347,8 +348,6 @@ steps:
 
 def test_workflow_schema_accepts_every_short_form_the_loader_accepts(capsys, tmp_path):
     path = write(tmp_path, SHORT_FORMS)
-    from marsys_mem.workflow import load_workflow
-
     load_workflow(path)  # the loader accepts it...
     assert _messages(_schema(capsys, "--workflow"), _load(path)) == []  # ...and so does the schema
 

@@ -5,13 +5,16 @@ import json
 import logging
 import re
 import shutil
+import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import marsys_mem.workflow.runner as runner
 from marsys_mem.cli.inspect import inspect_store, search_store
 from marsys_mem.workflow import (
     AskStep,
@@ -205,8 +208,6 @@ def test_long_conversation_is_summarised(tmp_path):
 
 
 def test_examples_run_bm25_only_without_the_embeddings_extra(tmp_path, monkeypatch, caplog):
-    import marsys_mem.workflow.runner as runner
-
     monkeypatch.setattr(runner, "_EMBEDDER", {"default": None})
     with caplog.at_level(logging.WARNING, logger="marsys_mem.workflow"):
         report = run_workflow(EXAMPLES / "support_assistant.yaml", store_dir=tmp_path / "s")
@@ -729,10 +730,6 @@ def random_steps(draw):
 @given(random_steps())
 def test_a_workflow_either_fails_validation_cleanly_or_runs(steps):
     """Validation is complete: what it accepts runs; what it rejects names a line."""
-    import tempfile
-
-    import yaml
-
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         path = folder / "wf.yaml"
