@@ -135,6 +135,16 @@ class _View:
         """A view; the common case (one segment: nothing forked) gets the fast one."""
         return _FlatView(segs, starts) if len(segs) == 1 else _View(segs, starts)
 
+    @property
+    def segments(self) -> list[tuple[_Segment, int]]:
+        """``(segment, bound)`` pairs, oldest first: what a fork borrows (a new list)."""
+        return list(self._segs)
+
+    @property
+    def starts(self) -> list[int]:
+        """The global position of each segment's first message (a new list)."""
+        return list(self._starts)
+
     def __len__(self) -> int:
         return self._len
 
@@ -591,6 +601,25 @@ class ConversationMemory:
             if self.events is not None:
                 self.events.publish(ClearEvent(agent=self.agent, before=before, after=len(self)))
 
+    def _init_fork(
+        self,
+        view: _View,
+        total: int,
+        other_totals: dict[Hashable, list[Any]],
+        summary: SummaryState | None,
+    ) -> None:
+        """Set up a memory made by :meth:`fork` (``self``): it borrows ``view``'s segments."""
+        self._lock = threading.RLock()
+        self._generation = 0
+        self._borrowed = view.segments
+        self._starts = view.starts
+        self._own = _Segment()
+        self._offset = len(view)
+        self._total = total
+        self._other_totals = other_totals
+        self._summary = summary
+        self._initial = len(view)
+
     def fork(self, *, agent: str | None = None) -> ConversationMemory:
         """A child memory that shares this history without copying it (copy-on-write).
 
@@ -605,22 +634,14 @@ class ConversationMemory:
             (1, 2)
         """
         child = ConversationMemory.__new__(ConversationMemory)
-        child._lock = threading.RLock()
-        child._generation = 0
         child.policy, child.counter, child.summarizer = self.policy, self.counter, self.summarizer
         child.strict_tools, child.events = self.strict_tools, self.events
         child.sink = None
         child.agent = agent if agent is not None else self.agent
         with self._lock:
             view = self._view()  # the child borrows every segment up to its length now
-            child._borrowed = list(view._segs)
-            child._starts = list(view._starts)
-            child._own = _Segment()
-            child._offset = len(view)
-            child._total = self._total
-            child._other_totals = {k: list(v) for k, v in self._other_totals.items()}
-            child._summary = self._summary
-            child._initial = len(view)
+            other_totals = {k: list(v) for k, v in self._other_totals.items()}
+            child._init_fork(view, self._total, other_totals, self._summary)  # noqa: SLF001 (same class)
             if self.events is not None:
                 self.events.publish(
                     ForkEvent(

@@ -79,16 +79,16 @@ class _RunScope:
 
     def __init__(
         self,
-        run: RunContext,
-        begin: Callable[[RunContext], None],
-        end: Callable[[RunContext, BaseException | None], None],
+        run: RunContext[ConversationMemory],
+        begin: Callable[[RunContext[ConversationMemory]], None],
+        end: Callable[[RunContext[ConversationMemory], BaseException | None], None],
     ) -> None:
         self._run = run
         self._begin = begin
         self._end = end
         self._entered = False
 
-    def __enter__(self) -> RunContext:
+    def __enter__(self) -> RunContext[ConversationMemory]:
         if self._entered:
             raise RuntimeError("a run scope can be entered only once")
         self._entered = True
@@ -103,7 +103,7 @@ class _RunScope:
     ) -> None:
         self._end(self._run, exc)
 
-    async def __aenter__(self) -> RunContext:
+    async def __aenter__(self) -> RunContext[ConversationMemory]:
         return self.__enter__()
 
     async def __aexit__(
@@ -457,10 +457,10 @@ class MemoryManager(Closing):
     def _runs_store(self, agent: str) -> MemoryStore:
         return self.store if self.config.policy_for(agent).is_persistent else self._ephemeral_runs
 
-    def _begin_run(self, run: RunContext) -> None:
+    def _begin_run(self, run: RunContext[ConversationMemory]) -> None:
         self._active_runs[run.agent] = self._active_runs.get(run.agent, 0) + 1
 
-    def _end_run(self, run: RunContext, error: BaseException | None) -> None:
+    def _end_run(self, run: RunContext[ConversationMemory], error: BaseException | None) -> None:
         run.finish(error)
         count = self._active_runs.get(run.agent, 1) - 1
         if count > 0:
