@@ -16,8 +16,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from marsys_mem.display import report_html
 
-from marsys_mem.display import report_html
-
 if TYPE_CHECKING:
     from marsys_mem.context.window import ContextPolicy, ContextWindow
     from marsys_mem.model.facts import SharedFact
