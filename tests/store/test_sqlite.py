@@ -34,7 +34,7 @@ from marsys_mem.store.base import (
     Op,
     SaveRun,
 )
-from marsys_mem.testing.store_conformance import T0, snapshot_of, user_messages
+from marsys_mem.testing.conformance.data import T0, snapshot_of, user_messages
 
 KEY: Key = ("default", "researcher", "main")
 
