@@ -37,15 +37,15 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 import networkx as nx
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from marsys_mem.coordination.transport import (
+from marsys_mem.display import MAX_CHARS, MAX_ROWS, graph_html
+from marsys_mem.exceptions import (
     BranchError,
     MergeCycleError,
+    MissingDependencyError,
     UnknownBranchError,
-    validate_name,
 )
-from marsys_mem.display import MAX_CHARS, MAX_ROWS, graph_html
-from marsys_mem.exceptions import MissingDependencyError
 from marsys_mem.model.facts import SCOPES, FactScope
+from marsys_mem.model.names import validate_name
 from marsys_mem.patterns.shared import ConflictRule
 
 if TYPE_CHECKING:
@@ -516,8 +516,8 @@ class BranchGraph:
             MissingDependencyError: matplotlib is not installed (the ``notebooks`` extra).
         """
         try:
-            from matplotlib.figure import Figure
-            from matplotlib.lines import Line2D
+            from matplotlib.figure import Figure  # noqa: PLC0415 (optional dependency: notebooks)
+            from matplotlib.lines import Line2D  # noqa: PLC0415 (optional dependency: notebooks)
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise MissingDependencyError(
                 "BranchGraph.draw needs matplotlib: pip install 'marsys-mem[notebooks]'"
