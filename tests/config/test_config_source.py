@@ -2,7 +2,8 @@
 
 from pathlib import Path
 
-from marsys_mem.config.models import MemoryConfig, load_config
+from marsys_mem.config.load import load_config
+from marsys_mem.config.models import MemoryConfig
 
 
 def test_load_config_records_the_resolved_file(tmp_path: Path, monkeypatch) -> None:
