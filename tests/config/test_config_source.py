@@ -2,8 +2,7 @@
 
 from pathlib import Path
 
-from marsys_mem.config.load import load_config
-from marsys_mem.config.models import MemoryConfig
+from marsys_mem.config import MemoryConfig, load_config
 
 
 def test_load_config_records_the_resolved_file(tmp_path: Path, monkeypatch) -> None:
