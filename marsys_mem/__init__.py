@@ -14,12 +14,12 @@ Example:
 import importlib as _importlib
 import typing as _typing
 
+from marsys_mem.config.load import load_config
 from marsys_mem.config.models import (
     AgentConfig,
     MemoryConfig,
     RetentionPolicy,
     StoreConfig,
-    load_config,
     parse_duration,
 )
 from marsys_mem.context.summarize import ExtractiveSummarizer

@@ -15,7 +15,8 @@ from marsys_mem import (
     MessageNotFoundError,
     ToolCall,
 )
-from marsys_mem.config.models import MemoryConfig, load_config
+from marsys_mem.config.load import load_config
+from marsys_mem.config.models import MemoryConfig
 from marsys_mem.manager import MemoryManager
 from marsys_mem.store import InMemoryStore, SQLiteStore
 

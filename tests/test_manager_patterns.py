@@ -1,7 +1,7 @@
 import yaml
 
 from marsys_mem import MemoryManager, Message
-from marsys_mem.config.models import load_config
+from marsys_mem.config.load import load_config
 from marsys_mem.context.tokens import HeuristicCounter, count_message
 
 CHATTER = [

@@ -4,20 +4,22 @@
 the file, the line and the field.
 """
 
+from marsys_mem.config.load import ConfigFile, load_config, load_config_file
 from marsys_mem.config.models import (
     AgentConfig,
     MemoryConfig,
     RetentionPolicy,
     StoreConfig,
-    load_config,
     parse_duration,
 )
 
 __all__ = [
     "AgentConfig",
+    "ConfigFile",
     "MemoryConfig",
     "RetentionPolicy",
     "StoreConfig",
     "load_config",
+    "load_config_file",
     "parse_duration",
 ]

@@ -53,11 +53,10 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from marsys_mem.config.files import DEFAULT_LIMITS, FileLimits, load_file, short_repr
+from marsys_mem.config.files import short_repr
 from marsys_mem.config.schema_forms import AlsoAccepts, SchemaAs, SchemaOf
 from marsys_mem.context.compose import BudgetSplit
 from marsys_mem.context.window import ContextPolicy
-from marsys_mem.exceptions import ConfigError
 from marsys_mem.model.names import NAME_PATTERN
 
 __all__ = [
@@ -72,7 +71,6 @@ __all__ = [
     "RetentionPolicy",
     "StoreConfig",
     "format_validation_error",
-    "load_config",
     "parse_duration",
 ]
 
@@ -501,31 +499,3 @@ def format_validation_error(exc: ValidationError, *, prefix: str = "") -> str:
 def _short_part(part: object) -> str:
     text = str(part)
     return text if len(text) <= 60 else short_repr(text, 60)
-
-
-def load_config(path: str | Path, *, limits: FileLimits = DEFAULT_LIMITS) -> MemoryConfig:
-    """Load and validate a config file (YAML, TOML or JSON, by extension).
-
-    The file is read by :func:`marsys_mem.config.files.load_file`: its size, nesting and
-    YAML alias expansion are bounded by ``limits``; duplicate keys, integers beyond 64
-    bits, bytes that are not UTF-8 and empty files are refused.
-
-    Raises:
-        ConfigError: the file is missing, unparsable, too large, empty or invalid; the
-            message names the file, the field path (or the line) and the bad value.
-
-    Example:
-        >>> import pathlib, tempfile
-        >>> path = pathlib.Path(tempfile.mkdtemp()) / "team.json"
-        >>> _ = path.write_text('{"agents": {"researcher": {"retention": "persistent"}}}')
-        >>> load_config(path).agents["researcher"].retention
-        'persistent'
-    """
-    path = Path(path)
-    data = load_file(path, what="config file", limits=limits).data
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
-    try:
-        return MemoryConfig.model_validate(data, context={"source": path.resolve()})
-    except ValidationError as exc:
-        raise ConfigError(f"{path}: {format_validation_error(exc)}") from None

@@ -44,7 +44,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from marsys_mem.config.models import MemoryConfig, RetentionPolicy, load_config
+from marsys_mem.config.load import load_config
+from marsys_mem.config.models import MemoryConfig, RetentionPolicy
 from marsys_mem.context.compose import Block, aassemble, assemble
 from marsys_mem.context.tokens import TokenCounter, get_counter
 from marsys_mem.context.window import ContextPolicy, Summarizer

@@ -59,8 +59,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from marsys_mem.config.load import load_config_file
 from marsys_mem.config.models import MemoryConfig
-from marsys_mem.workflow.files import load_config_file, read_data
+from marsys_mem.config.report import read_data
 from marsys_mem.workflow.models import (
     STEP_KINDS,
     AgentSpec,
@@ -159,7 +160,7 @@ def load_workflow(path: str | Path) -> Workflow:
             lists every error, one per line, each naming the file, the line and the field.
     """
     path = Path(path)
-    data, lines = read_data(path, "workflow file")
+    data, lines = read_data(path, "workflow file", error=WorkflowError)
     return check_workflow_data(data, lines, path)
 
 
@@ -205,11 +206,11 @@ def check_file(path: str | Path) -> FileCheck:
             file, line and field.
     """
     path = Path(path)
-    data, lines = read_data(path, "file")
+    data, lines = read_data(path, "file", error=WorkflowError)
     if path.suffix.lower() != ".toml" and detect_kind(data) == "workflow":
         wf = check_workflow_data(data, lines, path)
         return FileCheck("workflow", wf, list(prepare_workflow(wf).warnings))
-    loaded = load_config_file(path, f"{path}: ")
+    loaded = load_config_file(path, where=f"{path}: ", error=WorkflowError)
     warnings = config_warnings(loaded.config, data=loaded.data, lines=loaded.lines, file=str(path))
     return FileCheck("config", loaded.config, warnings)
 

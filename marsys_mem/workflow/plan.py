@@ -29,7 +29,17 @@ from typing import Any, TypeVar
 from pydantic import TypeAdapter, ValidationError
 
 from marsys_mem.config.files import short_repr
+from marsys_mem.config.load import load_config_file
 from marsys_mem.config.models import MemoryConfig
+from marsys_mem.config.report import (
+    MAX_ERRORS,
+    MoreErrors,
+    Problem,
+    is_file,
+    more_errors,
+    raise_errors,
+    shown_path,
+)
 from marsys_mem.config.sourcemap import (
     LocatedError,
     PathPart,
@@ -41,16 +51,6 @@ from marsys_mem.config.sourcemap import (
 )
 from marsys_mem.coordination.graph import BranchGraph
 from marsys_mem.coordination.transport import BranchError
-from marsys_mem.workflow.files import (
-    MAX_ERRORS,
-    MoreErrors,
-    Problem,
-    is_file,
-    load_config_file,
-    more_errors,
-    raise_errors,
-    shown_path,
-)
 from marsys_mem.workflow.models import (
     UNION_TAGS,
     AgentSpec,
@@ -750,7 +750,7 @@ def check_workflow_data(data: Any, lines: SourceMap | None, path: Path) -> Workf
                 partial, memory_ok=memory_ok, bad_agents=bad_agents, bad_branches=bad_branches
             )
             errors += more
-        raise_errors(errors, file)
+        raise_errors(errors, file, error=WorkflowError)
         raise  # pragma: no cover - raise_errors raised
     wf = wf.with_origin(origin)
     prepare_workflow(wf)  # semantic checks now: a loaded workflow can run
@@ -787,7 +787,7 @@ def _check(
                 raise checker.fail(
                     ("memory", "config"), f"config file not found: {shown_path(path)}"
                 )
-            loaded = load_config_file(path, "")
+            loaded = load_config_file(path, error=WorkflowError)
         except _Failed as failed:
             if failed.error is not None:
                 errors.append(failed.error)
@@ -878,6 +878,6 @@ def prepare_workflow(workflow: Workflow) -> PreparedWorkflow:
 def _prepare(workflow: Workflow) -> PreparedWorkflow:
     prepared, errors = _check(workflow)
     origin = workflow.origin
-    raise_errors(errors, origin.name if origin is not None else None)
+    raise_errors(errors, origin.name if origin is not None else None, error=WorkflowError)
     assert prepared is not None
     return prepared

@@ -16,7 +16,7 @@ import pytest
 
 from marsys_mem.cli.main import main
 from marsys_mem.config.files import FileLimits, load_file, parse_text, short_repr
-from marsys_mem.config.models import load_config
+from marsys_mem.config.load import load_config
 from marsys_mem.config.sourcemap import load_with_lines
 from marsys_mem.exceptions import ConfigError, WorkflowError
 from marsys_mem.workflow import load_workflow, validate_config_file

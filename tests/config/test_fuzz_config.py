@@ -23,7 +23,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from marsys_mem.config.models import MemoryConfig, load_config
+from marsys_mem.config.load import load_config
+from marsys_mem.config.models import MemoryConfig
 from marsys_mem.config.sourcemap import load_with_lines
 from marsys_mem.exceptions import ConfigError
 from marsys_mem.workflow import validate_config_file

@@ -6,13 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from marsys_mem import ConfigError
-from marsys_mem.config.models import (
-    MemoryConfig,
-    RetentionPolicy,
-    StoreConfig,
-    load_config,
-    parse_duration,
-)
+from marsys_mem.config.load import load_config
+from marsys_mem.config.models import MemoryConfig, RetentionPolicy, StoreConfig, parse_duration
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "policies"
 
@@ -133,7 +128,8 @@ def test_error_wrong_type(tmp_path):
 def test_error_unknown_key(tmp_path):
     msg = _error_for(tmp_path, "a.yaml", "version: 1\nagents: {r: {colour: red}}\n")
     assert "agents.r.colour" in msg
-    assert "Extra inputs" in msg
+    assert "unknown field" in msg
+    assert "a.yaml:2:" in msg  # the line it is written on
 
 
 def test_error_unknown_top_level_key(tmp_path):
@@ -255,16 +251,17 @@ def test_error_messages_never_repeat_a_huge_value(tmp_path):
     assert "defaults.retention" in msg
     assert len(msg) < 400
     msg = _error_for(tmp_path, "b.json", json.dumps({"agents": {huge: {"colour": "red"}}}))
-    assert "Extra inputs" in msg
+    assert "unknown field" in msg
     assert len(msg) < 400
 
 
-def test_error_messages_list_at_most_twenty_errors(tmp_path):
+def test_error_messages_list_at_most_fifty_errors(tmp_path):
+    # one report format for policy and workflow files: MAX_ERRORS located lines, then a count
     agents = ", ".join(f"a{i}: {{colour: red}}" for i in range(500))
     msg = _error_for(tmp_path, "a.yaml", f"agents: {{{agents}}}\n")
-    assert msg.count("Extra inputs") == 20
-    assert "and 480 more errors" in msg
-    assert len(msg) < 4000
+    assert msg.count("unknown field") == 50
+    assert "and 450 more errors" in msg
+    assert len(msg) < 10_000  # bounded, whatever the file holds
 
 
 def test_store_config_rules():

@@ -31,9 +31,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from marsys_mem.cli.main import main
+from marsys_mem.config.load import config_schema
 from marsys_mem.exceptions import MarsysMemError
 from marsys_mem.workflow import STEP_KINDS, check_file
-from marsys_mem.workflow.files import config_schema
 from marsys_mem.workflow.models import workflow_schema
 
 ROOT = Path(__file__).resolve().parents[2]
