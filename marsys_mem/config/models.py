@@ -4,7 +4,7 @@ A config file (YAML, TOML or JSON) says where memory is stored and, per agent, h
 lives and how much of it goes into the context window::
 
     version: 1
-    store: {backend: sqlite, path: .marsys_mem/memory.db}
+    store: {backend: sqlite}                 # path: default_store_path(); or your own
     defaults:
       retention: session                     # single_run | session | persistent
       context: {max_messages: 50, max_tokens: 8000, strategy: sliding_window}
@@ -18,7 +18,12 @@ lives and how much of it goes into the context window::
 
 Each agent's settings are the defaults overridden field by field (``context`` key by key;
 when an agent changes the strategy, summarize-only keys of the defaults are dropped).
-A relative ``store.path`` is resolved against the config file's folder.
+Where a SQLite store lives: ``store.path`` when given (a relative path is resolved against
+the config file's folder, ``~`` is expanded); without a path, :func:`default_store_path`, a
+file in the user's data folder (``$MARSYS_MEM_HOME``, else ``$XDG_DATA_HOME/marsys-mem``
+or ``~/.local/share/marsys-mem``; ``%LOCALAPPDATA%/marsys-mem`` on Windows,
+``~/Library/Application Support/marsys-mem`` on macOS), never the folder of the config file
+or the current directory, so loading a config from a source checkout writes nothing into it.
 
 Retention kinds:
 
@@ -34,7 +39,9 @@ the bad value. ``MemoryConfig.model_json_schema()`` gives the JSON Schema for ed
 from __future__ import annotations
 
 import math
+import os
 import re
+import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
@@ -60,6 +67,7 @@ from marsys_mem.context.window import ContextPolicy
 from marsys_mem.model.names import NAME_PATTERN
 
 __all__ = [
+    "DATA_DIR_ENV",
     "AgentConfig",
     "Duration",
     "EpisodicPatternConfig",
@@ -70,11 +78,54 @@ __all__ = [
     "RetentionKind",
     "RetentionPolicy",
     "StoreConfig",
+    "default_data_dir",
+    "default_store_path",
     "format_validation_error",
     "parse_duration",
 ]
 
 RetentionKind = Literal["single_run", "session", "persistent"]
+
+DATA_DIR_ENV = "MARSYS_MEM_HOME"
+"""Environment variable naming the folder of the default store (see :func:`default_data_dir`)."""
+
+
+def default_data_dir() -> Path:
+    """The folder of stores configured without a path (the user's data folder).
+
+    ``$MARSYS_MEM_HOME`` when set; else ``$XDG_DATA_HOME/marsys-mem`` (when absolute) or
+    ``~/.local/share/marsys-mem``; on Windows ``%LOCALAPPDATA%/marsys-mem``, on macOS
+    ``~/Library/Application Support/marsys-mem``. Never inside a source checkout.
+
+    Example:
+        >>> default_data_dir().is_absolute()
+        True
+    """
+    home = os.environ.get(DATA_DIR_ENV)
+    if home:
+        return Path(home).expanduser().absolute()
+    if sys.platform == "win32":
+        local = os.environ.get("LOCALAPPDATA")
+        base = Path(local) if local else Path.home() / "AppData" / "Local"
+    elif sys.platform == "darwin":
+        base = Path.home() / "Library" / "Application Support"
+    else:
+        xdg = os.environ.get("XDG_DATA_HOME")
+        base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".local" / "share"
+    return base / "marsys-mem"
+
+
+def default_store_path() -> Path:
+    """The SQLite file of a store configured without a path: ``default_data_dir()/memory.db``.
+
+    Projects sharing it are kept apart by ``store.namespace``.
+
+    Example:
+        >>> default_store_path().name
+        'memory.db'
+    """
+    return default_data_dir() / "memory.db"
+
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
@@ -278,8 +329,9 @@ class AgentConfig(BaseModel):
 class StoreConfig(BaseModel):
     """Where persistent memory lives.
 
-    ``backend``: ``memory`` (nothing survives the process) or ``sqlite`` (``path``,
-    default ``.marsys_mem/memory.db``). ``namespace`` separates projects sharing a store.
+    ``backend``: ``memory`` (nothing survives the process) or ``sqlite`` (``path``; relative
+    to the config file's folder; without one, :func:`default_store_path` in the user's data
+    folder). ``namespace`` separates projects sharing a store.
 
     Example:
         >>> StoreConfig(backend="sqlite", path="mem.db").namespace
@@ -299,8 +351,13 @@ class StoreConfig(BaseModel):
         return self
 
     def resolved_path(self, base: Path | None = None) -> Path:
-        """The SQLite path, relative paths resolved against ``base`` (the config's folder)."""
-        path = self.path or Path(".marsys_mem/memory.db")
+        """The SQLite file: ``path``, or :func:`default_store_path` when none is set.
+
+        ``~`` is expanded; a relative path is resolved against ``base`` (the config's folder).
+        """
+        if self.path is None:
+            return default_store_path()
+        path = self.path.expanduser()
         if not path.is_absolute() and base is not None:
             path = base / path
         return path

@@ -5,11 +5,21 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from marsys_mem import ConfigError
+from marsys_mem import ConfigError, MemoryManager, Message
 from marsys_mem.config.load import load_config
-from marsys_mem.config.models import MemoryConfig, RetentionPolicy, StoreConfig, parse_duration
+from marsys_mem.config.models import (
+    MemoryConfig,
+    RetentionPolicy,
+    StoreConfig,
+    default_store_path,
+    parse_duration,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "policies"
+# the policy files only: a store or an editor's file left in the folder is not an example
+EXAMPLE_FILES = sorted(
+    p for p in EXAMPLES.iterdir() if p.is_file() and p.suffix in {".yaml", ".yml", ".toml", ".json"}
+)
 
 
 @pytest.mark.parametrize(
@@ -37,7 +47,7 @@ def test_parse_duration_rejects(bad):
         parse_duration(bad)
 
 
-@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", EXAMPLE_FILES, ids=lambda p: p.name)
 def test_every_example_policy_file_loads(path):
     cfg = load_config(path)
     assert cfg.version == 1
@@ -47,8 +57,9 @@ def test_every_example_policy_file_loads(path):
 
 
 def test_examples_cover_each_retention_kind():
+    assert len(EXAMPLE_FILES) >= 3
     kinds = set()
-    for path in EXAMPLES.glob("*"):
+    for path in EXAMPLE_FILES:
         cfg = load_config(path)
         kinds.add(cfg.defaults.retention)
         kinds.update(cfg.policy_for(a).retention for a in cfg.agents)
@@ -70,7 +81,21 @@ def test_team_example_merges_defaults():
     assert cfg.policy_for("planner").retention == "session"
     assert cfg.policy_for("scratchpad").retention == "single_run"
     assert cfg.policy_for("unknown-agent") == cfg.defaults
-    assert cfg.store.resolved_path(cfg.base_dir) == EXAMPLES / ".marsys_mem" / "memory.db"
+    # no path: the user's data folder, never the checkout (issue 11)
+    assert cfg.store.resolved_path(cfg.base_dir) == default_store_path()
+    assert EXAMPLES.parent.parent not in cfg.store.resolved_path(cfg.base_dir).parents
+
+
+def test_example_store_paths_stay_out_of_the_checkout(tmp_path, monkeypatch):
+    """Loading an example policy and writing through it creates nothing in examples/."""
+    monkeypatch.setenv("MARSYS_MEM_HOME", str(tmp_path / "home"))
+    before = sorted(EXAMPLES.rglob("*"))
+    for path in EXAMPLE_FILES:
+        with MemoryManager.from_config(path) as manager:
+            for agent in [*manager.config.agents, "someone"]:
+                manager.memory(agent).add(Message.user("hello"))
+    assert sorted(EXAMPLES.rglob("*")) == before
+    assert (tmp_path / "home" / "memory.db").is_file()
 
 
 def test_strategy_override_drops_summarize_only_defaults(tmp_path):
@@ -267,8 +292,10 @@ def test_error_messages_list_at_most_fifty_errors(tmp_path):
 def test_store_config_rules():
     with pytest.raises(ValidationError, match="path is only used"):
         StoreConfig(backend="memory", path="x.db")
-    assert StoreConfig(backend="sqlite").resolved_path(Path("/base")) == Path(
-        "/base/.marsys_mem/memory.db"
+    # no path: the user's data folder, whatever the config's folder
+    assert StoreConfig(backend="sqlite").resolved_path(Path("/base")) == default_store_path()
+    assert StoreConfig(backend="sqlite", path="m.db").resolved_path(Path("/base")) == Path(
+        "/base/m.db"
     )
     assert StoreConfig(backend="sqlite", path="/abs/m.db").resolved_path(Path("/b")) == Path(
         "/abs/m.db"

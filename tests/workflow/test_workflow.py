@@ -295,7 +295,8 @@ def test_default_store_is_next_to_the_workflow(tmp_path):
     assert (tmp_path / ".marsys_mem" / "memory.db").is_file()
 
 
-def test_memory_config_file_is_relative_to_the_workflow(tmp_path):
+def test_memory_config_file_is_relative_to_the_workflow(tmp_path, monkeypatch):
+    monkeypatch.setenv("MARSYS_MEM_HOME", str(tmp_path / "home"))
     (tmp_path / "policies").mkdir()
     shutil.copy(ROOT / "examples" / "policies" / "team.yaml", tmp_path / "policies")
     path = write(
@@ -308,8 +309,9 @@ def test_memory_config_file_is_relative_to_the_workflow(tmp_path):
         """,
     )
     report = run_workflow(path)
-    # the policy file names its own store (relative to its folder)
-    assert report.store == str((tmp_path / "policies" / ".marsys_mem" / "memory.db").resolve())
+    # the policy file's store has no path: the user's data folder, not the policy's folder
+    assert report.store == str((tmp_path / "home" / "memory.db").resolve())
+    assert not (tmp_path / "policies" / ".marsys_mem").exists()
     assert report.memory("researcher").retention == "persistent"
     assert report.memory("researcher").stored == 1
     assert report.memory("planner").window.max_tokens == 6000
