@@ -1,0 +1,237 @@
+"""MarsysCheckpointer against LangGraph itself: its conformance suite and real graphs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage, RemoveMessage
+from langgraph.checkpoint.conformance import checkpointer_test, validate
+from langgraph.checkpoint.conformance.report import CapabilityReport
+from langgraph.graph import END, START, MessagesState, StateGraph
+
+from marsys_mem.exceptions import MissingDependencyError, StoreError
+from marsys_mem.integrations.langgraph import MarsysCheckpointer, thread_name
+from marsys_mem.store import InMemoryStore, SQLiteStore
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _failures(report: CapabilityReport) -> str:
+    return json.dumps({k: v.failures for k, v in report.results.items() if v.failures}, indent=1)
+
+
+# ---------------------------------------------------------------- LangGraph's conformance suite
+async def test_conformance_in_memory_store() -> None:
+    @checkpointer_test(name="MarsysCheckpointer[InMemoryStore]")
+    async def factory() -> AsyncIterator[MarsysCheckpointer]:
+        store = InMemoryStore()
+        yield MarsysCheckpointer(store)
+        store.close()
+
+    report = await validate(factory)
+    assert report.passed_all_base(), _failures(report)
+    assert report.passed_all(), _failures(report)
+    extended = {"copy_thread", "prune", "delete_for_runs"}
+    assert all(report.results[name].detected for name in extended)
+    assert report.conformance_level() == "FULL"
+
+
+async def test_conformance_sqlite_store(tmp_path: Path) -> None:
+    @checkpointer_test(name="MarsysCheckpointer[SQLiteStore]")
+    async def factory() -> AsyncIterator[MarsysCheckpointer]:
+        store = SQLiteStore(tmp_path / "lg.db")
+        yield MarsysCheckpointer(store)
+        store.close()
+
+    report = await validate(factory)
+    assert report.passed_all_base(), _failures(report)
+    assert report.conformance_level() == "FULL", _failures(report)
+
+
+# ---------------------------------------------------------------- a real graph
+def _reply(state: MessagesState) -> dict[str, Any]:
+    last = state["messages"][-1].content
+    return {"messages": [AIMessage(f"echo {last} ({len(state['messages'])} seen)")]}
+
+
+def _graph(saver: MarsysCheckpointer) -> Any:
+    builder = StateGraph(MessagesState)
+    builder.add_node("reply", _reply)
+    builder.add_edge(START, "reply")
+    builder.add_edge("reply", END)
+    return builder.compile(checkpointer=saver)
+
+
+def _cfg(thread: str) -> Any:
+    return {"configurable": {"thread_id": thread}}
+
+
+def test_graph_stores_each_message_once() -> None:
+    store = InMemoryStore()
+    graph = _graph(MarsysCheckpointer(store))
+    for i in range(30):
+        out = graph.invoke({"messages": [HumanMessage(f"q{i}")]}, _cfg("chat/1"))
+    assert len(out["messages"]) == 60
+    assert out["messages"][-1].content == "echo q29 (59 seen)"
+    log = store.load_messages(("langgraph", thread_name("chat/1"), "messages"))
+    assert len(log) == 60  # each message once, however many checkpoints reference it
+    assert [m.role for m in log[:2]] == ["user", "assistant"]
+    assert log[0].text == "q0"
+    assert log[1].text.startswith("echo q0")
+
+
+def test_message_list_edits_round_trip() -> None:
+    saver = MarsysCheckpointer(InMemoryStore())
+    graph = _graph(saver)
+    for i in range(3):
+        graph.invoke({"messages": [HumanMessage(f"q{i}", id=f"h{i}")]}, _cfg("t"))
+    before = graph.get_state(_cfg("t")).values["messages"]
+    graph.update_state(
+        _cfg("t"),
+        {"messages": [RemoveMessage(id="h1"), HumanMessage("q0 edited", id="h0")]},
+    )
+    after = [m.content for m in graph.get_state(_cfg("t")).values["messages"]]
+    assert after[0] == "q0 edited"
+    assert "q1" not in after
+    assert len(after) == len(before) - 1
+    # a fresh checkpointer (cold cache) reads the same lists, at every checkpoint
+    cold = MarsysCheckpointer(saver.store)
+    for tup in saver.list(_cfg("t")):
+        again = cold.get_tuple(tup.config)
+        assert again is not None
+        assert again.checkpoint["channel_values"] == tup.checkpoint["channel_values"]
+
+
+async def test_async_graph_and_copy_thread() -> None:
+    saver = MarsysCheckpointer(InMemoryStore())
+    graph = _graph(saver)
+    await graph.ainvoke({"messages": [HumanMessage("a")]}, _cfg("src"))
+    await saver.acopy_thread("src", "dst")
+    await graph.ainvoke({"messages": [HumanMessage("b")]}, _cfg("dst"))
+    src = (await graph.aget_state(_cfg("src"))).values["messages"]
+    dst = (await graph.aget_state(_cfg("dst"))).values["messages"]
+    assert [m.content for m in src] == ["a", "echo a (1 seen)"]
+    assert [m.content for m in dst][2:] == ["b", "echo b (3 seen)"]
+    with pytest.raises(ValueError, match="already has checkpoints"):
+        await saver.acopy_thread("src", "dst")
+
+
+def test_prune_keeps_the_latest_state_and_drops_unreferenced_messages() -> None:
+    store = InMemoryStore()
+    saver = MarsysCheckpointer(store)
+    graph = _graph(saver)
+    for i in range(5):
+        graph.invoke({"messages": [HumanMessage(f"q{i}")]}, _cfg("p"))
+    graph.update_state(_cfg("p"), {"messages": [RemoveMessage(id="__remove_all__")]})
+    saver.prune(["p"])
+    assert len(list(saver.list(_cfg("p")))) == 1
+    assert graph.get_state(_cfg("p")).values["messages"] == []
+    assert store.count_messages(("langgraph", "p", "messages")) == 0
+    with pytest.raises(ValueError, match="strategy"):
+        saver.prune(["p"], strategy="newest")
+
+
+def test_resume_in_a_new_process_from_sqlite(tmp_path: Path) -> None:
+    db = tmp_path / "threads.db"
+    store = SQLiteStore(db)
+    graph = _graph(MarsysCheckpointer(store))
+    graph.invoke({"messages": [HumanMessage("first")]}, _cfg("user-7"))
+    store.close()
+    script = textwrap.dedent(
+        f"""
+        import json, sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_langgraph_checkpointer import _graph, _cfg
+        from langchain_core.messages import HumanMessage
+        from marsys_mem.integrations.langgraph import MarsysCheckpointer
+        from marsys_mem.store import SQLiteStore
+        store = SQLiteStore({str(db)!r})
+        graph = _graph(MarsysCheckpointer(store))
+        out = graph.invoke({{"messages": [HumanMessage("second")]}}, _cfg("user-7"))
+        print(json.dumps([m.content for m in out["messages"]]))
+        store.close()
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [
+        "first",
+        "echo first (1 seen)",
+        "second",
+        "echo second (3 seen)",
+    ]
+    # and this process, with a fresh store, sees what the other one wrote
+    with SQLiteStore(db) as again:
+        state = _graph(MarsysCheckpointer(again)).get_state(_cfg("user-7"))
+        assert len(state.values["messages"]) == 4
+
+
+def test_two_checkpointers_on_one_file_see_each_others_writes(tmp_path: Path) -> None:
+    a_store, b_store = SQLiteStore(tmp_path / "x.db"), SQLiteStore(tmp_path / "x.db")
+    a, b = _graph(MarsysCheckpointer(a_store)), _graph(MarsysCheckpointer(b_store))
+    a.invoke({"messages": [HumanMessage("1")]}, _cfg("t"))
+    b.invoke({"messages": [HumanMessage("2")]}, _cfg("t"))  # b reads a's checkpoint
+    out = a.invoke({"messages": [HumanMessage("3")]}, _cfg("t"))  # a notices b's
+    assert [m.content for m in out["messages"]][::2] == ["1", "2", "3"]
+    a_store.close()
+    b_store.close()
+
+
+# ---------------------------------------------------------------- the boundary
+def test_settings_are_validated() -> None:
+    with pytest.raises(ValueError, match="namespace"):
+        MarsysCheckpointer(InMemoryStore(), namespace="a/b")
+    with pytest.raises(ValueError, match=r"message_channels\[1\]"):
+        MarsysCheckpointer(InMemoryStore(), message_channels=["messages", ""])
+    with pytest.raises(TypeError, match="MemoryStore"):
+        MarsysCheckpointer("memory.db")  # type: ignore[arg-type]
+    saver = MarsysCheckpointer(InMemoryStore())
+    with pytest.raises(ValueError, match="thread_id"):
+        saver.get_tuple({"configurable": {}})
+
+
+def test_thread_names() -> None:
+    ids = ["plain", "a/b", "a%2Fb", "#x", "", "x" * 300, "a@b+c", "tab\there"]
+    names = [thread_name(t) for t in ids]
+    assert len(set(names)) == len(ids)
+    assert names[0] == "plain"
+    assert all(len(n) <= 256 for n in names)
+
+
+def test_a_failed_write_changes_nothing() -> None:
+    store = InMemoryStore()
+    saver = MarsysCheckpointer(store)
+    graph = _graph(saver)
+    graph.invoke({"messages": [HumanMessage("kept")]}, _cfg("t"))
+    before = saver.get_tuple(_cfg("t"))
+    store.close()
+    with pytest.raises(StoreError):
+        graph.invoke({"messages": [HumanMessage("lost")]}, _cfg("t"))
+    assert before is not None
+    assert [m.content for m in before.checkpoint["channel_values"]["messages"]] == [
+        "kept",
+        "echo kept (1 seen)",
+    ]
+
+
+def test_missing_langgraph_names_the_extra() -> None:
+    code = (
+        "import sys; sys.modules['langgraph'] = None\n"
+        "from marsys_mem.exceptions import MissingDependencyError\n"
+        "try:\n"
+        "    import marsys_mem.integrations.langgraph\n"
+        "except MissingDependencyError as e:\n"
+        "    print(e)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert "marsys-mem[langgraph]" in done.stdout, done.stderr
+    assert issubclass(MissingDependencyError, ImportError)
