@@ -2,6 +2,7 @@
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import jsonschema
 import pytest
 import yaml
 
-from marsys_mem.cli.demo import build_demo_memory
+from marsys_mem.cli.demo import SEARCH_HINT, build_demo_memory
 from marsys_mem.cli.main import main
 from marsys_mem.workflow import load_workflow
 
@@ -70,10 +71,24 @@ def test_demo_runs_the_bundled_workflow_and_keeps_no_files(capsys, tmp_path, mon
         "== Questions (3)",
         "✓ '61,000'",
         "✓ 'EN 17860'",
+        # the model's load time is labelled, apart from the workflow's timings
+        "loading the embedding model (",
+        "once per process (not part of the workflow timings below)",
+        # the planner's actual window, its text clipped, not only counts
+        "== What planner@main sends its LLM now: 7 messages,",
+        "user: Should we launch our Cargo One e-bike in the Netherlands next spring?",
+        "system [shared_facts]: Shared facts:",
+        # the conflicting fact that lost a merge, and why
+        "== Conflicts lost in merges (1)",
+        "competitors@competitors: 'A trade blog puts the Dutch cargo bike market at 45,000",
+        "(confidence 0.5) lost to market@market: 'The Dutch cargo e-bike market is about 61,000",
+        "on topic 'market_size': the competitors -> main merge keeps the higher confidence",
         "demo finished in",
+        SEARCH_HINT,
     ):
         assert needle in out, needle
-    assert out.rstrip().splitlines()[-3] == "ok"
+    assert "\nok\n" in out
+    assert "marsys-mem search DIR 'market size'" not in out  # it found nothing
     assert list(tmp_path.iterdir()) == []  # the store lived in a temporary folder
 
 
@@ -84,6 +99,22 @@ def test_demo_json_and_store(capsys, tmp_path):
     assert report["name"] == "research_team"
     assert report["ok"] is True
     assert (tmp_path / "s" / "memory.db").is_file()
+    # what the demo suggests for its kept store finds something: the facts it recorded
+    code, out, _ = run(capsys, "inspect", tmp_path / "s")
+    assert code == 0
+    assert "The Dutch cargo e-bike market is about 61,000 units a year" in out
+
+
+def test_the_demos_search_suggestion_finds_hits(capsys, tmp_path, monkeypatch):
+    """The commands the demo ends with, run as printed (DIR2 a temp folder), find messages."""
+    monkeypatch.chdir(ROOT)  # the suggestion names examples/ relative to a checkout
+    commands = [shlex.split(c) for c in SEARCH_HINT.split("; ")]
+    assert [c[:2] for c in commands] == [["marsys-mem", "run"], ["marsys-mem", "search"]]
+    for argv in commands:
+        code, out, _ = run(capsys, *[str(tmp_path) if a == "DIR2" else a for a in argv[1:]])
+        assert code == 0, out
+    assert "hit(s) for 'contact email'" in out
+    assert "maria.lopez@example.com" in out
 
 
 def test_marsys_mem_demo_subprocess_under_30_seconds(tmp_path):
