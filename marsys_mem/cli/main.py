@@ -9,6 +9,7 @@ Commands::
     marsys-mem schema [--workflow]        JSON Schema of the config (or workflow) format
     marsys-mem inspect STORE [--json]     what a SQLite store holds
     marsys-mem search STORE QUERY [--agent A] [--branch B] [-k K] [--mode auto|bm25|hybrid]
+    marsys-mem mcp [--config POLICY] [--transport stdio|http] [--host H] [--port N]
 
 Exit codes: 0 ok; 1 a runtime failure, or a question whose ``expect`` was not found;
 2 bad input (a bad file, flag or argument; with ``validate --strict`` also a warning).
@@ -28,11 +29,14 @@ import contextlib
 import json
 import os
 import sys
+import tempfile
+import time
 import traceback
 from collections.abc import Sequence
+from importlib import resources
 from pathlib import Path
 
-from marsys_mem.cli.demo import windows_demo, workflow_demo
+from marsys_mem.cli.demo import DEMO_WORKFLOW, demo_workflow_path, windows_demo
 from marsys_mem.cli.inspect import inspect_store, search_store
 from marsys_mem.cli.output import Output, progress_bar, status_spinner
 from marsys_mem.config.load import config_schema
@@ -67,7 +71,27 @@ def cmd_demo(out: Output, args: argparse.Namespace) -> int:
     if args.windows:
         windows_demo(out, args.max_tokens, args.turns)
         return 0
-    return workflow_demo(out, store=args.store, mqtt=args.mqtt, as_json=args.json)
+    started = time.perf_counter()
+    if not args.json:
+        out.print(
+            f"marsys-mem demo: running the bundled workflow {DEMO_WORKFLOW} "
+            "(also in examples/workflows/)\n"
+        )
+    with contextlib.ExitStack() as stack:
+        path = stack.enter_context(resources.as_file(demo_workflow_path()))
+        store = args.store
+        if store is None:
+            store = stack.enter_context(tempfile.TemporaryDirectory(prefix="marsys-mem-demo-"))
+        code = _run_and_print(
+            out, Path(path), store=store, mqtt=args.mqtt, as_json=args.json, progress=True
+        )
+    if not args.json:
+        out.print(
+            f"\ndemo finished in {time.perf_counter() - started:.1f} s. "
+            "Keep its store with --store DIR, then: marsys-mem inspect DIR; "
+            "marsys-mem search DIR 'market size'"
+        )
+    return code
 
 
 def cmd_run(out: Output, args: argparse.Namespace) -> int:
@@ -184,6 +208,14 @@ def cmd_search(out: Output, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_mcp(out: Output, args: argparse.Namespace) -> int:
+    # the mcp extra is optional: a missing SDK is a MissingDependencyError naming the extra
+    from marsys_mem.integrations.mcp import serve  # noqa: PLC0415 (optional dependency: mcp)
+
+    serve(args.config, args.transport, host=args.host, port=args.port, name=args.name)
+    return 0
+
+
 # ---------------------------------------------------------------------------- parser
 class _Parser(argparse.ArgumentParser):
     """argparse with exit code 2 for every usage error (argparse's own convention)."""
@@ -252,6 +284,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_search)
+
+    p = sub.add_parser("mcp", help="serve the agents' memory over MCP (needs the mcp extra)")
+    p.add_argument(
+        "--config", metavar="POLICY", help="retention-policy file (default: in memory, session)"
+    )
+    p.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    p.add_argument("--host", default="127.0.0.1", help="http: the address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="http: the port (default 8000)")
+    p.add_argument("--name", default="marsys-mem", help="the server's name shown to clients")
+    p.set_defaults(handler=cmd_mcp)
     return parser
 
 

@@ -1,0 +1,649 @@
+"""An MCP server over a :class:`~marsys_mem.MemoryManager`: ``marsys-mem mcp --config FILE``.
+
+Any MCP client (Claude Desktop, Cursor, IDE agents, the ``mcp`` client library) gets the
+memory of the agents a retention-policy file describes, on the official ``mcp`` Python SDK
+(``pip install 'marsys-mem[mcp]'``), over stdio or streamable HTTP.
+
+Tools (every input is validated by pydantic: a bad value is a tool error, ``isError``,
+that names the field and the value, and changes nothing):
+
+* ``remember``: add a message (``role`` + ``content``) to an agent's memory, or a fact
+  (``kind="fact"``) through the manager's shared pool, delivered to every agent in use.
+* ``recall``: search an agent's messages, hybrid (dense + BM25) with scores: the agent's
+  RAG pattern if its policy enables one, else a :class:`RAGMemory` over its messages
+  (with the policy's ``patterns.embedder``; ``none`` is BM25 only).
+* ``context``: the window the agent would send to its LLM under its policy (OpenAI
+  format), with the shared facts and retrieved snippets the manager composes.
+* ``forget``: delete messages by id, or all of an agent's messages on a branch (from the
+  store too, for persistent agents, and from its RAG index).
+* ``share_fact``: share a fact from an agent through a :class:`Coordinator` (in process,
+  :class:`InProcessTransport`) over a :class:`BranchGraph`, scoped to the ``branch``,
+  ``subtree``, ``lineage`` or ``global``. Agents join the graph when a tool first names
+  them; a branch other than ``main`` is forked from ``main`` when first named.
+* ``list_agents``: the configured agents, those in use and those the store holds.
+
+Resources: ``memory://agents`` (what ``list_agents`` returns) and
+``memory://agents/{agent}/messages`` (an agent's messages on ``main``, JSON).
+
+Persistent agents live in the policy file's store (SQLite) and survive a restart of the
+server; shared facts live as long as the server process.
+
+Example:
+    >>> server = MemoryServer(MemoryManager())
+    >>> server.remember("alice", "My sister Clara lives in Lisbon")["role"]
+    'user'
+    >>> [h["text"] for h in server.recall("alice", "Where does Clara live?", k=1)["hits"]]
+    ['My sister Clara lives in Lisbon']
+    >>> server.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any, Literal, ParamSpec, TypeVar
+
+from pydantic import AfterValidator, Field, ValidationError
+
+from marsys_mem.config.models import RetentionPolicy
+from marsys_mem.context.policy import ContextWindow
+from marsys_mem.coordination import BranchGraph, Coordinator, InProcessTransport, inbox_key
+from marsys_mem.exceptions import MarsysMemError, MissingDependencyError
+from marsys_mem.manager import MemoryManager
+from marsys_mem.model.facts import FactScope
+from marsys_mem.model.messages import Message, to_llm_format
+from marsys_mem.model.names import NAME_PATTERN, validate_name
+from marsys_mem.patterns.rag import RAGMemory, ScoredMessage, SearchMode
+from marsys_mem.retrieval.embeddings import Embedder, HashingEmbedder, default_embedder
+from marsys_mem.store.keys import parse_key
+
+try:
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ResourceError, ToolError
+except ImportError as exc:  # pragma: no cover - the extra is installed in CI
+    raise MissingDependencyError(
+        "the MCP server needs the mcp extra: pip install 'marsys-mem[mcp]'"
+    ) from exc
+
+__all__ = ["MemoryServer", "Transport", "serve"]
+
+log = logging.getLogger("marsys_mem.integrations.mcp")
+
+Transport = Literal["stdio", "http"]
+"""How the server talks to its client: stdio (a spawned process) or streamable HTTP."""
+
+_MAX_TEXT = 100_000
+_MAX_FACT = 20_000
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+# ---------------------------------------------------------------------------- inputs
+def _agent(value: str) -> str:
+    return validate_name("agent", value)
+
+
+def _branch(value: str) -> str:
+    return validate_name("branch", value)
+
+
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty or only whitespace")
+    return value
+
+
+AgentName = Annotated[
+    str, AfterValidator(_agent), Field(pattern=NAME_PATTERN, description="the agent's name")
+]
+BranchName = Annotated[
+    str,
+    AfterValidator(_branch),
+    Field(pattern=NAME_PATTERN, description="the branch (default main)"),
+]
+Text = Annotated[str, Field(min_length=1, max_length=_MAX_TEXT), AfterValidator(_not_blank)]
+FactText = Annotated[str, Field(min_length=1, max_length=_MAX_FACT), AfterValidator(_not_blank)]
+MessageId = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+def _tool_errors(fn: Callable[_P, Awaitable[_T]]) -> Callable[_P, Awaitable[_T]]:
+    """Turn the library's anticipated errors into tool errors (``isError``) the model reads."""
+
+    @functools.wraps(fn)  # the SDK reads the tool's signature through __wrapped__
+    async def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        try:
+            return await fn(*args, **kwargs)
+        except (MarsysMemError, ValueError, TypeError, KeyError) as exc:
+            raise ToolError(str(exc)) from exc
+
+    return wrapper
+
+
+def _hit(hit: ScoredMessage) -> dict[str, Any]:
+    m = hit.message
+    return {
+        "rank": hit.rank,
+        "id": m.message_id,
+        "role": m.role,
+        "text": m.text,
+        "score": round(hit.score, 6),
+        "dense_score": None if hit.dense_score is None else round(hit.dense_score, 6),
+        "bm25_score": None if hit.bm25_score is None else round(hit.bm25_score, 6),
+        "timestamp": m.timestamp.isoformat(),
+    }
+
+
+def _message(m: Message) -> dict[str, Any]:
+    data: dict[str, Any] = m.model_dump(mode="json", exclude_none=True)
+    return data
+
+
+# ---------------------------------------------------------------------------- the server
+class MemoryServer:
+    """The memory of a :class:`MemoryManager`'s agents, served over MCP.
+
+    The tools are plain methods too (``remember``, ``recall``, ``context``, ``forget``,
+    ``share_fact``, ``list_agents``), so the server can be tried without a client;
+    :attr:`mcp` is the SDK's ``MCPServer`` that exposes them, and :meth:`run` serves it.
+
+    Args:
+        manager: the manager whose agents are served (closed by :meth:`close` when
+            ``own_manager``).
+        name: the server's name, as clients show it.
+        own_manager: close the manager with the server (default: ``True``).
+
+    Example:
+        >>> server = MemoryServer(MemoryManager())
+        >>> mid = server.remember("planner", "Book the Lisbon trip")["id"]
+        >>> [m["content"] for m in server.context("planner")["messages"]]
+        ['Book the Lisbon trip']
+        >>> server.forget("planner", message_ids=[mid])["removed"]
+        1
+        >>> sorted(t.name for t in asyncio.run(server.mcp.list_tools()))[:3]
+        ['context', 'forget', 'list_agents']
+        >>> server.close()
+    """
+
+    def __init__(
+        self, manager: MemoryManager, *, name: str = "marsys-mem", own_manager: bool = True
+    ) -> None:
+        if not isinstance(manager, MemoryManager):
+            raise TypeError(f"manager must be a MemoryManager, got {type(manager).__name__}")
+        self.manager = manager
+        self.own_manager = own_manager
+        self.graph = BranchGraph()
+        self.graph.add_branch("main", agents=list(manager.config.agents))
+        self.coordinator: Coordinator | None = None
+        self._fallback: dict[tuple[str, str], RAGMemory] = {}
+        self._embedders: dict[str, Embedder | None] = {}
+        self.closed = False
+        self.mcp: MCPServer[Any] = MCPServer(
+            name,
+            instructions=(
+                "Long-term memory for agents. remember adds a message (or a shared fact); "
+                "recall searches an agent's messages; context shows what the agent would "
+                "send to its LLM; share_fact shares a fact with other agents by scope."
+            ),
+            log_level="WARNING",
+        )
+        self._register()
+
+    @classmethod
+    def from_config(cls, path: str | Path | None = None, **kwargs: Any) -> MemoryServer:
+        """A server over ``MemoryManager.from_config(path)`` (``None``: in memory, session)."""
+        manager = MemoryManager() if path is None else MemoryManager.from_config(path)
+        try:
+            return cls(manager, **kwargs)
+        except BaseException:
+            manager.close()
+            raise
+
+    # ------------------------------------------------------------------ membership
+    def _join(self, agent: str, branch: str) -> None:
+        """Put ``agent`` on ``branch`` in the graph (a new branch forks from ``main``)."""
+        graph = self.graph
+        if branch not in graph:
+            graph.fork("main", branch, agents=[agent])
+        elif agent not in graph.agents(branch):
+            graph.add_agent(branch, agent)
+
+    def _policy(self, agent: str) -> RetentionPolicy:
+        return self.manager.policy(agent)
+
+    # ------------------------------------------------------------------ tools
+    def remember(
+        self,
+        agent: str,
+        content: str,
+        *,
+        role: Literal["user", "assistant", "system"] = "user",
+        kind: Literal["message", "fact"] = "message",
+        branch: str = "main",
+        name: str | None = None,
+        pinned: bool = False,
+    ) -> dict[str, Any]:
+        """Add a message to ``agent``'s memory, or (``kind="fact"``) a shared fact.
+
+        A fact goes through the manager's :class:`SharedMemoryPool` to every agent in use
+        (scope ``global``); for scoped sharing use :meth:`share_fact`.
+        """
+        validate_name("agent", agent)
+        validate_name("branch", branch)
+        _not_blank(content)
+        if kind == "fact":
+            if len(content) > _MAX_FACT:
+                raise ValueError(f"content: a fact holds at most {_MAX_FACT} characters")
+            self.manager.memory(agent, branch)  # a pool member, so it receives facts too
+            self._join(agent, branch)
+            fact = self.manager.shared.share_insight(agent, content, branch=branch)
+            return {
+                "kind": "fact",
+                "id": fact.id,
+                "agent": agent,
+                "branch": branch,
+                "text": fact.text,
+                "delivered_to": sum(
+                    self.manager.shared.has(a, fact.id) for a in self.manager.shared.agents
+                ),
+            }
+        if role not in ("user", "assistant", "system"):
+            raise ValueError(f"role must be user, assistant or system, got {role!r}")
+        fields: dict[str, Any] = {"pinned": pinned}
+        if name is not None:
+            fields["name"] = validate_name("name", name)
+        message = Message(role=role, content=content, **fields)
+        memory = self.manager.memory(agent, branch)
+        self._join(agent, branch)
+        mid = memory.add(message)
+        return {
+            "kind": "message",
+            "id": mid,
+            "agent": agent,
+            "branch": branch,
+            "role": role,
+            "messages": len(memory),
+            "persistent": self._policy(agent).is_persistent,
+        }
+
+    def _embedder(self, spelling: Literal["default", "hashing", "none"]) -> Embedder | None:
+        if spelling not in self._embedders:
+            if spelling == "hashing":
+                self._embedders[spelling] = HashingEmbedder()
+            elif spelling == "none":
+                self._embedders[spelling] = None
+            else:
+                self._embedders[spelling] = default_embedder()
+        return self._embedders[spelling]
+
+    def _fallback_rag(self, agent: str, branch: str) -> RAGMemory:
+        """A RAGMemory mirroring the agent's messages (for agents without a RAG pattern)."""
+        slot = (agent, branch)
+        rag = self._fallback.get(slot)
+        if rag is None:
+            emb = self._embedder(self._policy(agent).patterns.embedder)
+            rag = self._fallback[slot] = RAGMemory(emb)
+        wanted = {
+            m.message_id: m
+            for m in self.manager.memory(agent, branch)
+            if m.role != "system" and m.text.strip()
+        }
+        stale = [m.message_id for m in rag.messages() if m.message_id not in wanted]
+        if stale:
+            rag.remove(stale)
+        missing = [m for mid, m in wanted.items() if mid not in rag]
+        if missing:
+            rag.add_many(missing)
+        return rag
+
+    def recall(
+        self,
+        agent: str,
+        query: str,
+        *,
+        k: int = 5,
+        branch: str = "main",
+        mode: SearchMode | None = None,
+    ) -> dict[str, Any]:
+        """The ``k`` messages of ``agent`` that best match ``query``, best first, scored."""
+        validate_name("agent", agent)
+        validate_name("branch", branch)
+        _not_blank(query)
+        patterns = self.manager.patterns(agent, branch)
+        self._join(agent, branch)
+        if patterns is not None and patterns.rag is not None:
+            rag, source = patterns.rag, "the agent's RAG pattern"
+        else:
+            rag, source = self._fallback_rag(agent, branch), "a RAGMemory over its messages"
+        hits = rag.search(query, k, mode=mode)
+        return {
+            "agent": agent,
+            "branch": branch,
+            "query": query,
+            "retriever": source,
+            "mode": mode or rag.mode,
+            "hits": [_hit(h) for h in hits],
+        }
+
+    def _window(self, agent: str, win: ContextWindow, branch: str) -> dict[str, Any]:
+        policy = self.manager.memory(agent, branch).policy
+        return {
+            "agent": agent,
+            "branch": branch,
+            "provider": "openai",
+            "messages": to_llm_format(list(win.messages), "openai"),
+            "tokens": win.tokens,
+            "max_tokens": policy.max_tokens,
+            "max_messages": policy.max_messages,
+            "strategy": win.strategy,
+            "dropped": win.dropped,
+            "history_messages": win.history_messages,
+        }
+
+    def context(
+        self, agent: str, query: str | None = None, *, branch: str = "main"
+    ) -> dict[str, Any]:
+        """The window ``agent`` would send to its LLM under its policy (OpenAI format)."""
+        validate_name("agent", agent)
+        validate_name("branch", branch)
+        if query is not None:
+            _not_blank(query)
+        self.manager.memory(agent, branch)
+        self._join(agent, branch)
+        win = self.manager.context_for(agent, query, branch=branch)
+        return self._window(agent, win, branch)
+
+    async def acontext(
+        self, agent: str, query: str | None = None, *, branch: str = "main"
+    ) -> dict[str, Any]:
+        """Async twin of :meth:`context` (async summarisers allowed)."""
+        validate_name("agent", agent)
+        validate_name("branch", branch)
+        if query is not None:
+            _not_blank(query)
+        self.manager.memory(agent, branch)
+        self._join(agent, branch)
+        win = await self.manager.acontext_for(agent, query, branch=branch)
+        return self._window(agent, win, branch)
+
+    def forget(
+        self,
+        agent: str,
+        *,
+        message_ids: list[str] | None = None,
+        everything: bool = False,
+        branch: str = "main",
+    ) -> dict[str, Any]:
+        """Delete messages by id (all or none: an unknown id removes nothing), or all of them.
+
+        The messages leave the memory, the store (persistent agents) and the RAG index.
+        Episodic and hierarchical patterns keep their own copies.
+        """
+        validate_name("agent", agent)
+        validate_name("branch", branch)
+        if everything == bool(message_ids):
+            raise ValueError(
+                "forget needs either message_ids (a non-empty list) or everything=true, "
+                f"not both; got message_ids={message_ids!r}, everything={everything!r}"
+            )
+        memory = self.manager.memory(agent, branch)
+        if everything:
+            ids = [m.message_id for m in memory]
+            memory.clear()
+        else:
+            assert message_ids is not None
+            missing = [i for i in message_ids if i not in memory]
+            if missing:
+                raise ValueError(
+                    f"message_ids: no message with id {missing[0]!r} in {agent}@{branch} "
+                    "(nothing was removed)"
+                )
+            ids = [m.message_id for m in memory.remove(*dict.fromkeys(message_ids))]
+        patterns = self.manager.patterns(agent, branch)
+        if patterns is not None and patterns.rag is not None and ids:
+            patterns.rag.remove(ids)
+        fallback = self._fallback.get((agent, branch))
+        if fallback is not None and ids:
+            fallback.remove(ids)
+        return {"agent": agent, "branch": branch, "removed": len(ids), "left": len(memory)}
+
+    async def _coordinator(self) -> Coordinator:
+        if self.coordinator is None:
+            transport = InProcessTransport(namespace=self.manager.namespace)
+            coordinator = Coordinator(self.graph, self.manager, transport)
+            await coordinator.__aenter__()
+            self.coordinator = coordinator
+        return self.coordinator
+
+    async def share_fact(
+        self,
+        agent: str,
+        text: str,
+        *,
+        branch: str = "main",
+        scope: FactScope = "branch",
+        topic: str | None = None,
+        confidence: float = 1.0,
+    ) -> dict[str, Any]:
+        """Share a fact from ``agent`` on ``branch`` with every agent in ``scope``."""
+        validate_name("agent", agent)
+        validate_name("branch", branch)
+        _not_blank(text)
+        if scope not in ("branch", "subtree", "lineage", "global"):
+            raise ValueError(f"scope must be branch, subtree, lineage or global, got {scope!r}")
+        if not 0.0 <= confidence <= 1.0:
+            raise ValueError(f"confidence must be between 0 and 1, got {confidence!r}")
+        self.manager.memory(agent, branch)
+        self._join(agent, branch)
+        coordinator = await self._coordinator()
+        metadata: dict[str, Any] | None = {"topic": topic} if topic else None
+        fact = await coordinator.share(
+            agent, text, branch=branch, scope=scope, confidence=confidence, metadata=metadata
+        )
+        reached = sorted(
+            inbox_key(a, b)
+            for a, b in self.graph.agents_in_scope(branch, scope)
+            if self.manager.shared.has(inbox_key(a, b), fact.id)
+        )
+        return {
+            "id": fact.id,
+            "agent": agent,
+            "branch": branch,
+            "scope": scope,
+            "text": fact.text,
+            "delivered_to": reached,
+        }
+
+    def list_agents(self) -> list[dict[str, Any]]:
+        """Every agent the policy names, in use or in the store: retention and message counts."""
+        manager = self.manager
+        counts: dict[str, dict[str, int]] = {a: {} for a in manager.config.agents}
+        for agent, branch, memory in manager.memories():
+            counts.setdefault(agent, {})[branch] = len(memory)
+        for key in manager.store.list_keys(manager.namespace):
+            info = parse_key(key)
+            if info.kind != "conversation" or info.conversation is None:
+                continue
+            _, agent, branch = info.conversation
+            branches = counts.setdefault(agent, {})
+            if branch not in branches:
+                branches[branch] = manager.store.count_messages(key)
+        out = []
+        for agent in sorted(counts):
+            policy = manager.policy(agent)
+            out.append(
+                {
+                    "agent": agent,
+                    "retention": policy.retention,
+                    "configured": agent in manager.config.agents,
+                    "rag": policy.patterns.rag is not None,
+                    "branches": dict(sorted(counts[agent].items())),
+                }
+            )
+        return out
+
+    def messages(self, agent: str, branch: str = "main") -> list[dict[str, Any]]:
+        """``agent``'s messages on ``branch``, oldest first (JSON-ready)."""
+        return [_message(m) for m in self.manager.memory(agent, branch)]
+
+    # ------------------------------------------------------------------ MCP wiring
+    def _register(self) -> None:
+        app = self.mcp
+
+        @app.tool(name="remember")
+        @_tool_errors
+        async def remember(
+            agent: AgentName,
+            content: Annotated[Text, Field(description="the message text, or the fact")],
+            role: Literal["user", "assistant", "system"] = "user",
+            kind: Annotated[
+                Literal["message", "fact"],
+                Field(description="message: the agent's memory; fact: the shared pool"),
+            ] = "message",
+            branch: BranchName = "main",
+            pinned: Annotated[bool, Field(description="always kept in the window")] = False,
+        ) -> dict[str, Any]:
+            """Remember a message for an agent (or, with kind=fact, a fact for every agent)."""
+            return self.remember(agent, content, role=role, kind=kind, branch=branch, pinned=pinned)
+
+        @app.tool(name="recall")
+        @_tool_errors
+        async def recall(
+            agent: AgentName,
+            query: Annotated[Text, Field(description="what to look for")],
+            k: Annotated[int, Field(ge=1, le=100, description="how many hits")] = 5,
+            branch: BranchName = "main",
+            mode: Annotated[
+                Literal["hybrid", "dense", "bm25"] | None,
+                Field(description="ranking (default: the agent's)"),
+            ] = None,
+        ) -> dict[str, Any]:
+            """Search an agent's messages (hybrid dense + BM25), best first, with scores."""
+            return self.recall(agent, query, k=k, branch=branch, mode=mode)
+
+        @app.tool(name="context")
+        @_tool_errors
+        async def context(
+            agent: AgentName,
+            query: Annotated[
+                Text | None, Field(description="retrieve snippets for this question")
+            ] = None,
+            branch: BranchName = "main",
+        ) -> dict[str, Any]:
+            """The messages the agent would send to its LLM now, under its policy (OpenAI)."""
+            return await self.acontext(agent, query, branch=branch)
+
+        @app.tool(name="forget")
+        @_tool_errors
+        async def forget(
+            agent: AgentName,
+            message_ids: Annotated[
+                list[MessageId] | None,
+                Field(min_length=1, max_length=10_000, description="the ids to delete"),
+            ] = None,
+            everything: Annotated[
+                bool, Field(description="delete all of the agent's messages on the branch")
+            ] = False,
+            branch: BranchName = "main",
+        ) -> dict[str, Any]:
+            """Delete an agent's messages by id, or all of them (everything=true)."""
+            return self.forget(agent, message_ids=message_ids, everything=everything, branch=branch)
+
+        @app.tool(name="share_fact")
+        @_tool_errors
+        async def share_fact(
+            agent: AgentName,
+            text: Annotated[FactText, Field(description="the fact")],
+            branch: BranchName = "main",
+            scope: Annotated[
+                Literal["branch", "subtree", "lineage", "global"],
+                Field(description="which branches' agents receive it"),
+            ] = "branch",
+            topic: Annotated[
+                str | None,
+                Field(max_length=200, description="facts on one topic conflict"),
+            ] = None,
+            confidence: Annotated[float, Field(ge=0.0, le=1.0)] = 1.0,
+        ) -> dict[str, Any]:
+            """Share a fact from an agent with the agents in scope (through the coordinator)."""
+            return await self.share_fact(
+                agent, text, branch=branch, scope=scope, topic=topic, confidence=confidence
+            )
+
+        @app.tool(name="list_agents")
+        @_tool_errors
+        async def list_agents() -> dict[str, Any]:
+            """The agents: retention, whether RAG is on, message counts per branch."""
+            return {"agents": self.list_agents()}
+
+        @app.resource("memory://agents", name="agents", mime_type="application/json")
+        def agents_resource() -> str:
+            """Every agent: retention and message counts per branch."""
+            return json.dumps({"agents": self.list_agents()}, indent=1)
+
+        @app.resource(
+            "memory://agents/{agent}/messages",
+            name="agent_messages",
+            mime_type="application/json",
+        )
+        def messages_resource(agent: str) -> str:
+            """An agent's messages on main, oldest first."""
+            try:
+                validate_name("agent", agent)
+                return json.dumps(self.messages(agent), indent=1, ensure_ascii=False)
+            except (MarsysMemError, ValueError, ValidationError) as exc:
+                raise ResourceError(str(exc)) from exc
+
+    # ------------------------------------------------------------------ running
+    async def run(
+        self, transport: Transport = "stdio", *, host: str = "127.0.0.1", port: int = 8000
+    ) -> None:
+        """Serve until the client leaves (stdio) or the process is stopped (http); then close."""
+        if transport not in ("stdio", "http"):
+            raise ValueError(f"transport must be 'stdio' or 'http', got {transport!r}")
+        try:
+            if transport == "stdio":
+                await self.mcp.run_stdio_async()
+            else:
+                await self.mcp.run_streamable_http_async(host=host, port=port)
+        finally:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop the coordinator and close the manager (if owned). Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            if self.coordinator is not None:
+                await self.coordinator.close()
+        finally:
+            for rag in self._fallback.values():
+                rag.close()
+            if self.own_manager:
+                await self.manager.aclose()
+
+    def close(self) -> None:
+        """Sync twin of :meth:`aclose` (outside a running event loop)."""
+        asyncio.run(self.aclose())
+
+
+def serve(
+    config: str | Path | None,
+    transport: Transport = "stdio",
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    name: str = "marsys-mem",
+) -> None:
+    """Serve the agents of the policy file ``config`` over MCP (what ``marsys-mem mcp`` runs).
+
+    Raises:
+        ConfigError: a bad policy file (before anything is served).
+    """
+    server = MemoryServer.from_config(config, name=name)
+    asyncio.run(server.run(transport, host=host, port=port))
