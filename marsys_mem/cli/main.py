@@ -29,14 +29,11 @@ import contextlib
 import json
 import os
 import sys
-import tempfile
-import time
 import traceback
 from collections.abc import Sequence
-from importlib import resources
 from pathlib import Path
 
-from marsys_mem.cli.demo import DEMO_WORKFLOW, demo_workflow_path, windows_demo
+from marsys_mem.cli.demo import windows_demo, workflow_demo
 from marsys_mem.cli.inspect import inspect_store, search_store
 from marsys_mem.cli.output import Output, progress_bar, status_spinner
 from marsys_mem.config.load import config_schema
@@ -71,27 +68,7 @@ def cmd_demo(out: Output, args: argparse.Namespace) -> int:
     if args.windows:
         windows_demo(out, args.max_tokens, args.turns)
         return 0
-    started = time.perf_counter()
-    if not args.json:
-        out.print(
-            f"marsys-mem demo: running the bundled workflow {DEMO_WORKFLOW} "
-            "(also in examples/workflows/)\n"
-        )
-    with contextlib.ExitStack() as stack:
-        path = stack.enter_context(resources.as_file(demo_workflow_path()))
-        store = args.store
-        if store is None:
-            store = stack.enter_context(tempfile.TemporaryDirectory(prefix="marsys-mem-demo-"))
-        code = _run_and_print(
-            out, Path(path), store=store, mqtt=args.mqtt, as_json=args.json, progress=True
-        )
-    if not args.json:
-        out.print(
-            f"\ndemo finished in {time.perf_counter() - started:.1f} s. "
-            "Keep its store with --store DIR, then: marsys-mem inspect DIR; "
-            "marsys-mem search DIR 'market size'"
-        )
-    return code
+    return workflow_demo(out, store=args.store, mqtt=args.mqtt, as_json=args.json)
 
 
 def cmd_run(out: Output, args: argparse.Namespace) -> int:
