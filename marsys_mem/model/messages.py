@@ -3,8 +3,9 @@ r"""Typed, immutable messages and their provider formats.
 A :class:`Message` is a frozen pydantic model. Its ``role`` is one of ``system``, ``user``,
 ``assistant``, ``tool``, ``agent_call`` (a request from another agent) and ``agent_response``
 (an agent's answer to such a request). Messages go out to a provider with
-:func:`to_llm_format` (OpenAI or Anthropic shapes) and come back in with
-:meth:`Message.from_llm_dict`.
+:func:`to_llm_format` (OpenAI Chat Completions, OpenAI Responses or Anthropic shapes) and
+come back in with :meth:`Message.from_llm_dict` (Responses items: see
+:mod:`marsys_mem.model.responses`).
 
 Serialisation: ``Message.model_dump_json()`` / ``Message.model_validate_json()`` round-trip
 every field losslessly; :data:`MESSAGE_LIST_ADAPTER` does the same for lists.
@@ -44,6 +45,7 @@ from pydantic import (
 )
 
 from marsys_mem.exceptions import MessageFormatError
+from marsys_mem.model.responses import chat_from_responses, is_responses_dict, responses_from_chat
 
 __all__ = [
     "MESSAGE_LIST_ADAPTER",
@@ -63,7 +65,7 @@ __all__ = [
 ]
 
 Role = Literal["system", "user", "assistant", "tool", "agent_call", "agent_response"]
-Provider = Literal["openai", "anthropic"]
+Provider = Literal["openai", "anthropic", "responses"]
 
 _ROLES: frozenset[str] = frozenset(
     ("system", "user", "assistant", "tool", "agent_call", "agent_response")
@@ -432,8 +434,11 @@ class Message(BaseModel):
 
         Accepts an OpenAI chat-completion response (``{"choices": [...]}``), an OpenAI
         message (``{"role": ..., "content": ..., "tool_calls": [...]}``), an Anthropic
-        response (``{"type": "message", "content": [blocks]}``) or an Anthropic message.
-        Model name, usage and stop reason go to ``metadata``.
+        response (``{"type": "message", "content": [blocks]}``) or an Anthropic message,
+        and an OpenAI Responses API response or item (``message``, ``function_call``,
+        ``function_call_output``; other items are kept in ``metadata["responses_items"]``,
+        see :mod:`marsys_mem.model.responses`). Model name, usage and stop reason go to
+        ``metadata``.
 
         Raises:
             MessageFormatError: any malformed input (not a dict, neither shape, a missing or
@@ -641,6 +646,12 @@ def to_llm_format(
 ) -> dict[str, Any]: ...
 
 
+@overload
+def to_llm_format(
+    messages: Iterable[Message], provider: Literal["responses"]
+) -> list[dict[str, Any]]: ...
+
+
 def to_llm_format(
     messages: Iterable[Message], provider: Provider = "openai"
 ) -> list[dict[str, Any]] | dict[str, Any]:
@@ -649,6 +660,8 @@ def to_llm_format(
     ``openai`` gives a list of message dicts. ``anthropic`` gives
     ``{"system": str, "messages": [...]}``: system text in its own field, tool results as
     ``tool_result`` blocks in user messages, consecutive same-role messages merged.
+    ``responses`` gives a list of OpenAI Responses API input items (``message``,
+    ``function_call``, ``function_call_output``: see :mod:`marsys_mem.model.responses`).
     ``agent_call`` becomes a user message prefixed ``[Request from <caller>]:`` and
     ``agent_response`` an assistant message.
 
@@ -659,7 +672,9 @@ def to_llm_format(
         return [_to_openai(m) for m in messages]
     if provider == "anthropic":
         return _to_anthropic(messages)
-    raise ValueError(f"provider must be 'openai' or 'anthropic', got {provider!r}")
+    if provider == "responses":
+        return [i for m in messages for i in responses_from_chat(_to_openai(m), m.metadata)]
+    raise ValueError(f"provider must be 'openai', 'anthropic' or 'responses', got {provider!r}")
 
 
 # ---------------------------------------------------------------------- provider in
@@ -763,6 +778,8 @@ def _from_anthropic(msg: Mapping[str, Any], metadata: dict[str, Any]) -> Message
 
 
 def _from_llm_dict(data: Mapping[str, Any]) -> Message:
+    if is_responses_dict(data):
+        return _from_openai(*chat_from_responses(data))
     metadata: dict[str, Any] = {}
     if "choices" in data:  # OpenAI chat completion response
         choices = data["choices"]
