@@ -1,0 +1,166 @@
+"""LangGraph checkpointers: MarsysCheckpointer against SqliteSaver and InMemorySaver.
+
+Run it (a few minutes on a 2-core machine; ``--messages 400`` for a quick look)::
+
+    pip install -e '.[dev]' && python benchmarks/bench_langgraph.py
+
+What it measures: one ``StateGraph(MessagesState)`` thread, invoked N times (default
+2,000), each invoke adding one user message of about 250 characters (the graph's node
+answers nothing, so the thread holds exactly N messages at the end). Every checkpointer
+runs the same invokes:
+
+* ``MarsysCheckpointer`` over ``SQLiteStore`` (a file, ``synchronous=FULL``, its default)
+  and over ``InMemoryStore``;
+* LangGraph's ``SqliteSaver`` (a file; langgraph-checkpoint-sqlite) and ``InMemorySaver``.
+
+Reported per checkpointer: ms per message (= per invoke: one message each) averaged over
+the first 200 and the last 200 invokes, their ratio (last / first; flat is 1.0), and the
+storage at the end: the database file (plus its WAL) for the SQLite ones, the bytes held
+for the in-memory ones (serialised blobs for InMemorySaver, the stored messages' JSON for
+InMemoryStore). Targets (issue 11): last 200 within 1.5x of the first 200, and storage at
+least 50x smaller than SqliteSaver's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sqlite3
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from langchain_core.messages import HumanMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph import END, START, MessagesState, StateGraph
+
+from marsys_mem.integrations.langgraph import MarsysCheckpointer
+from marsys_mem.store import InMemoryStore, SQLiteStore
+
+WINDOW = 200
+TEXT = (
+    "Please compare the quarterly numbers for the Dutch cargo e-bike market with last "
+    "year's and tell me which of the three suppliers grew fastest, with a short reason "
+    "and the one figure that matters most for our planning meeting. Turn {i}."
+)
+
+
+def _node(state: MessagesState) -> dict[str, Any]:
+    return {}
+
+
+def _graph(saver: Any) -> Any:
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", _node)
+    builder.add_edge(START, "agent")
+    builder.add_edge("agent", END)
+    return builder.compile(checkpointer=saver)
+
+
+def _file_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
+
+
+def _run(graph: Any, n: int) -> list[float]:
+    config = {"configurable": {"thread_id": "bench"}}
+    times: list[float] = []
+    for i in range(n):
+        message = HumanMessage(TEXT.format(i=i))
+        start = time.perf_counter()
+        graph.invoke({"messages": [message]}, config)
+        times.append(time.perf_counter() - start)
+    state = graph.get_state(config)
+    assert len(state.values["messages"]) == n, len(state.values["messages"])
+    return times
+
+
+def bench_marsys_sqlite(folder: Path, n: int) -> tuple[list[float], int]:
+    path = folder / "marsys.db"
+    store = SQLiteStore(path)
+    times = _run(_graph(MarsysCheckpointer(store)), n)
+    store.close()
+    return times, _file_size(path)
+
+
+def bench_marsys_memory(folder: Path, n: int) -> tuple[list[float], int]:
+    store = InMemoryStore()
+    times = _run(_graph(MarsysCheckpointer(store)), n)
+    size = sum(
+        len(m.model_dump_json()) for key in store.list_keys() for m in store.load_messages(key)
+    )
+    return times, size
+
+
+def bench_sqlite_saver(folder: Path, n: int) -> tuple[list[float], int]:
+    path = folder / "langgraph.db"
+    conn = sqlite3.connect(path, check_same_thread=False)
+    times = _run(_graph(SqliteSaver(conn)), n)
+    conn.close()
+    return times, _file_size(path)
+
+
+def bench_in_memory_saver(folder: Path, n: int) -> tuple[list[float], int]:
+    saver = InMemorySaver()
+    times = _run(_graph(saver), n)
+    size = sum(len(b[1]) for b in saver.blobs.values())
+    size += sum(len(c[0][1]) + len(c[1][1]) for ns in saver.storage.values()
+                for cps in ns.values() for c in cps.values())  # fmt: skip
+    size += sum(len(w[2][1]) for ws in saver.writes.values() for w in ws.values())
+    return times, size
+
+
+BENCHES: dict[str, Callable[[Path, int], tuple[list[float], int]]] = {
+    "MarsysCheckpointer[SQLiteStore]": bench_marsys_sqlite,
+    "MarsysCheckpointer[InMemoryStore]": bench_marsys_memory,
+    "SqliteSaver": bench_sqlite_saver,
+    "InMemorySaver": bench_in_memory_saver,
+}
+
+
+def _mb(size: int) -> str:
+    return f"{size / 1e6:,.2f} MB" if size >= 1e5 else f"{size / 1e3:,.1f} kB"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=2000, help="invokes (one message each)")
+    args = parser.parse_args()
+    n = args.messages
+    window = min(WINDOW, n // 2)
+    results: dict[str, tuple[float, float, int, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, bench in BENCHES.items():
+            gc.collect()
+            started = time.perf_counter()
+            times, size = bench(Path(tmp), n)
+            total = time.perf_counter() - started
+            first = 1000 * sum(times[:window]) / window
+            last = 1000 * sum(times[-window:]) / window
+            results[name] = (first, last, size, total)
+            print(f"  {name}: done in {total:.0f} s", flush=True)
+    sqlite_size = results["SqliteSaver"][2]
+    print(f"\n{n:,} messages, one per invoke; ms per message, first and last {window}")
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus\n")
+    head = f"{'checkpointer':36} {'first':>8} {'last':>8} {'last/first':>10} {'storage':>12} {'SqliteSaver/this':>17}"  # noqa: E501
+    print(head)
+    print("-" * len(head))
+    for name, (first, last, size, _) in results.items():
+        print(
+            f"{name:36} {first:8.2f} {last:8.2f} {last / first:9.2f}x {_mb(size):>12} "
+            f"{sqlite_size / size:16.1f}x"
+        )
+    first, last, size, _ = results["MarsysCheckpointer[SQLiteStore]"]
+    print("\nTargets (MarsysCheckpointer[SQLiteStore])")
+    flat, smaller = last / first, sqlite_size / size
+    verdict = {True: "PASS", False: "FAIL"}
+    print(f"  per-message cost flat, last/first <= 1.5: {flat:.2f}  {verdict[flat <= 1.5]}")
+    print(f"  storage >= 50x smaller than SqliteSaver: {smaller:.0f}x  {verdict[smaller >= 50]}")
+
+
+if __name__ == "__main__":
+    main()
