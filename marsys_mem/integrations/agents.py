@@ -190,8 +190,8 @@ class MarsysSession:
         """The history, oldest first: all of it, the newest ``limit`` items, or the window.
 
         A ``function_call_output`` always comes with its ``function_call`` (the result
-        may then hold more than ``limit`` items). The newest ``limit`` items are always
-        its last ones: only older items are added in front.
+        may then hold more than ``limit`` items): older items are only added in front of
+        the newest ``limit``, which stay last (less any output whose call was evicted).
 
         Raises:
             ValueError: ``limit`` is not ``None`` or an int >= 0.
