@@ -487,8 +487,16 @@ class MemoryServer:
         return out
 
     def messages(self, agent: str, branch: str = "main") -> list[dict[str, Any]]:
-        """``agent``'s messages on ``branch``, oldest first (JSON-ready)."""
-        return [_message(m) for m in self.manager.memory(agent, branch)]
+        """``agent``'s messages on ``branch``, oldest first (JSON-ready); creates nothing."""
+        validate_name("agent", agent)
+        validate_name("branch", branch)
+        for a, b, memory in self.manager.memories():
+            if (a, b) == (agent, branch):
+                return [_message(m) for m in memory]
+        if not self._policy(agent).is_persistent:
+            return []
+        stored = self.manager.store.load_messages(self.manager.key(agent, branch))
+        return [_message(m) for m in stored]
 
     # ------------------------------------------------------------------ MCP wiring
     def _register(self) -> None:

@@ -441,8 +441,12 @@ async def test_inputs_are_validated(server: MemoryServer) -> None:
             "planner",
             "writer",
         }  # nothing was created by the bad calls
-        with pytest.raises(Exception, match="agent"):
+        with pytest.raises(Exception, match=r"agent must be .* got 'a/b'"):
             await client.read_resource("memory://agents/a%2Fb/messages")
+        # reading an unknown agent's messages creates nothing
+        unknown = await client.read_resource("memory://agents/nobody/messages")
+        assert json.loads(unknown.contents[0].text) == []
+        assert "nobody" not in {a["agent"] for a in await _agents(client)}
 
 
 def test_plain_methods_work_without_a_client(server: MemoryServer) -> None:
