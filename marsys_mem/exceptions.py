@@ -23,6 +23,7 @@ parent, the builtins it also subclasses in parentheses)::
     ├── StoreNotFoundError (FileNotFoundError)   no store file at a path given to the CLI
     ├── EmbeddingError (ValueError)              bad vectors (NaN, wrong dimension) or texts
     ├── MissingDependencyError (ImportError)     an optional extra is not installed
+    ├── LLMError (RuntimeError)                  a model call failed (names provider, model, status)
     └── CoordinationError                        the coordination layer (marsys_mem.coordination)
         ├── BranchError (ValueError)             a branch-graph operation that cannot be done
         │   ├── UnknownBranchError               no branch with that name
@@ -52,6 +53,7 @@ __all__ = [
     "EmbeddingError",
     "IndexCorruptError",
     "InvalidNameError",
+    "LLMError",
     "MarsysMemError",
     "MergeCycleError",
     "MessageFormatError",
@@ -159,6 +161,31 @@ class EmbeddingError(MarsysMemError, ValueError):
 
 class MissingDependencyError(MarsysMemError, ImportError):
     """An optional dependency is missing; the message names the extra to install."""
+
+
+class LLMError(MarsysMemError, RuntimeError):
+    """A model call failed: HTTP status, timeout, connection, refusal or invalid output.
+
+    The message names the provider, the model and the HTTP status (when there was one);
+    the SDK's own error is chained as ``__cause__``.
+
+    Attributes:
+        provider: ``"openai"``, ``"azure"``, ``"anthropic"`` or the name an adapter was given.
+        model: the model name sent to the provider.
+        status: the HTTP status code, or ``None`` (timeout, connection, invalid output).
+
+    Example:
+        >>> err = LLMError("openai model 'gpt-4o-mini': HTTP 429: rate limited",
+        ...                provider="openai", model="gpt-4o-mini", status=429)
+        >>> err.status, isinstance(err, RuntimeError)
+        (429, True)
+    """
+
+    def __init__(self, message: str, *, provider: str, model: str, status: int | None) -> None:
+        super().__init__(message)
+        self.provider = provider
+        self.model = model
+        self.status = status
 
 
 class WorkflowError(ConfigError):
