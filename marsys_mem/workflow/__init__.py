@@ -271,7 +271,10 @@ def run_workflow(
     Args:
         workflow: a workflow file (YAML or JSON) or a :class:`Workflow`.
         store_dir: folder of the SQLite store (``memory.db``). Default: the store the
-            memory config names, else ``.marsys_mem/`` next to the workflow file.
+            memory config names, else the user's data folder
+            (:func:`~marsys_mem.config.models.default_store_path`, ``$MARSYS_MEM_HOME``),
+            in a namespace named after the workflow (its ``name``, else the file's stem);
+            never next to the workflow file.
         mqtt: ``HOST:PORT`` or :class:`MqttSettings`: share facts through this broker
             instead of the workflow's transport.
         progress: ``progress(done, total, label)`` after each step.

@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from marsys_mem.config.models import MemoryConfig, StoreConfig
+from marsys_mem.config.models import MemoryConfig, StoreConfig, default_store_path
 from marsys_mem.config.sourcemap import format_path
 from marsys_mem.conversation import ConversationMemory
 from marsys_mem.coordination import (
@@ -39,12 +40,18 @@ from marsys_mem.exceptions import MarsysMemError
 from marsys_mem.manager import MemoryManager
 from marsys_mem.model.facts import SharedFact
 from marsys_mem.model.messages import AgentCall, Message, ToolCall
+from marsys_mem.model.names import MAX_NAME_LENGTH, is_name
 from marsys_mem.model.runs import RunContext
 from marsys_mem.retrieval.embeddings import Embedder, default_embedder
 from marsys_mem.store.base import Key
 from marsys_mem.store.keys import FACTS_AGENT, facts_key
 from marsys_mem.workflow.evidence import best_evidence, gather_evidence
-from marsys_mem.workflow.models import MqttSettings, MqttTransportSpec, WorkflowRunError
+from marsys_mem.workflow.models import (
+    MqttSettings,
+    MqttTransportSpec,
+    Workflow,
+    WorkflowRunError,
+)
 from marsys_mem.workflow.plan import PlannedStep, PreparedWorkflow
 from marsys_mem.workflow.report import (
     AskReport,
@@ -61,7 +68,13 @@ from marsys_mem.workflow.report import (
     clip,
 )
 
-__all__ = ["FACTS_AGENT", "ProgressCallback", "WorkflowRunner", "shared_default_embedder"]
+__all__ = [
+    "FACTS_AGENT",
+    "ProgressCallback",
+    "WorkflowRunner",
+    "shared_default_embedder",
+    "workflow_namespace",
+]
 
 ProgressCallback = Callable[[int, int, str], None]
 """``progress(done, total, label)``: ``done`` steps of ``total`` are finished; ``label``
@@ -69,6 +82,8 @@ says what runs now (called when a step starts, when it waits for embeddings, and
 it ends)."""
 
 log = logging.getLogger("marsys_mem.workflow")
+
+_NOT_IN_NAME = re.compile(r"[/+#@\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 _EMBEDDER: dict[str, Embedder | None] = {}
@@ -95,9 +110,31 @@ def _store_config(prepared: PreparedWorkflow, store_dir: str | Path | None) -> M
         path = config.store.resolved_path(config.base_dir or prepared.workflow.base_dir)
         path = path.resolve()
     else:
-        path = (prepared.workflow.base_dir / ".marsys_mem" / "memory.db").resolve()
+        # no store anywhere: the user's data folder (as a policy file without a path),
+        # never next to the workflow file, namespaced by the workflow
+        path = default_store_path().resolve()
+        namespace = workflow_namespace(prepared.workflow)
+        store = StoreConfig(backend="sqlite", path=path, namespace=namespace)
+        return config.model_copy(update={"store": store})
     store = StoreConfig(backend="sqlite", path=path, namespace=config.store.namespace)
     return config.model_copy(update={"store": store})  # keeps the config's source
+
+
+def workflow_namespace(workflow: Workflow) -> str:
+    """The store namespace of a workflow run whose workflow names no store.
+
+    The workflow's ``name`` when its file sets one, else the file's stem (``workflow`` for
+    one built in Python without a name); characters a name may not hold become ``_``.
+
+    Example:
+        >>> workflow_namespace(Workflow.model_validate({"name": "team/a", "agents": ["a"]}))
+        'team_a'
+    """
+    name = workflow.name
+    if "name" not in workflow.model_fields_set and workflow.source is not None:
+        name = workflow.source.stem
+    name = _NOT_IN_NAME.sub("_", name)[:MAX_NAME_LENGTH]
+    return name if is_name(name) else "workflow"
 
 
 def _items(message: Message) -> int:

@@ -24,6 +24,12 @@ EXAMPLES = ROOT / "examples" / "workflows"
 POLICIES = ROOT / "examples" / "policies"
 
 
+@pytest.fixture(autouse=True)
+def _data_home(tmp_path_factory, monkeypatch):
+    """Default stores (no path, no ``--store``) go to a temp data folder, not the user's."""
+    monkeypatch.setenv("MARSYS_MEM_HOME", str(tmp_path_factory.mktemp("marsys-home")))
+
+
 def run(capsys, *argv):
     code = main([str(a) for a in argv])
     out, err = capsys.readouterr()

@@ -37,6 +37,12 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "workflows"
 
 
+@pytest.fixture(autouse=True)
+def _data_home(tmp_path_factory, monkeypatch):
+    """Default stores (no path, no ``--store``) go to a temp data folder, not the user's."""
+    monkeypatch.setenv("MARSYS_MEM_HOME", str(tmp_path_factory.mktemp("marsys-home")))
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
     """Single queries on shared CPUs: one torch thread is faster (see DESIGN.md)."""
@@ -288,11 +294,31 @@ async def test_arun_workflow_and_run_workflow_inside_a_loop(tmp_path):
     assert report.memory("a").messages == 1
 
 
-def test_default_store_is_next_to_the_workflow(tmp_path):
-    path = write(tmp_path, "agents: [a]\nsteps: [{say: {agent: a, text: hi}}]\n")
+def test_default_store_is_the_user_data_folder_namespaced_by_the_workflow(
+    tmp_path, monkeypatch
+):
+    # formerly .marsys_mem/ next to the workflow file, which wrote into source checkouts
+    home = tmp_path / "home"
+    monkeypatch.setenv("MARSYS_MEM_HOME", str(home))
+    folder = tmp_path / "project"
+    folder.mkdir()
+    steps = "agents: [a]\nsteps: [{say: {agent: a, text: hi}}]\n"
+    persistent = "memory: {defaults: {retention: persistent}}\n"
+    path = write(folder, persistent + steps, "wf.yaml")
     report = run_workflow(path)
-    assert report.store == str((tmp_path / ".marsys_mem" / "memory.db").resolve())
-    assert (tmp_path / ".marsys_mem" / "memory.db").is_file()
+    assert report.store == str((home / "memory.db").resolve())
+    assert report.namespace == "wf"  # the file's stem: the file sets no name
+    assert (home / "memory.db").is_file()
+    assert sorted(p.name for p in folder.iterdir()) == ["wf.yaml"]
+    named = write(folder, "name: team/x\n" + persistent + steps)
+    assert run_workflow(named).namespace == "team_x"
+    assert sorted(p.name for p in folder.iterdir()) == ["wf.yaml", "workflow.yaml"]
+    summary = inspect_store(home)
+    assert summary.namespaces == ["team_x", "wf"]
+    assert [(c.namespace, c.key, c.messages) for c in summary.conversations] == [
+        ("team_x", "a@main", 1),
+        ("wf", "a@main", 1),
+    ]
 
 
 def test_memory_config_file_is_relative_to_the_workflow(tmp_path, monkeypatch):
