@@ -429,6 +429,23 @@ class Message(BaseModel):
 
     # ------------------------------------------------------------------ input processor
     @classmethod
+    def from_llm(cls, response: Any) -> Message:
+        """Build a message from a provider response: an SDK object or its dict.
+
+        Accepts what :meth:`from_llm_dict` accepts, and the official SDKs' response objects
+        (``openai`` ``ChatCompletion`` and ``Response``, ``anthropic`` ``Message``, their
+        items and messages: any pydantic model, read through ``model_dump``).
+
+        Raises:
+            MessageFormatError: as :meth:`from_llm_dict`.
+
+        Example:
+            >>> Message.from_llm({"role": "assistant", "content": "Hi"}).text
+            'Hi'
+        """
+        return cls.from_llm_dict(response)
+
+    @classmethod
     def from_llm_dict(cls, data: Mapping[str, Any]) -> Message:
         """Build a message from an OpenAI or Anthropic response or message dict.
 
@@ -438,7 +455,8 @@ class Message(BaseModel):
         and an OpenAI Responses API response or item (``message``, ``function_call``,
         ``function_call_output``; other items are kept in ``metadata["responses_items"]``,
         see :mod:`marsys_mem.model.responses`). Model name, usage and stop reason go to
-        ``metadata``.
+        ``metadata``. An SDK response object (a pydantic model) is read as its dict,
+        ``model_dump(mode="json", exclude_none=True)``.
 
         Raises:
             MessageFormatError: any malformed input (not a dict, neither shape, a missing or
@@ -446,6 +464,8 @@ class Message(BaseModel):
                 is not UTF-8); the message names the field and shows at most a bounded repr
                 of the value.
         """
+        if isinstance(data, BaseModel) and not isinstance(data, Message):
+            data = data.model_dump(mode="json", exclude_none=True)  # an SDK response object
         if not isinstance(data, Mapping):
             raise MessageFormatError(f"expected a dict, got {type(data).__name__}")
         try:
