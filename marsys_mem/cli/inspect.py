@@ -3,9 +3,10 @@
 :func:`inspect_store` summarises a store file (``marsys-mem inspect``): every
 ``(namespace, agent, branch)`` conversation with its message count and last activity,
 the runs, the memory-pattern keys (RAG, episodes, tiers), and the facts a workflow run
-recorded. :func:`search_store` searches the stored messages (``marsys-mem search``): BM25
-over the conversations, or the agents' persisted RAG memory (dense + BM25) when there is
-one and the embeddings extra is installed.
+recorded. :func:`search_store` searches the stored messages and facts (``marsys-mem
+search``): BM25 over the conversations, or the agents' persisted RAG memory (dense + BM25)
+when there is one and the embeddings extra is installed; the facts a workflow run recorded
+are searched the same way beside them, and their hits say ``kind="fact"``.
 
 Keys other than conversations are internal (:func:`marsys_mem.store.keys.parse_key`): pattern
 data (``rag``, ``episodes``, ``tiers``) and the facts of workflow runs (agent ``#facts``).
@@ -49,6 +50,7 @@ __all__ = [
 log = logging.getLogger("marsys_mem.cli.inspect")
 
 SearchMode = Literal["auto", "bm25", "hybrid"]
+_Source = Literal["bm25", "rag"]
 
 
 class _Model(BaseModel):
@@ -149,7 +151,11 @@ class StoreSummary(_Model):
 
 
 class SearchHit(_Model):
-    """A search result: the message, where it is stored, and its score.
+    """A search result: the message or fact, where it is stored, and its score.
+
+    ``kind="fact"``: a fact a workflow run recorded (``role`` is ``"fact"``, ``agent`` and
+    ``branch`` the agent that shared it and the branch it was recorded on, ``message_id``
+    the fact's id, ``timestamp`` when it was shared).
 
     Example:
         >>> SearchHit(rank=1, score=2.5, agent="a", branch="main", role="user",
@@ -166,6 +172,7 @@ class SearchHit(_Model):
     message_id: str
     timestamp: datetime | None = None
     source: Literal["bm25", "rag"] = "bm25"
+    kind: Literal["message", "fact"] = "message"
 
     @property
     def where(self) -> str:
@@ -331,12 +338,18 @@ def search_store(
     mode: SearchMode = "auto",
     status: Callable[[str], None] | None = None,
 ) -> tuple[list[SearchHit], str]:
-    """Search the stored messages for ``query``; returns ``(hits, how)``.
+    """Search the stored messages and facts for ``query``; returns ``(hits, how)``.
 
     ``mode``: ``bm25`` (keywords over the conversations), ``hybrid`` (the agents'
     persisted RAG memory, dense + BM25; needs the embeddings extra and an agent with
     ``patterns: {rag: ...}``), or ``auto`` (hybrid when possible, else BM25). ``how``
     says which ran. ``status(text)`` is called before slow work (loading the model).
+
+    The facts workflow runs recorded are searched too, ranked with the messages the same
+    way (in BM25's one index, or by the same hybrid retrieval); their hits have
+    ``kind="fact"``. ``agent`` filters facts by the agent that shared them, ``branch`` by
+    the branch they were recorded on. A fact recorded on several branches (merged) is one
+    hit, on the branch it was shared on.
 
     Raises:
         ValueError: an empty query, or ``k < 1``.
@@ -347,11 +360,11 @@ def search_store(
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive integer, got {k!r}")
     with _open(path) as store:
+        all_keys = store.list_keys(namespace)
         keys = [
-            key
-            for key in store.list_keys(namespace)
-            if agent in (None, key[1]) and branch in (None, _branch(key))
+            key for key in all_keys if agent in (None, key[1]) and branch in (None, _branch(key))
         ]
+        facts = _facts(store, all_keys, agent, branch)
         rag_keys = [key for key in keys if _internal_kind(key) == "rag"]
         how = "bm25"
         if mode != "bm25" and rag_keys:
@@ -359,17 +372,63 @@ def search_store(
             if embedder is not None:
                 if status is not None:
                     status("loading the embedding model and the RAG indexes")
-                return _search_rag(store, rag_keys, query, k, embedder), "hybrid (RAG index)"
+                hits = _search_rag(store, rag_keys, facts, query, k, embedder)
+                return hits, "hybrid (RAG index)"
             how = "bm25 (the embeddings extra is not installed)"
         elif mode == "hybrid":
             how = "bm25 (no agent in this store has a RAG memory)"
         conv_keys = [key for key in keys if _internal_kind(key) is None]
-        return _search_bm25(store, conv_keys, query, k), how
+        return _search_bm25(store, conv_keys, facts, query, k), how
 
 
-def _search_bm25(store: SQLiteStore, keys: list[Key], query: str, k: int) -> list[SearchHit]:
+def _facts(
+    store: SQLiteStore, keys: list[Key], agent: str | None, branch: str | None
+) -> list[tuple[str, SharedFact]]:
+    """``(branch, fact)`` of the facts recorded in ``keys``: each fact once, filtered.
+
+    A fact recorded on several branches (merged) is given on the branch it was shared on
+    when it is recorded there, else on the first one.
+    """
+    found: dict[str, tuple[str, SharedFact]] = {}
+    for key in keys:
+        if _internal_kind(key) != "facts" or branch not in (None, key[2]):
+            continue
+        for m in store.load_messages(key):
+            try:
+                fact = SharedFact.model_validate(m.metadata.get("fact"))
+            except ValidationError:
+                continue
+            if agent not in (None, fact.source_agent):
+                continue
+            if fact.id not in found or key[2] == fact.source_branch:
+                found[fact.id] = (key[2], fact)
+    return list(found.values())
+
+
+def _fact_hit(rank: int, score: float, branch: str, fact: SharedFact, source: _Source) -> SearchHit:
+    return SearchHit(
+        rank=rank,
+        score=round(float(score), 4),
+        agent=fact.source_agent,
+        branch=branch,
+        role="fact",
+        text=" ".join(fact.text.split()),
+        message_id=fact.id,
+        timestamp=fact.created_at,
+        source=source,
+        kind="fact",
+    )
+
+
+def _search_bm25(
+    store: SQLiteStore,
+    keys: list[Key],
+    facts: list[tuple[str, SharedFact]],
+    query: str,
+    k: int,
+) -> list[SearchHit]:
     index = BM25Index()
-    found: dict[str, tuple[Key, Message]] = {}
+    found: dict[str, tuple[Key, Message] | tuple[str, SharedFact]] = {}
     for key in keys:
         for m in store.load_messages(key):
             text = m.text
@@ -378,16 +437,23 @@ def _search_bm25(store: SQLiteStore, keys: list[Key], query: str, k: int) -> lis
             doc_id = f"{len(found)}"
             found[doc_id] = (key, m)
             index.add(doc_id, text)
+    for recorded in facts:
+        doc_id = f"{len(found)}"
+        found[doc_id] = recorded
+        index.add(doc_id, recorded[1].text)
     hits = []
     for rank, (doc_id, score) in enumerate(index.search(query, k=k), 1):
-        key, msg = found[doc_id]
-        hits.append(_hit(rank, score, key, msg, "bm25"))
+        where, item = found[doc_id]
+        if isinstance(item, SharedFact):
+            assert isinstance(where, str)
+            hits.append(_fact_hit(rank, score, where, item, "bm25"))
+        else:
+            assert isinstance(where, tuple)
+            hits.append(_hit(rank, score, where, item, "bm25"))
     return hits
 
 
-def _hit(
-    rank: int, score: float, key: Key, msg: Message, source: Literal["bm25", "rag"]
-) -> SearchHit:
+def _hit(rank: int, score: float, key: Key, msg: Message, source: _Source) -> SearchHit:
     return SearchHit(
         rank=rank,
         score=round(float(score), 4),
@@ -402,7 +468,12 @@ def _hit(
 
 
 def _search_rag(
-    store: SQLiteStore, keys: list[Key], query: str, k: int, embedder: Embedder
+    store: SQLiteStore,
+    keys: list[Key],
+    facts: list[tuple[str, SharedFact]],
+    query: str,
+    k: int,
+    embedder: Embedder,
 ) -> list[SearchHit]:
     db = Path(store.path)
     scored: list[tuple[float, Key, Message]] = []
@@ -420,5 +491,24 @@ def _search_rag(
                 scored.append((hit.score, key, hit.message))
         finally:
             rag.close()
-    scored.sort(key=lambda t: -t[0])
-    return [_hit(rank, s, key, m, "rag") for rank, (s, key, m) in enumerate(scored[:k], 1)]
+    fact_scored: list[tuple[float, str, SharedFact]] = []
+    if facts:  # ranked by the same hybrid retrieval, in a memory of their own (not saved)
+        rag = RAGMemory(embedder)
+        try:
+            ids = rag.add_many(fact.text for _, fact in facts)  # embedded in one batch
+            by_id = dict(zip(ids, facts, strict=True))
+            for hit in rag.search(query, k=k):
+                fact_scored.append((hit.score, *by_id[hit.message.message_id]))
+        finally:
+            rag.close()
+    ranked: list[tuple[float, Key | str, Message | SharedFact]] = [*scored, *fact_scored]
+    ranked.sort(key=lambda t: -t[0])
+    hits = []
+    for rank, (score, where, item) in enumerate(ranked[:k], 1):
+        if isinstance(item, SharedFact):
+            assert isinstance(where, str)
+            hits.append(_fact_hit(rank, score, where, item, "rag"))
+        else:
+            assert isinstance(where, tuple)
+            hits.append(_hit(rank, score, where, item, "rag"))
+    return hits

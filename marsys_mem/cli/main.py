@@ -247,7 +247,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_inspect)
 
-    p = sub.add_parser("search", help="search the messages of a store")
+    p = sub.add_parser("search", help="search the messages and recorded facts of a store")
     p.add_argument("store", metavar="STORE")
     p.add_argument("query", metavar="QUERY")
     p.add_argument("--agent")

@@ -473,6 +473,58 @@ def test_search(capsys, support_store):
     assert "0 hit(s)" in out
 
 
+def test_search_finds_the_facts_a_run_recorded(capsys, research_store):
+    # the research agents keep session memory only: the store's only text is its facts
+    code, out, _ = run(capsys, "search", research_store, "market size")
+    assert code == 0
+    first = out.splitlines()[2]
+    assert "market@market" in first
+    assert " fact " in first
+    assert "61,000 units" in first
+    code, out, _ = run(capsys, "search", research_store, "market size", "--json", "-k", "9")
+    hits = json.loads(out)["hits"]
+    assert {h["kind"] for h in hits} == {"fact"}
+    assert {h["role"] for h in hits} == {"fact"}
+    assert len({h["message_id"] for h in hits}) == len(hits)  # a merged fact is one hit
+    code, out, _ = run(capsys, "search", research_store, "market", "--agent", "market", "--json")
+    assert {h["agent"] for h in json.loads(out)["hits"]} == {"market"}
+    code, out, _ = run(capsys, "search", research_store, "market", "--branch", "main", "--json")
+    hits = json.loads(out)["hits"]
+    assert hits
+    assert {h["branch"] for h in hits} == {"main"}
+    code, out, _ = run(capsys, "search", research_store, "market", "--agent", "nobody")
+    assert "0 hit(s)" in out
+
+
+def test_hybrid_search_ranks_facts_beside_rag_messages(capsys, tmp_path):
+    path = write(
+        tmp_path,
+        """
+        memory:
+          defaults: {retention: persistent, patterns: {rag: {k: 3}}}
+        agents: [a]
+        steps:
+          - say: {agent: a, text: "The delivery van is parked behind the warehouse."}
+          - say: {agent: a, text: "Lunch is at noon on Fridays."}
+          - share: {agent: a, fact: "Maria prefers to be contacted by email.", scope: global}
+        """,
+    )
+    store = tmp_path / "store"
+    assert main(["run", str(path), "-q", "--store", str(store)]) == 0
+    capsys.readouterr()
+    code, out, _ = run(capsys, "search", store, "How should we reach Maria?", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["how"] == "hybrid (RAG index)"
+    first = data["hits"][0]
+    assert (first["kind"], first["source"], first["agent"]) == ("fact", "rag", "a")
+    assert first["text"] == "Maria prefers to be contacted by email."
+    assert {h["kind"] for h in data["hits"]} == {"fact", "message"}
+    code, out, _ = run(capsys, "search", store, "Where is the van?", "-k", "1")
+    assert "a@main" in out
+    assert "behind the warehouse" in out
+
+
 def test_inspect_and_search_bad_input(capsys, tmp_path):
     code, _, err = run(capsys, "inspect", tmp_path / "missing")
     assert code == 2
