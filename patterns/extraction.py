@@ -1,0 +1,477 @@
+"""Background fact extraction: after a turn, new messages become facts without waiting.
+
+:class:`ExtractionPipeline` takes a turn's messages (:meth:`~ExtractionPipeline.submit`
+returns at once, it never calls a model), drops trivial ones ("ok", "thanks", emoji only)
+without a model call, and hands the rest in batches to an extractor in a background
+thread: the batch is sent once ``debounce`` seconds pass with no new message, or when
+``max_batch`` messages wait, or on :meth:`~ExtractionPipeline.flush`, so several turns
+share one extractor (LLM) call, as LangMem's ReflectionExecutor does. What the extractor
+returns goes to :meth:`FactMemory.add_many <marsys_mem.patterns.user_facts.FactMemory.add_many>`.
+
+An extractor is any callable ``(list[Message]) -> list[FactCandidate]``, sync or async (an
+LLM extractor: a prompt and a JSON schema over an LLM adapter). The default,
+:func:`extract_facts_offline`, needs no model: it reads **first-person statements** with
+fixed English patterns (identity "my name is", "I'm a ..."; home "I live in";
+preferences "I like / love / prefer / hate"; relations "my sister ..."; plans "I'm moving
+to", "I plan to"). It misses anything phrased otherwise, does not resolve pronouns, and
+does not understand negation beyond "I don't like"; it is a real, predictable baseline,
+not a language model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import re
+import threading
+import time
+import unicodedata
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from marsys_mem.lifecycle import Closing
+from marsys_mem.model.messages import Message
+from marsys_mem.model.names import validate_name
+from marsys_mem.patterns.user_facts import FactCandidate, FactCategory, FactMemory
+from marsys_mem.retrieval.scoring import finite_number, positive_int
+
+__all__ = [
+    "ExtractionPipeline",
+    "ExtractionStats",
+    "FactExtractor",
+    "extract_facts_offline",
+    "is_trivial",
+]
+
+log = logging.getLogger("marsys_mem.patterns.extraction")
+
+FactExtractor = Callable[[list[Message]], "list[FactCandidate] | Awaitable[list[FactCandidate]]"]
+"""``(messages) -> list[FactCandidate]``, sync or async."""
+
+_TRIVIAL = frozenset(
+    (
+        "ok",
+        "okay",
+        "k",
+        "kk",
+        "sure",
+        "yes",
+        "yep",
+        "yeah",
+        "no",
+        "nope",
+        "thanks",
+        "thank you",
+        "thx",
+        "ty",
+        "cheers",
+        "cool",
+        "great",
+        "nice",
+        "good",
+        "fine",
+        "alright",
+        "right",
+        "hmm",
+        "hm",
+        "lol",
+        "haha",
+        "got it",
+        "understood",
+        "perfect",
+        "awesome",
+        "bye",
+        "hi",
+        "hello",
+        "hey",
+        "thanks a lot",
+        "thank you very much",
+        "ok thanks",
+        "ok thank you",
+        "sounds good",
+        "noted",
+        "good morning",
+        "good night",
+        "see you",
+    )
+)
+_WORD = re.compile(r"\w+")
+
+
+def is_trivial(message: Message) -> bool:
+    """Whether a message carries nothing to learn: no text, an acknowledgement, emoji only.
+
+    Example:
+        >>> [is_trivial(Message.user(t)) for t in ("ok", "Thanks!", "👍🎉", "I live in Oslo")]
+        [True, True, True, False]
+    """
+    text = message.text.strip()
+    if not text:
+        return True
+    if not any(unicodedata.category(ch)[0] in "LN" for ch in text):
+        return True  # emoji, punctuation, symbols only
+    words = " ".join(_WORD.findall(text.lower()))
+    return words in _TRIVIAL
+
+
+# ---------------------------------------------------------------------- offline extractor
+_END = r"(?=[.!?;,]|\s+(?:and|but|because|so)\s|$)"
+_VALUE = r"([^.!?;,]{1,80}?)"
+
+
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    pattern: re.Pattern[str]
+    category: FactCategory
+    slot: str
+    template: str
+
+
+def _rule(pattern: str, category: FactCategory, slot: str, template: str) -> _Rule:
+    return _Rule(re.compile(pattern + _END, re.IGNORECASE), category, slot, template)
+
+
+_RELATIONS = (
+    "sister|brother|mother|mom|mum|father|dad|wife|husband|partner|boyfriend|girlfriend|son|"
+    "daughter|friend|boss|manager|colleague|cat|dog"
+)
+_RULES: tuple[_Rule, ...] = (
+    _rule(rf"\bmy name is {_VALUE}", "identity", "name", "User's name is {0}"),
+    _rule(rf"\b(?:call me) {_VALUE}", "identity", "name", "User's name is {0}"),
+    _rule(r"\bi(?:'m| am) (\d{1,3}) years old", "identity", "age", "User is {0} years old"),
+    _rule(
+        rf"\bi(?:'m| am) (?:moving|relocating) to {_VALUE}", "plan", "move", "User is moving to {0}"
+    ),
+    _rule(
+        rf"\bi (?:plan|want|intend|am going|'m going) to {_VALUE}",
+        "plan",
+        "plan:{0}",
+        "User plans to {0}",
+    ),
+    _rule(rf"\bi (?:live|reside) in {_VALUE}", "identity", "home", "User lives in {0}"),
+    _rule(rf"\bi(?:'m| am) from {_VALUE}", "identity", "origin", "User is from {0}"),
+    _rule(rf"\bi work (?:at|for) {_VALUE}", "identity", "employer", "User works at {0}"),
+    _rule(rf"\bi work as (?:an? )?{_VALUE}", "identity", "job", "User works as {0}"),
+    _rule(
+        r"\bi(?:'m| am) (?:an?) ((?!bit\b|little\b|lot\b)[^.!?;,]{1,60}?)",
+        "identity",
+        "job",
+        "User is a {0}",
+    ),
+    _rule(
+        rf"\bi (?:don't|do not|dont) (?:like|enjoy) {_VALUE}",
+        "preference",
+        "likes:{0}",
+        "User does not like {0}",
+    ),
+    _rule(
+        rf"\bi (?:hate|dislike|can't stand) {_VALUE}",
+        "preference",
+        "likes:{0}",
+        "User dislikes {0}",
+    ),
+    _rule(
+        rf"\bi (?:really )?(?:like|love|enjoy) {_VALUE}",
+        "preference",
+        "likes:{0}",
+        "User likes {0}",
+    ),
+    _rule(rf"\bi prefer {_VALUE}", "preference", "prefers", "User prefers {0}"),
+    _rule(
+        rf"\bi(?:'m| am) allergic to {_VALUE}", "identity", "allergy:{0}", "User is allergic to {0}"
+    ),
+    _rule(
+        rf"\bmy ({_RELATIONS})(?:'s name is| is called| is named) {_VALUE}",
+        "relation",
+        "relation:{0}:name",
+        "User's {0} is called {1}",
+    ),
+    _rule(
+        rf"\bmy ({_RELATIONS}) ((?:lives|works|is|has|likes)\b[^.!?;,]{{1,80}}?)",
+        "relation",
+        "relation:{0}:{1}",
+        "User's {0} {1}",
+    ),
+)
+
+
+def _slot_value(slot: str, groups: Sequence[str]) -> str:
+    if "{1}" in slot:  # relation facts: slot by relation and verb ("lives", "works")
+        return slot.format(groups[0].lower(), groups[1].split()[0].lower())
+    return slot.format(*(g.lower() for g in groups))
+
+
+def extract_facts_offline(messages: Sequence[Message]) -> list[FactCandidate]:
+    """First-person facts found by fixed English patterns in user messages; no model.
+
+    Reads only ``user`` messages. Each match becomes a :class:`FactCandidate` with a
+    ``slot`` (``name``, ``home``, ``job``, ``likes:<thing>``, ``relation:<who>``...), so a
+    later statement for the same slot contradicts an earlier one.
+
+    Example:
+        >>> msgs = [Message.user("Hi! My name is Alice and I live in Lisbon."),
+        ...         Message.user("I love green tea, but I hate coffee. My sister is a nurse.")]
+        >>> found = extract_facts_offline(msgs)
+        >>> [(c.text, c.slot) for c in found]  # doctest: +NORMALIZE_WHITESPACE
+        [("User's name is Alice", 'name'), ('User lives in Lisbon', 'home'),
+         ('User dislikes coffee', 'likes:coffee'), ('User likes green tea', 'likes:green tea'),
+         ("User's sister is a nurse", 'relation:sister:is')]
+    """
+    found: list[FactCandidate] = []
+    for m in messages:
+        if m.role != "user" or is_trivial(m):
+            continue
+        text = " ".join(m.text.split())
+        seen_spans: list[tuple[int, int]] = []
+        seen_slots: set[str] = set()
+        for rule in _RULES:
+            for match in rule.pattern.finditer(text):
+                span = match.span()
+                if any(s < span[1] and span[0] < e for s, e in seen_spans):
+                    continue  # a more specific rule already read this clause
+                groups = [g.strip() for g in match.groups()]
+                if not all(groups):
+                    continue
+                slot = _slot_value(rule.slot, groups)
+                if slot in seen_slots:
+                    continue
+                seen_spans.append(span)
+                seen_slots.add(slot)
+                found.append(
+                    FactCandidate(
+                        text=rule.template.format(*groups),
+                        category=rule.category,
+                        slot=slot,
+                        confidence=0.7,
+                        source_ids=(m.message_id,),
+                        at=m.timestamp,
+                    )
+                )
+    return found
+
+
+# ---------------------------------------------------------------------- the pipeline
+@dataclass(frozen=True, slots=True)
+class ExtractionStats:
+    """Counters of an :class:`ExtractionPipeline`.
+
+    Attributes:
+        submitted: messages given to :meth:`ExtractionPipeline.submit`.
+        skipped: trivial (or non-matching role) messages dropped without a model call.
+        calls: extractor calls made.
+        extracted: candidates the extractor returned.
+        errors: extractor calls that failed (their messages are dropped, the error kept).
+        pending: messages waiting for the next batch.
+    """
+
+    submitted: int
+    skipped: int
+    calls: int
+    extracted: int
+    errors: int
+    pending: int
+
+
+class ExtractionPipeline(Closing):
+    """Turns conversation messages into facts in a background thread; ``submit`` never waits.
+
+    Args:
+        facts: the :class:`~marsys_mem.patterns.user_facts.FactMemory` to learn into.
+        subject: the default subject of submitted messages.
+        extractor: ``(list[Message]) -> list[FactCandidate]``, sync or async; default
+            :func:`extract_facts_offline`.
+        debounce: seconds without a new message before a batch is sent.
+        max_batch: messages that trigger a batch at once.
+        roles: the roles worth reading (others are skipped like trivial messages).
+        maintain: run :meth:`FactMemory.maintain` after each batch.
+
+    Example:
+        >>> from marsys_mem.retrieval.embeddings import HashingEmbedder
+        >>> facts = FactMemory(HashingEmbedder())
+        >>> with ExtractionPipeline(facts, "alice", debounce=0.05) as pipe:
+        ...     _ = pipe.submit([Message.user("ok"), Message.user("I live in Oslo")])
+        ...     pipe.flush()
+        ...     pipe.stats.skipped, pipe.stats.calls
+        (1, 1)
+        >>> [f.text for f in facts.facts("alice")]
+        ['User lives in Oslo']
+    """
+
+    def __init__(
+        self,
+        facts: FactMemory,
+        subject: str,
+        extractor: FactExtractor = extract_facts_offline,
+        *,
+        debounce: float = 2.0,
+        max_batch: int = 32,
+        roles: Iterable[str] = ("user",),
+        maintain: bool = False,
+    ) -> None:
+        if not isinstance(facts, FactMemory):
+            raise TypeError(f"facts must be a FactMemory, got {type(facts).__name__}")
+        if not callable(extractor):
+            raise ValueError(f"extractor must be callable, got {extractor!r}")
+        self.facts = facts
+        self.subject = validate_name("subject", subject)
+        self.extractor = extractor
+        self.debounce = finite_number("debounce", debounce, minimum=0.0)
+        self.max_batch = positive_int("max_batch", max_batch)
+        self.roles = frozenset(roles)
+        self.maintain = bool(maintain)
+        self._cond = threading.Condition()
+        self._pending: list[tuple[str, Message]] = []
+        self._last_submit = 0.0
+        self._flush_requested = 0
+        self._submitted_seq = 0  # messages accepted into _pending
+        self._done_seq = 0  # of those, processed (or dropped by an error)
+        self._in_flight = 0
+        self._counts = {"submitted": 0, "skipped": 0, "calls": 0, "extracted": 0, "errors": 0}
+        self._error: BaseException | None = None
+        self._closing = False
+        self._thread = threading.Thread(
+            target=self._run, name="marsys-mem-fact-extraction", daemon=True
+        )
+        self._thread.start()
+
+    # ------------------------------------------------------------------ input
+    def submit(self, messages: Message | Iterable[Message], subject: str | None = None) -> int:
+        """Queue a turn's messages for extraction; returns how many were queued (not skipped).
+
+        Never calls the extractor and never waits for it.
+
+        Raises:
+            TypeError: an item is not a :class:`Message`.
+            RuntimeError: the pipeline is closed.
+        """
+        batch = [messages] if isinstance(messages, Message) else list(messages)
+        for i, m in enumerate(batch):
+            if not isinstance(m, Message):
+                raise TypeError(f"messages[{i}] must be a Message, got {type(m).__name__}")
+        who = self.subject if subject is None else validate_name("subject", subject)
+        keep = [m for m in batch if m.role in self.roles and not is_trivial(m)]
+        with self._cond:
+            if self._closing:
+                raise RuntimeError("the extraction pipeline is closed")
+            self._counts["submitted"] += len(batch)
+            self._counts["skipped"] += len(batch) - len(keep)
+            if keep:
+                self._pending.extend((who, m) for m in keep)
+                self._submitted_seq += len(keep)
+                self._last_submit = time.monotonic()
+                self._cond.notify_all()
+        return len(keep)
+
+    # ------------------------------------------------------------------ worker
+    def _ready_locked(self) -> float | None:
+        """0 when a batch should go now, else seconds to wait (None: wait for a message)."""
+        if not self._pending:
+            return None
+        if self._closing or self._flush_requested or len(self._pending) >= self.max_batch:
+            return 0.0
+        return max(0.0, self._last_submit + self.debounce - time.monotonic())
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    wait = self._ready_locked()
+                    if wait == 0.0:
+                        break
+                    if wait is None and self._closing:
+                        return
+                    self._cond.wait(wait)
+                batch, self._pending = (
+                    self._pending[: self.max_batch],
+                    self._pending[self.max_batch :],
+                )
+                self._in_flight = len(batch)
+            self._process(batch)
+            with self._cond:
+                self._in_flight = 0
+                self._done_seq += len(batch)
+                if not self._pending:
+                    self._flush_requested = 0
+                self._cond.notify_all()
+
+    def _process(self, batch: list[tuple[str, Message]]) -> None:
+        by_subject: dict[str, list[Message]] = {}
+        for who, m in batch:
+            by_subject.setdefault(who, []).append(m)
+        for who, messages in by_subject.items():
+            try:
+                result = self.extractor(list(messages))
+                if inspect.isawaitable(result):
+                    result = asyncio.run(_await(result))
+                candidates = list(result)
+                self.facts.add_many(candidates, who)
+                if self.maintain:
+                    self.facts.maintain()
+                with self._cond:
+                    self._counts["calls"] += 1
+                    self._counts["extracted"] += len(candidates)
+            except Exception as exc:
+                log.warning("fact extraction failed for %d message(s): %r", len(messages), exc)
+                with self._cond:
+                    self._counts["calls"] += 1
+                    self._counts["errors"] += 1
+                    if self._error is None:
+                        self._error = exc
+
+    # ------------------------------------------------------------------ control
+    @property
+    def stats(self) -> ExtractionStats:
+        """The counters so far."""
+        with self._cond:
+            return ExtractionStats(**self._counts, pending=len(self._pending) + self._in_flight)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Send what waits now (no debounce) and wait until it is learned.
+
+        Raises:
+            TimeoutError: ``timeout`` seconds passed first.
+            Exception: the first extractor error since the last flush (re-raised once).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            target = self._submitted_seq
+            self._flush_requested += 1
+            self._cond.notify_all()
+            while self._done_seq < target:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(
+                        f"flush timed out after {timeout}s with {target - self._done_seq} "
+                        "messages not extracted yet"
+                    )
+                self._cond.wait(remaining)
+            error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    async def aflush(self, timeout: float | None = None) -> None:
+        """Async twin of :meth:`flush` (waits in a worker thread)."""
+        await asyncio.to_thread(self.flush, timeout)
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._closing
+
+    def close(self, timeout: float | None = None) -> None:
+        """Extract what still waits, then stop the worker. Idempotent."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"the extraction worker did not stop within {timeout}s")
+
+    def __repr__(self) -> str:
+        s = self.stats
+        return f"<ExtractionPipeline subject={self.subject!r} pending={s.pending} calls={s.calls}>"
+
+
+async def _await(value: Awaitable[list[FactCandidate]]) -> list[FactCandidate]:
+    return await value
