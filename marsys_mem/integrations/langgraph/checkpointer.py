@@ -37,6 +37,7 @@ import asyncio
 import base64
 import builtins
 import hashlib
+import os
 import random
 import threading
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
@@ -75,6 +76,7 @@ __all__ = ["CheckpointerSettings", "MarsysCheckpointer", "thread_name"]
 
 _LOG = "messages"
 _RECORDS = "checkpoints"
+_HEAD = "head"
 _ESCAPED = frozenset("/+#@%")
 _MAX_ESCAPED = 200
 
@@ -173,7 +175,7 @@ class _Thread:
     """What the checkpointer knows of one thread (a cache of its two store keys)."""
 
     thread_id: str
-    tip: tuple[str, str] | None = None
+    tip: str | None = None
     ckpts: dict[str, dict[str, _Ckpt]] = field(default_factory=dict)
     latest: dict[str, str] = field(default_factory=dict)
     writes: dict[tuple[str, str], dict[tuple[str, int], tuple[str, str, str, str, str]]] = field(
@@ -182,9 +184,10 @@ class _Thread:
     write_ids: dict[tuple[str, str, str, int], str] = field(default_factory=dict)
     blobs: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
     blob_ids: dict[tuple[str, str, str], str] = field(default_factory=dict)
-    log: dict[int, Any] = field(default_factory=dict)
+    log: list[Any] = field(default_factory=list)  # index: log position; None: deleted
     by_lc_id: dict[str, int] = field(default_factory=dict)
     next_seq: int = 0
+    last_refs: dict[tuple[str, str], list[list[int]]] = field(default_factory=dict)
     has_record: bool = False
 
     def add_ckpt(self, ckpt: _Ckpt) -> None:
@@ -256,6 +259,15 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
         ns = self.settings.namespace
         return (ns, name, _RECORDS), (ns, name, _LOG)
 
+    def _head_key(self, thread_id: str) -> Key:
+        return (self.settings.namespace, thread_name(thread_id), _HEAD)
+
+    def _new_head(self, thread_id: str) -> tuple[str, builtins.list[Op]]:
+        """A fresh head token and the ops that make it the thread's head (one message)."""
+        token = "h" + os.urandom(12).hex()
+        key = self._head_key(thread_id)
+        return token, [Delete(key), Append(key, (Message.system("head", message_id=token),))]
+
     @staticmethod
     def _thread_id(config: RunnableConfig | None, what: str = "config") -> str:
         conf = (config or {}).get("configurable") or {}
@@ -272,10 +284,10 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
         return value
 
     # ------------------------------------------------------------------ loading
-    def _tip(self, thread_id: str) -> tuple[str, str] | None:
-        records_key, _ = self._keys(thread_id)
-        last = self.store.load_messages(records_key, last=1)
-        return (last[0].message_id, last[0].timestamp.isoformat()) if last else None
+    def _tip(self, thread_id: str) -> str | None:
+        """The thread's head token, rewritten by every write (O(1) in every store)."""
+        head = self.store.load_messages(self._head_key(thread_id))
+        return head[-1].message_id if head else None
 
     def _thread(self, thread_id: str) -> _Thread:
         """The cached thread, reloaded when the store's newest record is not the cache's."""
@@ -283,11 +295,11 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
         cached = self._threads.get(thread_id)
         if cached is not None and cached.tip == tip:
             return cached
-        thread = self._load(thread_id)
+        thread = self._load(thread_id, tip)
         self._threads[thread_id] = thread
         return thread
 
-    def _load(self, thread_id: str) -> _Thread:
+    def _load(self, thread_id: str, tip: str | None) -> _Thread:
         records_key, log_key = self._keys(thread_id)
         records, log = self.store.batch(
             [
@@ -295,20 +307,18 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
                 _load_op(log_key),
             ]
         )
-        thread = _Thread(thread_id)
+        thread = _Thread(thread_id, tip=tip)
         for m in log:
             meta = m.metadata
             seq = int(meta["seq"])
             value = self.serde.loads_typed((str(meta["lc_type"]), _unb64(str(meta["lc"]))))
-            thread.log[seq] = value
+            _put_at(thread.log, seq, value)
             lc_id = meta.get("lc_id")
             if isinstance(lc_id, str):
                 thread.by_lc_id[lc_id] = seq
-            thread.next_seq = max(thread.next_seq, seq + 1)
+        thread.next_seq = len(thread.log)
         for m in records:
             self._apply_record(thread, m)
-        if records:
-            thread.tip = (records[-1].message_id, records[-1].timestamp.isoformat())
         return thread
 
     def _apply_record(self, thread: _Thread, m: Message) -> None:
@@ -350,9 +360,10 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
             if rec is None or rec.get("t") == "empty":
                 continue
             if "refs" in rec:
+                log = thread.log
                 out: builtins.list[Any] = []
                 for start, stop in cast(builtins.list[builtins.list[int]], rec["refs"]):
-                    out.extend(thread.log[s] for s in range(start, stop))
+                    out += log[start:stop]  # a C-speed slice, not a loop over messages
                 values[channel] = out
             else:
                 values[channel] = self.serde.loads_typed((str(rec["t"]), _unb64(str(rec["d"]))))
@@ -470,18 +481,46 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
         return Message.system(label, message_id=record_id, structured_data=record)
 
     def _message_refs(
-        self, thread: _Thread, value: builtins.list[Any], new: dict[int, Any], next_seq: int
-    ) -> tuple[builtins.list[builtins.list[int]], int]:
-        """Log positions of ``value``'s messages; unseen ones go to ``new`` (not the cache)."""
+        self,
+        thread: _Thread,
+        value: builtins.list[Any],
+        new: dict[int, Any],
+        next_seq: int,
+        bases: Iterable[builtins.list[builtins.list[int]] | None],
+    ) -> tuple[builtins.list[builtins.list[int]], int] | None:
+        """Log ranges of ``value``'s messages; unseen ones go to ``new`` (not the cache).
+
+        ``bases`` are the refs of lists ``value`` probably extends (its parent's, the last
+        stored): when one is a prefix of ``value`` (the same message objects, compared at C
+        speed), only the suffix is looked at, so a turn costs what it adds. ``None``: not a
+        list of messages with ids (store it by value).
+        """
+        log = thread.log
+        prefix: builtins.list[builtins.list[int]] = []
+        start = 0
+        for base in bases:
+            if not base:
+                continue
+            pos = 0
+            for a, b in base:
+                if value[pos : pos + b - a] != log[a:b]:
+                    break
+                pos += b - a
+            else:
+                prefix, start = [list(r) for r in base], pos
+                break
+        suffix = value[start:] if start else value
+        if not _is_message_list(suffix):
+            return None
         seqs: builtins.list[int] = []
         pending_ids: dict[str, int] = {}
-        for m in value:
+        for m in suffix:
             lc_id = m.id
             seq = pending_ids.get(lc_id)
             if seq is None:
                 seq = thread.by_lc_id.get(lc_id)
                 if seq is not None:
-                    known = thread.log[seq]
+                    known = log[seq]
                     if known is not m and known != m:
                         seq = None
             if seq is None:
@@ -490,7 +529,25 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
                 new[seq] = m
                 pending_ids[lc_id] = seq
             seqs.append(seq)
-        return _ranges(seqs), next_seq
+        refs = _ranges(seqs)
+        if prefix and refs and prefix[-1][1] == refs[0][0]:
+            prefix[-1][1] = refs.pop(0)[1]
+        return prefix + refs, next_seq
+
+    @staticmethod
+    def _bases(
+        thread: _Thread, ns: str, parent: str | None, channel: str
+    ) -> builtins.list[builtins.list[builtins.list[int]] | None]:
+        """Refs a new value of ``channel`` likely extends: its parent's, then the last stored."""
+        out: builtins.list[builtins.list[builtins.list[int]] | None] = []
+        ckpt = thread.ckpts.get(ns, {}).get(parent) if parent else None
+        if ckpt is not None:
+            version = ckpt.checkpoint.get("channel_versions", {}).get(channel)
+            if version is not None:
+                rec = thread.blobs.get((ns, channel, _version(version)))
+                out.append(rec.get("refs") if rec else None)
+        out.append(thread.last_refs.get((ns, channel)))
+        return out
 
     def _log_message(self, seq: int, m: Any) -> Message:
         type_, data = self.serde.dumps_typed(m)
@@ -522,6 +579,7 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
             records: builtins.list[Message] = []
             replaced: builtins.list[str] = []
             blobs: dict[tuple[str, str, str], tuple[str, dict[str, Any]]] = {}
+            last_refs: dict[tuple[str, str], builtins.list[builtins.list[int]]] = {}
             if not thread.has_record:
                 records.append(
                     self._record("thread", {"k": "thread", "thread_id": thread_id}, "thread")
@@ -530,13 +588,21 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
                 ver = _version(version)
                 rec: dict[str, Any] = {"k": "blob", "ns": ns, "ch": channel, "ver": ver}
                 value = values.get(channel, _MISSING)
+                refs = None
                 if value is _MISSING:
                     rec["t"] = "empty"
-                elif channel in self.settings.message_channels and _is_message_list(value):
-                    rec["refs"], next_seq = self._message_refs(
-                        thread, value, new_messages, next_seq
+                elif channel in self.settings.message_channels and isinstance(value, list):
+                    refs = self._message_refs(
+                        thread,
+                        value,
+                        new_messages,
+                        next_seq,
+                        self._bases(thread, ns, parent, channel),
                     )
-                else:
+                if refs is not None:
+                    rec["refs"], next_seq = refs
+                    last_refs[(ns, channel)] = rec["refs"]
+                elif value is not _MISSING:
                     t, d = self.serde.dumps_typed(value)
                     rec["t"], rec["d"] = t, _b64(d)
                 key = (ns, channel, ver)
@@ -564,7 +630,7 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
             }
             records.append(self._record(record_id, ckpt_rec, f"checkpoint {checkpoint['id']}"))
             log = [self._log_message(seq, m) for seq, m in new_messages.items()]
-            ops: builtins.list[Op] = []
+            token, ops = self._new_head(thread_id)
             if replaced:
                 ops.append(Delete(records_key, tuple(dict.fromkeys(replaced))))
             if log:
@@ -573,15 +639,16 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
             self.store.batch(ops)
             # the store has it all: now the cache
             for seq, m in new_messages.items():
-                thread.log[seq] = m
+                _put_at(thread.log, seq, m)
                 thread.by_lc_id[m.id] = seq
             thread.next_seq = next_seq
+            thread.last_refs.update(last_refs)
             thread.has_record = True
             for key, (rid, rec) in blobs.items():
                 thread.blobs[key] = rec
                 thread.blob_ids[key] = rid
             thread.add_ckpt(_Ckpt(ns, checkpoint["id"], parent, dict(stored), dict(md), record_id))
-            thread.tip = (records[-1].message_id, records[-1].timestamp.isoformat())
+            thread.tip = token
         return {
             "configurable": {
                 "thread_id": thread_id,
@@ -633,7 +700,7 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
                 records.append(self._record(rid, rec, f"write {channel}"))
             if not records:
                 return
-            ops: builtins.list[Op] = []
+            token, ops = self._new_head(thread_id)
             if replaced:
                 ops.append(Delete(records_key, tuple(dict.fromkeys(replaced))))
             ops.append(Append(records_key, tuple(records)))
@@ -643,7 +710,7 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
             for (task, idx), entry in added.items():
                 target[(task, idx)] = entry
                 thread.write_ids[(ns, cid, task, idx)] = "w" + _digest(ns, cid, task, idx)
-            thread.tip = (records[-1].message_id, records[-1].timestamp.isoformat())
+            thread.tip = token
 
     # ------------------------------------------------------------------ deleting
     def delete_thread(self, thread_id: str) -> None:
@@ -651,7 +718,9 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
         thread_id = self._thread_id({"configurable": {"thread_id": thread_id}}, "thread_id")
         records_key, log_key = self._keys(thread_id)
         with self._lock:
-            self.store.batch([Delete(records_key), Delete(log_key)])
+            self.store.batch(
+                [Delete(records_key), Delete(log_key), Delete(self._head_key(thread_id))]
+            )
             self._threads.pop(thread_id, None)
 
     def _drop(self, thread: _Thread, gone: set[tuple[str, str]]) -> None:
@@ -680,8 +749,11 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
             elif "refs" in rec:
                 for start, stop in rec["refs"]:
                     kept_seqs.update(range(start, stop))
-        log_ids = tuple(f"s{seq}" for seq in thread.log if seq not in kept_seqs)
-        ops: builtins.list[Op] = [Delete(records_key, tuple(dict.fromkeys(record_ids)))]
+        log_ids = tuple(
+            f"s{seq}" for seq, m in enumerate(thread.log) if m is not None and seq not in kept_seqs
+        )
+        _, ops = self._new_head(thread.thread_id)
+        ops.append(Delete(records_key, tuple(dict.fromkeys(record_ids))))
         if log_ids:
             ops.append(Delete(log_key, log_ids))
         self.store.batch(ops)
@@ -747,7 +819,8 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
                 return
             copied = [m for m in records if (m.structured_data or {}).get("k") != "thread"]
             head = self._record("thread", {"k": "thread", "thread_id": target}, "thread")
-            ops: builtins.list[Op] = [Delete(dst_records), Delete(dst_log)]
+            _, ops = self._new_head(target)
+            ops += [Delete(dst_records), Delete(dst_log)]
             if log:
                 ops.append(Append(dst_log, tuple(log)))
             ops.append(Append(dst_records, (head, *copied)))
@@ -827,6 +900,13 @@ _MISSING = object()
 
 def _load_op(key: Key) -> Op:
     return Load(key)
+
+
+def _put_at(log: list[Any], seq: int, value: Any) -> None:
+    """``log[seq] = value``, growing ``log`` with ``None`` (deleted positions) as needed."""
+    if seq >= len(log):
+        log.extend([None] * (seq + 1 - len(log)))
+    log[seq] = value
 
 
 def _is_message_list(value: object) -> bool:
