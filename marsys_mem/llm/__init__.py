@@ -2,6 +2,15 @@
 
 Everything in marsys-mem that needs a model (summariser, fact extractor) takes a plain
 callable; these adapters are such callables. Independent of stores and retrieval.
+
+The protocol, :class:`LLM`: ``complete(messages, schema=None)`` returns text, or an instance
+of a pydantic model ``schema`` (structured output, validated, one retry on invalid JSON);
+``acomplete`` is its async twin. The adapters live in their own modules, which import their
+SDK: :class:`marsys_mem.llm.openai.OpenAILLM` (extra ``openai``: OpenAI, Azure, and any
+OpenAI-compatible server by ``base_url``) and :class:`marsys_mem.llm.anthropic.AnthropicLLM`
+(extra ``anthropic``).
 """
 
-__all__: list[str] = []
+from marsys_mem.llm.base import LLM, LLMSettings, Prompt, StructuredMode
+
+__all__ = ["LLM", "LLMSettings", "Prompt", "StructuredMode"]
