@@ -140,8 +140,19 @@ class _State:
         self.message_ids.append(message_id)
         self._digest.update(message_id.encode("utf-8", "surrogatepass") + b"\x00")
 
+    def drop(self, gone: set[str]) -> bool:
+        """Remove the ids in ``gone``; the fingerprint is recomputed. True if any was here."""
+        kept = [mid for mid in self.message_ids if mid not in gone]
+        if len(kept) == len(self.message_ids):
+            return False
+        self.message_ids = []
+        self._digest = hashlib.blake2b(digest_size=16)
+        for mid in kept:
+            self.append(mid)
+        return True
+
     def fingerprint(self) -> str:
-        """A hash of the message ids, kept incrementally (ids are only ever appended)."""
+        """A hash of the message ids, kept incrementally (appends; :meth:`drop` rebuilds it)."""
         return str(self._digest.hexdigest())
 
     def cached_summary(self) -> str | None:
@@ -177,8 +188,6 @@ def _check_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
             f"bool, None): {exc}"
         ) from exc
     return copied
-
-
 
 
 def _check_summary(result: object) -> str:
@@ -452,6 +461,51 @@ class EpisodicMemory(Closing):
     async def aadd(self, message: Message | str, **fields: Any) -> str:
         """Async twin of :meth:`add` (runs in a worker thread)."""
         return await asyncio.to_thread(self.add, message, **fields)
+
+    def remove(self, ids: str | Iterable[str]) -> int:
+        """Delete messages by id, from the store too; returns how many were removed.
+
+        For privacy requests: the messages leave the store, the retrieval indexes and
+        their episodes, and the cached summary of every episode that lost a message is
+        dropped from its snapshot (it may quote them; :meth:`summaries` computes a new one).
+        Episodes themselves stay, even when empty. Unknown ids are ignored.
+
+        Raises:
+            TypeError: ``ids`` is not a str or an iterable of str (``ids[i]`` named);
+                nothing changed.
+
+        Example:
+            >>> from marsys_mem.retrieval.embeddings import HashingEmbedder
+            >>> mem = EpisodicMemory(HashingEmbedder())
+            >>> keep, drop = mem.add("Lunch at noon"), mem.add("My PIN is 1234")
+            >>> mem.remove([drop, "unknown"]), [m.text for m in mem.messages()]
+            (1, ['Lunch at noon'])
+            >>> mem.close()
+        """
+        self._check_open()
+        if isinstance(ids, str):
+            wanted = [ids]
+        elif isinstance(ids, Iterable) and not isinstance(ids, bytes | Mapping):
+            wanted = list(ids)
+        else:
+            raise TypeError(f"ids must be a str or an iterable of str, got {type(ids).__name__}")
+        for i, mid in enumerate(wanted):
+            if not isinstance(mid, str):
+                raise TypeError(f"ids[{i}] must be a str, got {type(mid).__name__} {mid!r}")
+        with self._lock:
+            self._check_open()
+            present = [mid for mid in dict.fromkeys(wanted) if mid in self.rag]
+            if not present:
+                return 0
+            removed = self.rag.remove(present)  # the store first: durable when it returns
+            gone = set(present)
+            changed = [state for state in self._episodes.values() if state.drop(gone)]
+            for state in changed:
+                state.summary = state.summary_of = None
+            # if this write fails, the stale summary no longer matches its episode's
+            # fingerprint when read back, so it is never served
+            self._save(changed)
+            return removed
 
     # ------------------------------------------------------------------ recall
     def _recall_filter(self, episode_id: str | None) -> dict[str, Any] | None:

@@ -34,7 +34,7 @@ import json
 import logging
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -481,6 +481,67 @@ class HierarchicalMemory(Closing):
                 raise ValueError(f"message {message_id!r} has no text to archive")
             self._commit_working_locked([], [copy], [message_id])
             return "archive"
+
+    def remove(self, ids: str | Iterable[str]) -> int:
+        """Delete messages by id from whichever tier holds them; returns how many were removed.
+
+        For privacy requests: they leave the store too. Core and working are deleted in one
+        store transaction; archived messages leave the archive (its store, its indexes)
+        first, and are put back if that transaction fails, so nothing changes when it raises.
+        Unknown ids are ignored.
+        Removing an assistant message with tool calls does not remove its tool results: name
+        them too.
+
+        Raises:
+            TypeError: ``ids`` is not a str or an iterable of str (``ids[i]`` named);
+                nothing changed.
+
+        Example:
+            >>> from marsys_mem.retrieval.embeddings import HashingEmbedder
+            >>> mem = HierarchicalMemory(HashingEmbedder(), working_size=1)
+            >>> old, new = mem.add("My PIN is 1234"), mem.add("Lunch at noon")
+            >>> mem.tier_of(old), mem.remove([old, "unknown"]), old in mem, len(mem)
+            ('archive', 1, False, 1)
+            >>> mem.close()
+        """
+        self._check_open()
+        if isinstance(ids, str):
+            wanted = [ids]
+        elif isinstance(ids, Iterable) and not isinstance(ids, bytes | Mapping):
+            wanted = list(ids)
+        else:
+            raise TypeError(f"ids must be a str or an iterable of str, got {type(ids).__name__}")
+        for i, mid in enumerate(wanted):
+            if not isinstance(mid, str):
+                raise TypeError(f"ids[{i}] must be a str, got {type(mid).__name__} {mid!r}")
+        with self._lock:
+            self._check_open()
+            where = {mid: self._tier_locked(mid) for mid in dict.fromkeys(wanted)}
+            core = tuple(mid for mid, tier in where.items() if tier == "core")
+            working = tuple(mid for mid, tier in where.items() if tier == "working")
+            archived = [mid for mid, tier in where.items() if tier == "archive"]
+            copies = [self.archive.get(mid) for mid in archived]
+            if copies:
+                self.archive.remove(archived)
+            ops: list[Append | Delete] = []
+            if core:
+                ops.append(Delete(self.core_key, core))
+            if working:
+                ops.append(Delete(self.working_key, working))
+            try:
+                if ops:
+                    self.store.batch(ops)
+            except BaseException:
+                if copies:  # undo the archive half so nothing changed
+                    self.archive.add_many(copies)
+                raise
+            for mid in core:
+                del self._core[mid]
+            if working:
+                gone = set(working)
+                self._working = [w for w in self._working if w.message_id not in gone]
+                self._working_ids -= gone
+            return len(core) + len(working) + len(archived)
 
     # ------------------------------------------------------------------ reading
     def core(self) -> list[Message]:

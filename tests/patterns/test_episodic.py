@@ -1,4 +1,5 @@
 import asyncio
+import json
 import math
 import re
 
@@ -473,3 +474,52 @@ def test_minilm_persistence(minilm, tmp_path):
     assert found.episode.metadata == {"topic": "pets"}
     mem.close()
     store.close()
+
+
+# --------------------------------------------------------------------- remove
+
+
+def test_remove_deletes_durably_and_drops_stale_summaries(tmp_path):
+    summarizer = CountingSummarizer()
+    store, mem = open_mem(tmp_path, summarizer=summarizer)
+    trip = mem.start_episode({"task": "trip"})
+    secret = mem.add("My passport number is X1234567")
+    kept = mem.add("We booked the hotel in Porto")
+    work = mem.start_episode({"task": "work"})
+    report = mem.add("The quarterly report is due on Friday")
+    assert "X1234567" in mem.summaries(trip.id)[0][1]
+    assert mem.remove([secret, secret, "no-such-id"]) == 1
+    assert mem.remove(secret) == 0  # already gone: nothing to do
+    assert mem.get_episode(trip.id).message_ids == (kept,)
+    assert mem.get_episode(trip.id).summary is None  # it quoted the removed message
+    assert mem.get_episode(work.id).message_ids == (report,)
+    assert all(h.message.message_id != secret for h in mem.recall("passport number", k=5))
+    assert secret not in {m.message_id for m in store.load_messages(mem.key)}
+    snapshot = store.load_run(trip.id)
+    assert "X1234567" not in json.dumps(snapshot.metadata)
+    calls = len(summarizer.calls)
+    assert "X1234567" not in mem.summaries(trip.id)[0][1]
+    assert len(summarizer.calls) == calls + 1  # recomputed once, cached again
+    mem.close()
+    store.close()
+
+    store, mem = open_mem(tmp_path, summarizer=summarizer)
+    assert mem.get_episode(trip.id).message_ids == (kept,)
+    assert [m.message_id for m in mem.messages(work.id)] == [report]
+    assert all(h.message.message_id != secret for h in mem.recall("passport number", k=5))
+    mem.summaries()
+    assert len(summarizer.calls) == calls + 2  # only work's (its cache was never filled)
+    mem.close()
+    store.close()
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [(42, "ids must be a str or an iterable of str, got int"), (["ok", 7], r"ids\[1\] must")],
+)
+def test_remove_bad_ids_change_nothing(mem, bad, error):
+    mid = mem.add("We booked the hotel in Porto")
+    with pytest.raises(TypeError, match=error):
+        mem.remove(bad)
+    assert [m.message_id for m in mem.messages()] == [mid]
+    assert len(mem.rag) == 1

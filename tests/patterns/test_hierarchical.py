@@ -578,3 +578,53 @@ def test_minilm_archive_finds_a_paraphrase(minilm):
         assert hits[0].text == "My puppy is called Biscuit"
         ctx = mem.context("What is the name of my dog?", k=1)
         assert "My puppy is called Biscuit" in ctx[0].text
+
+
+# --------------------------------------------------------------------- remove
+
+
+def test_remove_from_every_tier_is_durable(tmp_path):
+    store, mem = open_mem(tmp_path)
+    fill(mem)
+    core = mem.add("My passport number is X1234567", importance=0.95)
+    archived = mem.archive.messages()[0].message_id
+    working = mem.working()[-1].message_id
+    assert [mem.tier_of(m) for m in (core, working, archived)] == ["core", "working", "archive"]
+    before = len(mem)
+    assert mem.remove([core, working, archived, "no-such-id", core]) == 3
+    assert len(mem) == before - 3
+    assert all(m not in mem for m in (core, working, archived))
+    assert mem.remove(core) == 0
+    assert all("X1234567" not in m.text for m in mem.context("passport number", k=5))
+    mem.close()
+    store.close()
+
+    store, mem = open_mem(tmp_path)
+    assert len(mem) == before - 3
+    assert all(m not in mem for m in (core, working, archived))
+    for key in (mem.core_key, mem.working_key, mem.archive.key):
+        ids = {m.message_id for m in store.load_messages(key)}
+        assert not ids & {core, working, archived}
+    mem.close()
+    store.close()
+
+
+def test_remove_changes_nothing_when_the_store_fails(mem):
+    fill(mem)
+    archived = mem.archive.messages()[0].message_id
+    working = mem.working()[0].message_id
+    before = (mem.core(), mem.working(), sorted(m.message_id for m in mem.archive.messages()))
+
+    def failing(ops):
+        raise StoreError("disk full")
+
+    mem.store.batch = failing  # the core/working transaction fails after the archive removal
+    with pytest.raises(StoreError, match="disk full"):
+        mem.remove([archived, working])
+    del mem.store.batch
+    after = (mem.core(), mem.working(), sorted(m.message_id for m in mem.archive.messages()))
+    assert after == before
+    assert archived in {m.message_id for m in mem.store.load_messages(mem.archive.key)}
+    with pytest.raises(TypeError, match=r"ids\[0\] must be a str"):
+        mem.remove([None])
+    assert mem.tier_of(archived) == "archive"
