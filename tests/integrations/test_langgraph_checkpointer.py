@@ -235,3 +235,77 @@ def test_missing_langgraph_names_the_extra() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert "marsys-mem[langgraph]" in done.stdout, done.stderr
     assert issubclass(MissingDependencyError, ImportError)
+
+
+# ---------------------------------------------------------------- copy_thread: a copy-on-write fork
+def _contents(graph: Any, thread: str) -> list[str]:
+    return [m.content for m in graph.get_state(_cfg(thread)).values["messages"]]
+
+
+def _log_len(store: Any, thread: str) -> int:
+    return int(store.count_messages(("langgraph", thread_name(thread), "messages")))
+
+
+@pytest.mark.parametrize("backing", ["memory", "sqlite"])
+def test_copy_thread_references_the_source_log_and_survives_its_deletion(
+    backing: str, tmp_path: Path
+) -> None:
+    store = InMemoryStore() if backing == "memory" else SQLiteStore(tmp_path / "f.db")
+    saver = MarsysCheckpointer(store)
+    graph = _graph(saver)
+    for i in range(20):
+        graph.invoke({"messages": [HumanMessage(f"q{i}")]}, _cfg("src"))
+    saver.copy_thread("src", "fork")
+    assert _log_len(store, "fork") == 0  # no message copied: the fork reads the source's log
+    assert _contents(graph, "fork") == _contents(graph, "src")
+    graph.invoke({"messages": [HumanMessage("only in the fork")]}, _cfg("fork"))
+    assert _log_len(store, "fork") == 2  # what the fork adds is its own
+    assert len(_contents(graph, "src")) == 40
+    expected = _contents(graph, "fork")
+    assert expected[-2] == "only in the fork"
+    src_ids = {t.checkpoint["id"] for t in saver.list(_cfg("src"))}
+    assert src_ids < {t.checkpoint["id"] for t in saver.list(_cfg("fork"))}  # all copied, + new
+    # a cold checkpointer follows the reference too
+    assert _contents(_graph(MarsysCheckpointer(store)), "fork") == expected
+    saver.delete_thread("src")  # the fork gets its copy, in the same batch
+    assert _log_len(store, "fork") == 42
+    assert saver.get_tuple(_cfg("src")) is None
+    assert _contents(graph, "fork") == expected
+    assert _contents(_graph(MarsysCheckpointer(store)), "fork") == expected
+    store.close()
+
+
+def test_pruning_the_source_keeps_the_fork_whole() -> None:
+    store = InMemoryStore()
+    saver = MarsysCheckpointer(store)
+    graph = _graph(saver)
+    for i in range(5):
+        graph.invoke({"messages": [HumanMessage(f"q{i}")]}, _cfg("p"))
+    saver.copy_thread("p", "keep")
+    expected = _contents(graph, "keep")
+    graph.update_state(_cfg("p"), {"messages": [RemoveMessage(id="__remove_all__")]})
+    saver.prune(["p"])  # deletes p's messages: the fork gets its own first
+    assert _log_len(store, "p") == 0
+    assert _contents(graph, "keep") == expected
+    assert _contents(_graph(MarsysCheckpointer(store)), "keep") == expected
+
+
+def test_fork_of_a_fork_and_deleting_forks() -> None:
+    store = InMemoryStore()
+    saver = MarsysCheckpointer(store)
+    graph = _graph(saver)
+    graph.invoke({"messages": [HumanMessage("a")]}, _cfg("a"))
+    saver.copy_thread("a", "b")
+    graph.invoke({"messages": [HumanMessage("b")]}, _cfg("b"))
+    saver.copy_thread("b", "c")
+    graph.invoke({"messages": [HumanMessage("c")]}, _cfg("c"))
+    expected = _contents(graph, "c")
+    assert expected[::2] == ["a", "b", "c"]
+    saver.delete_thread("b")  # the middle of the chain: c copies what it read through b
+    assert _contents(graph, "c") == expected
+    assert _contents(_graph(MarsysCheckpointer(store)), "c") == expected
+    saver.delete_thread("c")  # a deleted fork is forgotten by its source...
+    saver.delete_thread("a")  # ...so deleting the source writes nothing for it
+    assert store.list_keys("langgraph") == []
+    with pytest.raises(ValueError, match="source"):
+        saver.copy_thread(None, "x")  # type: ignore[arg-type]

@@ -188,6 +188,8 @@ class _Thread:
     by_lc_id: dict[str, int] = field(default_factory=dict)
     next_seq: int = 0
     last_refs: dict[tuple[str, str], list[list[int]]] = field(default_factory=dict)
+    fork: tuple[str, int] | None = None  # (source thread, positions below it read from there)
+    children: dict[str, int] = field(default_factory=dict)  # forks of this thread -> upto
     has_record: bool = False
 
     def add_ckpt(self, ckpt: _Ckpt) -> None:
@@ -316,9 +318,18 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
             lc_id = meta.get("lc_id")
             if isinstance(lc_id, str):
                 thread.by_lc_id[lc_id] = seq
-        thread.next_seq = len(thread.log)
         for m in records:
             self._apply_record(thread, m)
+        if thread.fork is not None:  # a copy-on-write fork: positions below upto are the source's
+            source_id, upto = thread.fork
+            source = self._thread(source_id)
+            borrowed = source.log[:upto]
+            borrowed += [None] * (upto - len(borrowed))
+            thread.log = borrowed + thread.log[upto:]
+            for lc_id, seq in source.by_lc_id.items():
+                if seq < upto:
+                    thread.by_lc_id.setdefault(lc_id, seq)
+        thread.next_seq = len(thread.log)
         return thread
 
     def _apply_record(self, thread: _Thread, m: Message) -> None:
@@ -326,6 +337,10 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
         kind = rec.get("k")
         if kind == "thread":
             thread.has_record = True
+        elif kind == "fork":
+            thread.fork = (str(rec["source"]), int(cast(int, rec["upto"])))
+        elif kind == "child":
+            thread.children[str(rec["target"])] = int(cast(int, rec["upto"]))
         elif kind == "blob":
             key = (str(rec["ns"]), str(rec["ch"]), str(rec["ver"]))
             thread.blobs[key] = rec
@@ -718,10 +733,43 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
         thread_id = self._thread_id({"configurable": {"thread_id": thread_id}}, "thread_id")
         records_key, log_key = self._keys(thread_id)
         with self._lock:
-            self.store.batch(
-                [Delete(records_key), Delete(log_key), Delete(self._head_key(thread_id))]
-            )
+            thread = self._thread(thread_id)
+            ops = self._detach(thread)
+            ops += [Delete(records_key), Delete(log_key), Delete(self._head_key(thread_id))]
+            self.store.batch(ops)
             self._threads.pop(thread_id, None)
+
+    def _detach(self, thread: _Thread) -> builtins.list[Op]:
+        """Ops that make ``thread``'s forks own their messages and forget it as their source.
+
+        Each fork gets a copy of the messages it reads from ``thread`` (copy-on-delete: the
+        one time a fork costs its length), and ``thread``'s source forgets it as a fork.
+        """
+        ops: builtins.list[Op] = []
+        for child_id, upto in thread.children.items():
+            child_records, child_log = self._keys(child_id)
+            copies = tuple(
+                self._log_message(seq, m)
+                for seq, m in enumerate(thread.log[:upto])
+                if m is not None
+            )
+            ops += self._new_head(child_id)[1]
+            ops.append(Delete(child_records, ("fork",)))
+            if copies:
+                ops.append(Append(child_log, copies))
+            self._threads.pop(child_id, None)
+        if thread.fork is not None:
+            source_id = thread.fork[0]
+            if self._tip(source_id) is not None:
+                source_records, _ = self._keys(source_id)
+                token, head_ops = self._new_head(source_id)
+                ops += head_ops
+                ops.append(Delete(source_records, (_child_record_id(thread.thread_id),)))
+                source = self._threads.get(source_id)
+                if source is not None:  # keep the source's cache: it only lost a fork
+                    source.children.pop(thread.thread_id, None)
+                    source.tip = token
+        return ops
 
     def _drop(self, thread: _Thread, gone: set[tuple[str, str]]) -> None:
         """Delete checkpoints ``gone`` ((ns, id)), their writes, and what nothing references."""
@@ -753,6 +801,9 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
             f"s{seq}" for seq, m in enumerate(thread.log) if m is not None and seq not in kept_seqs
         )
         _, ops = self._new_head(thread.thread_id)
+        if log_ids and thread.children:  # forks read these messages: they get their copies
+            ops += self._detach(_Thread(thread.thread_id, log=thread.log, children=thread.children))
+            record_ids += [_child_record_id(c) for c in thread.children]
         ops.append(Delete(records_key, tuple(dict.fromkeys(record_ids))))
         if log_ids:
             ops.append(Delete(log_key, log_ids))
@@ -802,30 +853,48 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
                 self._drop(thread, gone)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        """Copy a thread's checkpoints, writes and messages (each message once) to a new one.
+        """Fork a thread: copy its checkpoints and writes; its messages by reference.
+
+        The new thread reads the source's message log below the source's current length
+        (one small ``fork`` record, whatever the thread's length); its own new messages go
+        to its own log. Deleting or pruning the source first gives the fork its own copy of
+        those messages, in the same store batch, so the fork never breaks.
 
         Raises:
             ValueError: the target thread already has checkpoints (nothing is written).
         """
         source = self._thread_id({"configurable": {"thread_id": source_thread_id}}, "source")
         target = self._thread_id({"configurable": {"thread_id": target_thread_id}}, "target")
-        src_records, src_log = self._keys(source)
+        src_records, _ = self._keys(source)
         dst_records, dst_log = self._keys(target)
         with self._lock:
             if self._thread(target).ckpts:
                 raise ValueError(f"target thread {shown(target)} already has checkpoints")
-            records, log = self.store.batch([_load_op(src_records), _load_op(src_log)])
-            if not records:
+            thread = self._thread(source)
+            if not thread.has_record:
                 return
-            copied = [m for m in records if (m.structured_data or {}).get("k") != "thread"]
+            records = self.store.load_messages(src_records)
+            copied = [
+                m
+                for m in records
+                if (m.structured_data or {}).get("k") not in ("thread", "fork", "child")
+            ]
+            upto = thread.next_seq
             head = self._record("thread", {"k": "thread", "thread_id": target}, "thread")
+            fork = self._record("fork", {"k": "fork", "source": source, "upto": upto}, "fork")
+            child = self._record(
+                _child_record_id(target), {"k": "child", "target": target, "upto": upto}, "child"
+            )
             _, ops = self._new_head(target)
-            ops += [Delete(dst_records), Delete(dst_log)]
-            if log:
-                ops.append(Append(dst_log, tuple(log)))
-            ops.append(Append(dst_records, (head, *copied)))
+            token, source_head = self._new_head(source)
+            ops += source_head
+            ops += [Delete(dst_records), Delete(dst_log), Delete(src_records, (child.message_id,))]
+            ops.append(Append(dst_records, (head, fork, *copied)))
+            ops.append(Append(src_records, (child,)))
             self.store.batch(ops)
             self._threads.pop(target, None)
+            thread.children[target] = upto
+            thread.tip = token
 
     # ------------------------------------------------------------------ versions
     def get_next_version(self, current: str | None, channel: None) -> str:
@@ -900,6 +969,10 @@ _MISSING = object()
 
 def _load_op(key: Key) -> Op:
     return Load(key)
+
+
+def _child_record_id(target: str) -> str:
+    return "f" + _digest(target)
 
 
 def _put_at(log: list[Any], seq: int, value: Any) -> None:
