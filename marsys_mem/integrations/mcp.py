@@ -15,7 +15,7 @@ that names the field and the value, and changes nothing):
 * ``context``: the window the agent would send to its LLM under its policy (OpenAI
   format), with the shared facts and retrieved snippets the manager composes.
 * ``forget``: delete messages by id, or all of an agent's messages on a branch (from the
-  store too, for persistent agents, and from its RAG index).
+  store too, for persistent agents, and from its RAG, episodic and hierarchical memory).
 * ``share_fact``: share a fact from an agent through a :class:`Coordinator` (in process,
   :class:`InProcessTransport`) over a :class:`BranchGraph`, scoped to the ``branch``,
   ``subtree``, ``lineage`` or ``global``. Agents join the graph when a tool first names
@@ -57,6 +57,7 @@ from marsys_mem.manager import MemoryManager
 from marsys_mem.model.facts import FactScope
 from marsys_mem.model.messages import Message, to_llm_format
 from marsys_mem.model.names import NAME_PATTERN, validate_name
+from marsys_mem.patterns.agent import AgentPatterns
 from marsys_mem.patterns.rag import RAGMemory, ScoredMessage, SearchMode
 from marsys_mem.retrieval.embeddings import Embedder, HashingEmbedder, default_embedder
 from marsys_mem.store.keys import parse_key
@@ -136,6 +137,29 @@ def _hit(hit: ScoredMessage) -> dict[str, Any]:
         "bm25_score": None if hit.bm25_score is None else round(hit.bm25_score, 6),
         "timestamp": m.timestamp.isoformat(),
     }
+
+
+def _forget_in_patterns(patterns: AgentPatterns, ids: list[str], *, everything: bool) -> None:
+    """Remove ``ids`` from the agent's RAG, episodic and hierarchical memory.
+
+    ``everything``: every message they hold, including those no longer in the conversation.
+    """
+    rag, episodic, hierarchical = patterns.rag, patterns.episodic, patterns.hierarchical
+    wanted = dict.fromkeys(ids)
+    if everything:
+        if rag is not None:
+            wanted.update(dict.fromkeys(m.message_id for m in rag.messages()))
+        if episodic is not None:
+            wanted.update(dict.fromkeys(m.message_id for m in episodic.rag.messages()))
+        if hierarchical is not None:
+            held = [*hierarchical.core(), *hierarchical.working()]
+            held += hierarchical.archive.messages()
+            wanted.update(dict.fromkeys(m.message_id for m in held))
+    if not wanted:
+        return
+    for pattern in (rag, episodic, hierarchical):
+        if pattern is not None:
+            pattern.remove(list(wanted))
 
 
 def _message(m: Message) -> dict[str, Any]:
@@ -380,8 +404,10 @@ class MemoryServer:
     ) -> dict[str, Any]:
         """Delete messages by id (all or none: an unknown id removes nothing), or all of them.
 
-        The messages leave the memory, the store (persistent agents) and the RAG index.
-        Episodic and hierarchical patterns keep their own copies.
+        The messages leave the memory, the store (persistent agents) and the agent's
+        memory patterns (RAG index, episodes, hierarchical tiers; durable in their store
+        keys). ``everything`` also empties the patterns of what they kept beyond the
+        conversation (messages a window or the retention bound already dropped from it).
         """
         validate_name("agent", agent)
         validate_name("branch", branch)
@@ -404,8 +430,8 @@ class MemoryServer:
                 )
             ids = [m.message_id for m in memory.remove(*dict.fromkeys(message_ids))]
         patterns = self.manager.patterns(agent, branch)
-        if patterns is not None and patterns.rag is not None and ids:
-            patterns.rag.remove(ids)
+        if patterns is not None:
+            _forget_in_patterns(patterns, ids, everything=everything)
         fallback = self._fallback.get((agent, branch))
         if fallback is not None and ids:
             fallback.remove(ids)

@@ -484,3 +484,91 @@ def test_a_missing_sdk_names_the_extra() -> None:
     assert "pip install 'marsys-mem[mcp]'" in done.stdout
     assert done.returncode == 1
     assert "marsys-mem[mcp]" in done.stderr
+
+
+# ---------------------------------------------------------------------------- forget
+PATTERNS_POLICY = """\
+version: 1
+store: {{backend: sqlite, path: {db}, namespace: mcp-forget}}
+agents:
+  archivist:
+    retention: persistent
+    patterns:
+      embedder: hashing
+      rag: {{k: 5}}
+      episodic: {{k: 5}}
+      hierarchical: {{working_size: 2, k: 5}}
+"""
+
+
+def _held(server: MemoryServer, agent: str) -> dict[str, set[str]]:
+    """Message ids each memory pattern of ``agent`` holds."""
+    patterns = server.manager.patterns(agent)
+    assert patterns is not None
+    assert patterns.rag is not None
+    assert patterns.episodic is not None
+    assert patterns.hierarchical is not None
+    tiers = patterns.hierarchical
+    return {
+        "rag": {m.message_id for m in patterns.rag.messages()},
+        "episodic": {m.message_id for m in patterns.episodic.rag.messages()},
+        "hierarchical": {
+            m.message_id for m in [*tiers.core(), *tiers.working(), *tiers.archive.messages()]
+        },
+    }
+
+
+async def test_forget_reaches_episodic_and_hierarchical_memory(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(PATTERNS_POLICY.format(db=json.dumps(str(tmp_path / "memory.db"))))
+    texts = ["My passport number is X1234567", "Lunch is at noon", "The van is blue", "Hi"]
+    server = MemoryServer.from_config(policy)
+    try:
+        async with Client(server.mcp) as client:
+            ids = [
+                _data(await client.call_tool("remember", {"agent": "archivist", "content": t}))[
+                    "id"
+                ]
+                for t in texts
+            ]
+            secret = ids[0]
+            patterns = server.manager.patterns("archivist")
+            assert patterns is not None
+            assert patterns.hierarchical is not None
+            assert patterns.hierarchical.tier_of(secret) == "archive"  # working_size 2
+            assert all(secret in held for held in _held(server, "archivist").values())
+            out = _data(
+                await client.call_tool("forget", {"agent": "archivist", "message_ids": [secret]})
+            )
+            assert out["removed"] == 1
+            assert all(secret not in held for held in _held(server, "archivist").values())
+            ctx = _data(
+                await client.call_tool("context", {"agent": "archivist", "query": "passport"})
+            )
+            assert "X1234567" not in json.dumps(ctx)
+    finally:
+        await server.aclose()
+
+    server = MemoryServer.from_config(policy)  # a restart: the patterns reload their keys
+    try:
+        server.manager.memory("archivist")
+        held = _held(server, "archivist")
+        assert all(secret not in h and set(ids[1:]) <= h for h in held.values())
+        assert server.forget("archivist", everything=True)["removed"] == 3
+        assert _held(server, "archivist") == {
+            "rag": set(),
+            "episodic": set(),
+            "hierarchical": set(),
+        }
+    finally:
+        await server.aclose()
+    server = MemoryServer.from_config(policy)
+    try:
+        server.manager.memory("archivist")
+        assert _held(server, "archivist") == {
+            "rag": set(),
+            "episodic": set(),
+            "hierarchical": set(),
+        }
+    finally:
+        await server.aclose()
