@@ -521,7 +521,10 @@ class FactMemory(Closing):
         now = self._now()
         at = c.at.astimezone(UTC) if c.at is not None else now
         valid = [f for f in self._facts.values() if f.subject == subject and f.is_valid]
-        sims = {f.fact_id: float(self._vectors[f.fact_id] @ vector) for f in valid}
+        sims: dict[str, float] = {}
+        if valid:
+            matrix = np.stack([self._vectors[f.fact_id] for f in valid])
+            sims = dict(zip((f.fact_id for f in valid), (matrix @ vector).tolist(), strict=True))
         candidates = [
             f
             for f in valid
