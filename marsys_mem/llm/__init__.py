@@ -8,9 +8,11 @@ of a pydantic model ``schema`` (structured output, validated, one retry on inval
 ``acomplete`` is its async twin. The adapters live in their own modules, which import their
 SDK: :class:`marsys_mem.llm.openai.OpenAILLM` (extra ``openai``: OpenAI, Azure, and any
 OpenAI-compatible server by ``base_url``) and :class:`marsys_mem.llm.anthropic.AnthropicLLM`
-(extra ``anthropic``).
+(extra ``anthropic``). :class:`LLMSummarizer` / :class:`AsyncLLMSummarizer` turn any of them
+into a summariser for ``ContextPolicy(strategy="summarize")``.
 """
 
 from marsys_mem.llm.base import LLM, LLMSettings, Prompt, StructuredMode
+from marsys_mem.llm.summarize import AsyncLLMSummarizer, LLMSummarizer
 
-__all__ = ["LLM", "LLMSettings", "Prompt", "StructuredMode"]
+__all__ = ["LLM", "AsyncLLMSummarizer", "LLMSettings", "LLMSummarizer", "Prompt", "StructuredMode"]

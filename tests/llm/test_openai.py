@@ -214,3 +214,23 @@ def test_no_api_key_for_openai_itself(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     with pytest.raises(LLMError, match="no API key"):
         OpenAILLM("gpt-4o-mini")
+
+
+def test_summarizer_plugs_into_the_summarize_strategy(server: Any) -> None:
+    from marsys_mem import ContextPolicy, ConversationMemory
+    from marsys_mem.llm import LLMSummarizer
+
+    server.queue(server.Reply(body=server.chat_completion("Ana lives in Oslo and likes tea.")))
+    mem = ConversationMemory([Message.system("Be terse.")])
+    for i in range(12):
+        mem.add(Message.user(f"Fact number {i}: Ana lives in Oslo and likes tea. " * 3))
+    with make(server) as llm:
+        win = mem.context(
+            ContextPolicy(max_tokens=200, strategy="summarize", keep_recent=2),
+            summarizer=LLMSummarizer(llm),
+        )
+    assert win.summary is not None
+    assert "Ana lives in Oslo" in str(win.summary)
+    sent = server.requests[0].body["messages"]
+    assert sent[0]["role"] == "system"
+    assert "user: Fact number 0" in sent[1]["content"]
