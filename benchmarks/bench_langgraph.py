@@ -11,7 +11,14 @@ runs the same invokes:
 
 * ``MarsysCheckpointer`` over ``SQLiteStore`` (a file, ``synchronous=FULL``, its default)
   and over ``InMemoryStore``;
-* LangGraph's ``SqliteSaver`` (a file; langgraph-checkpoint-sqlite) and ``InMemorySaver``.
+* LangGraph's ``SqliteSaver`` (a file; langgraph-checkpoint-sqlite) and ``InMemorySaver``;
+* ``LangGraph alone``: ``InMemorySaver`` with a pass-through serde (it keeps references,
+  serialises nothing): what LangGraph itself costs per invoke (its ``add_messages`` over the
+  whole list, channel bookkeeping), whatever the checkpointer.
+
+For the MarsysCheckpointer rows, the time spent inside the checkpointer (``put``,
+``put_writes``, ``get_tuple``, wall time, summed per invoke) is reported apart: the
+checkpointer's own share.
 
 Reported per checkpointer: ms per message (= per invoke: one message each) averaged over
 the first 200 and the last 200 invokes, their ratio (last / first; flat is 1.0), and the
@@ -66,30 +73,68 @@ def _file_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
 
 
-def _run(graph: Any, n: int) -> list[float]:
+OWN: dict[str, list[float]] = {}  # checkpointer name -> seconds inside it, per invoke
+
+
+class _PassThrough:
+    """A serde that keeps the object itself: InMemorySaver then costs (almost) nothing."""
+
+    def dumps_typed(self, obj: Any) -> tuple[str, Any]:
+        return ("ref", obj)
+
+    def loads_typed(self, data: tuple[str, Any]) -> Any:
+        return data[1]
+
+
+def _timed(saver: Any, spent: list[float]) -> Any:
+    """Wrap the saver's per-invoke methods to add their wall time to ``spent[0]``."""
+    for name in ("put", "put_writes", "get_tuple"):
+        method = getattr(saver, name)
+
+        def wrapper(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return _method(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter() - start
+
+        setattr(saver, name, wrapper)
+    return saver
+
+
+def _run(graph: Any, n: int, spent: list[float] | None = None) -> list[float]:
     config = {"configurable": {"thread_id": "bench"}}
     times: list[float] = []
+    own: list[float] = []
     for i in range(n):
         message = HumanMessage(TEXT.format(i=i))
+        if spent is not None:
+            spent[0] = 0.0
         start = time.perf_counter()
         graph.invoke({"messages": [message]}, config)
         times.append(time.perf_counter() - start)
+        if spent is not None:
+            own.append(spent[0])
     state = graph.get_state(config)
     assert len(state.values["messages"]) == n, len(state.values["messages"])
+    if spent is not None:
+        OWN[str(spent[1])] = own
     return times
 
 
 def bench_marsys_sqlite(folder: Path, n: int) -> tuple[list[float], int]:
     path = folder / "marsys.db"
     store = SQLiteStore(path)
-    times = _run(_graph(MarsysCheckpointer(store)), n)
+    spent: list[Any] = [0.0, "MarsysCheckpointer[SQLiteStore]"]
+    times = _run(_graph(_timed(MarsysCheckpointer(store), spent)), n, spent)
     store.close()
     return times, _file_size(path)
 
 
 def bench_marsys_memory(folder: Path, n: int) -> tuple[list[float], int]:
     store = InMemoryStore()
-    times = _run(_graph(MarsysCheckpointer(store)), n)
+    spent: list[Any] = [0.0, "MarsysCheckpointer[InMemoryStore]"]
+    times = _run(_graph(_timed(MarsysCheckpointer(store), spent)), n, spent)
     size = sum(
         len(m.model_dump_json()) for key in store.list_keys() for m in store.load_messages(key)
     )
@@ -114,11 +159,16 @@ def bench_in_memory_saver(folder: Path, n: int) -> tuple[list[float], int]:
     return times, size
 
 
+def bench_langgraph_alone(folder: Path, n: int) -> tuple[list[float], int]:
+    return _run(_graph(InMemorySaver(serde=_PassThrough())), n), 0  # type: ignore[arg-type]
+
+
 BENCHES: dict[str, Callable[[Path, int], tuple[list[float], int]]] = {
     "MarsysCheckpointer[SQLiteStore]": bench_marsys_sqlite,
     "MarsysCheckpointer[InMemoryStore]": bench_marsys_memory,
     "SqliteSaver": bench_sqlite_saver,
     "InMemorySaver": bench_in_memory_saver,
+    "LangGraph alone": bench_langgraph_alone,
 }
 
 
@@ -129,12 +179,15 @@ def _mb(size: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=2000, help="invokes (one message each)")
+    parser.add_argument("--only", nargs="*", help="run only these checkpointers (names above)")
     args = parser.parse_args()
     n = args.messages
     window = min(WINDOW, n // 2)
     results: dict[str, tuple[float, float, int, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, bench in BENCHES.items():
+            if args.only and name not in args.only and name != "SqliteSaver":
+                continue
             gc.collect()
             started = time.perf_counter()
             times, size = bench(Path(tmp), n)
@@ -150,10 +203,15 @@ def main() -> None:
     print(head)
     print("-" * len(head))
     for name, (first, last, size, _) in results.items():
-        print(
-            f"{name:36} {first:8.2f} {last:8.2f} {last / first:9.2f}x {_mb(size):>12} "
-            f"{sqlite_size / size:16.1f}x"
-        )
+        ratio = f"{sqlite_size / size:16.1f}x" if size else f"{'-':>17}"
+        shown = _mb(size) if size else "-"
+        print(f"{name:36} {first:8.2f} {last:8.2f} {last / first:9.2f}x {shown:>12} {ratio}")
+    if OWN:
+        print("\ninside the checkpointer (put + put_writes + get_tuple), ms per invoke")
+        for name, own in OWN.items():
+            first = 1000 * sum(own[:window]) / window
+            last = 1000 * sum(own[-window:]) / window
+            print(f"{name:36} {first:8.2f} {last:8.2f} {last / first:9.2f}x")
     first, last, size, _ = results["MarsysCheckpointer[SQLiteStore]"]
     print("\nTargets (MarsysCheckpointer[SQLiteStore])")
     flat, smaller = last / first, sqlite_size / size
