@@ -6,9 +6,16 @@ appends is ingested into each enabled pattern (messages without text, such as a 
 call, are skipped; embedding happens in the background, so appends stay fast). At
 ``context_for`` time it yields the memory blocks:
 
+* ``user_facts``: valid facts learned about the subject (``patterns.facts``), most
+  relevant to the query first, else most confident;
 * ``core``: the hierarchical core tier (important messages), if enabled;
 * ``retrieval``: snippets for the query from RAG, episodic recall and the hierarchical
   archive, deduplicated, never repeating a message already in the conversation window.
+
+With ``patterns.facts`` every user message is also submitted to a background
+:class:`~marsys_mem.patterns.extraction.ExtractionPipeline` (``submit`` never waits) that
+learns into a :class:`~marsys_mem.patterns.user_facts.FactMemory` the manager gives (one per
+manager, shared by every agent, in the manager's store).
 
 Persistent agents keep their patterns in the manager's store, under the internal keys of
 :func:`marsys_mem.store.keys.internal_key` (no agent or branch name can spell them); the vector
@@ -23,18 +30,26 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from marsys_mem.config.models import PatternsConfig
+from marsys_mem.config.models import FactsPatternConfig, PatternsConfig
 from marsys_mem.context.compose import Block
-from marsys_mem.exceptions import MarsysMemError
+from marsys_mem.exceptions import ConfigError, MarsysMemError
+from marsys_mem.llm.base import LLM
 from marsys_mem.model.messages import Message
 from marsys_mem.patterns.episodic import EpisodicMemory
+from marsys_mem.patterns.extraction import (
+    ExtractionPipeline,
+    FactExtractor,
+    LLMExtractor,
+    extract_facts_offline,
+)
 from marsys_mem.patterns.hierarchical import HierarchicalMemory
 from marsys_mem.patterns.rag import RAGMemory, ScoredMessage
+from marsys_mem.patterns.user_facts import Fact, FactMemory
 from marsys_mem.retrieval.embeddings import Embedder, HashingEmbedder
 from marsys_mem.store.base import Key, MemoryStore
 from marsys_mem.store.keys import internal_key, validate_key
 
-__all__ = ["AgentPatterns", "index_file", "resolve_embedder"]
+__all__ = ["AgentPatterns", "fact_extractor", "index_file", "rank_facts", "resolve_embedder"]
 
 log = logging.getLogger("marsys_mem.patterns")
 
@@ -66,6 +81,53 @@ def index_file(index_dir: Path, key: Key, kind: Literal["rag", "episodic", "arch
     return index_dir / f"{kind}-{digest[:20]}.faiss"
 
 
+def fact_extractor(config: FactsPatternConfig, llm: LLM | None) -> FactExtractor:
+    """The extractor ``config.extractor`` names (``llm`` needs the manager's ``llm``).
+
+    Raises:
+        ConfigError: ``extractor: llm`` without an ``llm``.
+
+    Example:
+        >>> fact_extractor(FactsPatternConfig(), None) is extract_facts_offline
+        True
+    """
+    if config.extractor == "offline":
+        return extract_facts_offline
+    if llm is None:
+        raise ConfigError(
+            "patterns.facts.extractor: 'llm' needs a model: pass llm=OpenAILLM(...) (or any "
+            "LLM) to MemoryManager, or use extractor: offline"
+        )
+    return LLMExtractor(llm)
+
+
+def rank_facts(
+    facts: FactMemory, subject: str, query: str | None, *, k: int, min_score: float
+) -> list[Fact]:
+    """At most ``k`` valid facts about ``subject``, the most useful first.
+
+    Those scoring ``min_score`` or more for ``query`` come first (best first), then the
+    others by confidence (the most recently reinforced first on ties).
+
+    Example:
+        >>> from marsys_mem.retrieval.embeddings import HashingEmbedder
+        >>> facts = FactMemory(HashingEmbedder())
+        >>> _ = facts.add("User likes green tea", "u", confidence=0.5)
+        >>> _ = facts.add("User lives in Oslo", "u", confidence=0.9)
+        >>> [f.text for f in rank_facts(facts, "u", None, k=5, min_score=0.3)]
+        ['User lives in Oslo', 'User likes green tea']
+        >>> [f.text for f in rank_facts(facts, "u", "green tea?", k=5, min_score=0.3)]
+        ['User likes green tea', 'User lives in Oslo']
+    """
+    ranked: list[Fact] = []
+    if query is not None:
+        ranked = [h.fact for h in facts.search(query, k, min_score, subject=subject)]
+    chosen = {f.fact_id for f in ranked}
+    rest = [f for f in facts.facts(subject) if f.fact_id not in chosen]
+    rest.sort(key=lambda f: (-f.confidence, -f.reinforced_at.timestamp()))
+    return (ranked + rest)[:k]
+
+
 def _snippet(m: Message) -> str:
     who = f"{m.role} ({m.name})" if m.name else m.role
     text = " ".join(m.text.split())
@@ -83,6 +145,9 @@ class AgentPatterns:
         store: where persistent patterns live (``None``: in process only).
         embedder: shared embedder (or ``"default"`` / ``None``).
         index_dir: folder for saved vector indexes (persistent SQLite agents).
+        facts: the fact memory ``patterns.facts`` learns into (required with it; not
+            closed by :meth:`close`: the manager owns it).
+        llm: the model for ``patterns.facts.extractor: llm``.
 
     Example:
         >>> from marsys_mem.config.models import PatternsConfig
@@ -102,6 +167,8 @@ class AgentPatterns:
         store: MemoryStore | None = None,
         embedder: Embedder | Literal["default"] | None = None,
         index_dir: Path | None = None,
+        facts: FactMemory | None = None,
+        llm: LLM | None = None,
     ) -> None:
         self.config = config
         self.key = key
@@ -120,6 +187,14 @@ class AgentPatterns:
         self.rag: RAGMemory | None = None
         self.episodic: EpisodicMemory | None = None
         self.hierarchical: HierarchicalMemory | None = None
+        self.facts: FactMemory | None = None
+        self.extraction: ExtractionPipeline | None = None
+        fcfg = config.facts if config.learns_facts else None
+        extractor: FactExtractor = extract_facts_offline
+        if fcfg is not None:
+            if facts is None:
+                raise ValueError("patterns.facts is enabled: pass the FactMemory as facts=")
+            extractor = fact_extractor(fcfg, llm)
         try:
             if config.rag is not None:
                 self.rag = RAGMemory(
@@ -148,13 +223,32 @@ class AgentPatterns:
                     key_prefix=tiers_prefix,
                     index_path=index_path("archive"),
                 )
+            if fcfg is not None and facts is not None:
+                self.facts = facts
+                self.extraction = ExtractionPipeline(
+                    facts,
+                    fcfg.subject,
+                    extractor,
+                    debounce=fcfg.debounce,
+                    max_batch=fcfg.max_batch,
+                    maintain=fcfg.maintain,
+                )
         except BaseException:
             self.close()
             raise
 
     # ------------------------------------------------------------------ ingest
     def ingest(self, messages: Iterable[Message]) -> None:
-        """Add messages with text to every enabled pattern (errors are logged, not raised)."""
+        """Add messages with text to every enabled pattern (errors are logged, not raised).
+
+        User messages also go to the fact extraction pipeline (queued, never awaited).
+        """
+        messages = list(messages)
+        if self.extraction is not None:
+            try:
+                self.extraction.submit(messages)
+            except RuntimeError as exc:  # closed pipeline
+                log.debug("fact extraction skipped %d message(s): %s", len(messages), exc)
         for m in messages:
             if not m.text.strip() or m.role == "system":
                 continue
@@ -188,9 +282,22 @@ class AgentPatterns:
         return hits
 
     def blocks(self, query: str | None, exclude: set[str]) -> list[Block]:
-        """The ``core`` and ``retrieval`` blocks; ``exclude``: ids already in the window."""
+        """The ``user_facts``, ``core`` and ``retrieval`` blocks (``exclude``: ids in window)."""
         budget = self.config.budget
         out: list[Block] = []
+        fcfg = self.config.facts
+        if self.facts is not None and fcfg is not None:
+            known = rank_facts(self.facts, fcfg.subject, query, k=fcfg.k, min_score=fcfg.min_score)
+            if known:
+                out.append(
+                    Block(
+                        "user_facts",
+                        f"Known facts about {fcfg.subject}:",
+                        [f.text for f in known],
+                        budget.facts,
+                        1,
+                    )
+                )
         if self.hierarchical is not None:
             core = [m for m in self.hierarchical.core() if m.message_id not in exclude]
             core = [m for m in core if m.role != "system" and m.text.strip()]
@@ -215,7 +322,15 @@ class AgentPatterns:
 
     # ------------------------------------------------------------------ lifecycle
     def flush(self) -> None:
-        """Wait for pending embeddings (and save indexes)."""
+        """Wait for pending fact extraction and embeddings (and save indexes).
+
+        An extractor error is logged (the pipeline's stats count it), not raised.
+        """
+        if self.extraction is not None:
+            try:
+                self.extraction.flush()
+            except Exception:
+                log.exception("fact extraction failed for %s", self.key)
         for pattern in self._patterns():
             pattern.flush()
 
@@ -223,7 +338,12 @@ class AgentPatterns:
         return [p for p in (self.rag, self.episodic, self.hierarchical) if p is not None]
 
     def close(self) -> None:
-        """Flush and close every pattern. Idempotent."""
+        """Flush and close every pattern (fact extraction drains first). Idempotent."""
+        if self.extraction is not None:
+            try:
+                self.extraction.close()
+            except Exception:
+                log.exception("closing the fact extraction of %s failed", self.key)
         for pattern in self._patterns():
             try:
                 pattern.close()

@@ -29,17 +29,25 @@ import time
 import unicodedata
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from marsys_mem.lifecycle import Closing
+from marsys_mem.llm.base import LLM
 from marsys_mem.model.messages import Message
 from marsys_mem.model.names import validate_name
 from marsys_mem.patterns.user_facts import FactCandidate, FactCategory, FactMemory
 from marsys_mem.retrieval.scoring import finite_number, positive_int
 
 __all__ = [
+    "EXTRACTION_PROMPT",
+    "ExtractedFact",
+    "ExtractedFacts",
     "ExtractionPipeline",
     "ExtractionStats",
     "FactExtractor",
+    "LLMExtractor",
     "extract_facts_offline",
     "is_trivial",
 ]
@@ -475,3 +483,152 @@ class ExtractionPipeline(Closing):
 
 async def _await(value: Awaitable[list[FactCandidate]]) -> list[FactCandidate]:
     return await value
+
+
+# ---------------------------------------------------------------------- the LLM extractor
+EXTRACTION_PROMPT = """\
+You extract durable facts about the user from a conversation, for a long-term memory.
+Read the numbered messages. Return only facts the user states about themselves (identity,
+home, work, preferences, relations, plans), each as one short third-person sentence that
+starts with "User" (e.g. "User lives in Lisbon", "User's sister is called Clara").
+Skip questions, requests, small talk, and anything about other people the user does not
+relate to themselves. For each fact give: category (identity, preference, relation, plan
+or other); slot, a short lowercase name of the attribute it sets ("home", "name", "job",
+"likes:coffee", "relation:sister:name"), so that a later fact for the same slot replaces
+it; confidence in [0, 1]; sources, the numbers of the messages it comes from.
+Return an empty list when there is nothing to remember."""
+
+
+class ExtractedFact(BaseModel):
+    """One fact as the model returns it (part of :class:`ExtractedFacts`).
+
+    Example:
+        >>> ExtractedFact(text="User lives in Oslo", category="identity", slot="home").sources
+        []
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: Annotated[str, Field(min_length=1, max_length=500)]
+    category: FactCategory = "other"
+    slot: Annotated[str, Field(max_length=200)] | None = None
+    confidence: Annotated[float, Field(ge=0.0, le=1.0)] = 0.7
+    sources: list[int] = Field(default_factory=list)
+
+
+class ExtractedFacts(BaseModel):
+    """The JSON schema the model answers with: ``{"facts": [...]}``.
+
+    Example:
+        >>> ExtractedFacts.model_validate({"facts": [{"text": "User likes tea"}]}).facts[0].text
+        'User likes tea'
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    facts: list[ExtractedFact] = Field(default_factory=list)
+
+
+class LLMExtractor:
+    """A fact extractor over any :class:`~marsys_mem.llm.base.LLM`: one model call per batch.
+
+    The batch's messages are numbered in one user message under ``instructions`` (a system
+    message); the model answers with :class:`ExtractedFacts` through
+    ``llm.complete(messages, schema=ExtractedFacts)`` (JSON schema, validated, one retry
+    on invalid JSON: the adapter's). Each fact becomes a
+    :class:`~marsys_mem.patterns.user_facts.FactCandidate` whose ``source_ids`` are the
+    messages it names (all of the batch if it names none or only unknown numbers) and whose
+    time is the newest of them. Errors (:class:`~marsys_mem.exceptions.LLMError`) propagate:
+    :class:`ExtractionPipeline` logs them and keeps the first for ``flush``.
+
+    Args:
+        llm: the model (``OpenAILLM``, ``AnthropicLLM``, or anything with ``complete``).
+        instructions: the system prompt (default :data:`EXTRACTION_PROMPT`).
+        roles: roles whose messages are sent (others are left out of the prompt).
+        max_facts: most facts kept from one answer.
+        max_chars: each message's text is cut to this many characters.
+
+    Example:
+        >>> class Scripted:  # stands in for OpenAILLM(...) here
+        ...     def complete(self, messages, schema=None):
+        ...         return schema.model_validate(
+        ...             {"facts": [{"text": "User lives in Oslo", "slot": "home", "sources": [1]}]})
+        ...     async def acomplete(self, messages, schema=None):
+        ...         return self.complete(messages, schema)
+        >>> extract = LLMExtractor(Scripted())
+        >>> [(c.text, c.slot) for c in extract([Message.user("I moved to Oslo last year")])]
+        [('User lives in Oslo', 'home')]
+    """
+
+    def __init__(
+        self,
+        llm: LLM,
+        *,
+        instructions: str = EXTRACTION_PROMPT,
+        roles: Iterable[str] = ("user",),
+        max_facts: int = 50,
+        max_chars: int = 4000,
+    ) -> None:
+        if not callable(getattr(llm, "complete", None)):
+            raise TypeError(f"llm must have a complete() method (an LLM), got {llm!r}")
+        if not isinstance(instructions, str) or not instructions.strip():
+            raise ValueError(f"instructions must be a non-empty string, got {instructions!r}")
+        self.llm = llm
+        self.instructions = instructions
+        self.roles = frozenset(roles)
+        self.max_facts = positive_int("max_facts", max_facts)
+        self.max_chars = positive_int("max_chars", max_chars)
+
+    def prompt(self, messages: Sequence[Message]) -> list[Message] | None:
+        """The messages sent to the model for ``messages`` (``None``: nothing to read)."""
+        lines = []
+        for i, m in enumerate(messages, 1):
+            if m.role not in self.roles or is_trivial(m):
+                continue
+            text = " ".join(m.text.split())[: self.max_chars]
+            lines.append(f"[{i}] {m.role}: {text}")
+        if not lines:
+            return None
+        return [Message.system(self.instructions), Message.user("\n".join(lines))]
+
+    def candidates(
+        self, messages: Sequence[Message], answer: ExtractedFacts
+    ) -> list[FactCandidate]:
+        """The model's ``answer`` for ``messages`` as fact candidates."""
+        out: list[FactCandidate] = []
+        for fact in answer.facts[: self.max_facts]:
+            sources = [
+                messages[n - 1] for n in dict.fromkeys(fact.sources) if 1 <= n <= len(messages)
+            ]
+            sources = sources or [m for m in messages if m.role in self.roles]
+            text = fact.text.strip()
+            if not text:
+                continue
+            out.append(
+                FactCandidate(
+                    text=text,
+                    category=fact.category,
+                    slot=(fact.slot or "").strip() or None,
+                    confidence=fact.confidence,
+                    source_ids=tuple(m.message_id for m in sources),
+                    at=max((m.timestamp for m in sources), default=None),
+                )
+            )
+        return out
+
+    def __call__(self, messages: list[Message]) -> list[FactCandidate]:
+        """Extract facts from ``messages`` with one model call (none if nothing to read)."""
+        prompt = self.prompt(messages)
+        if prompt is None:
+            return []
+        return self.candidates(messages, self.llm.complete(prompt, schema=ExtractedFacts))
+
+    async def aextract(self, messages: list[Message]) -> list[FactCandidate]:
+        """Async twin of calling the extractor (``llm.acomplete``)."""
+        prompt = self.prompt(messages)
+        if prompt is None:
+            return []
+        return self.candidates(messages, await self.llm.acomplete(prompt, schema=ExtractedFacts))
+
+    def __repr__(self) -> str:
+        return f"LLMExtractor({self.llm!r})"

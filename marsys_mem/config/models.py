@@ -71,6 +71,7 @@ __all__ = [
     "AgentConfig",
     "Duration",
     "EpisodicPatternConfig",
+    "FactsPatternConfig",
     "HierarchicalPatternConfig",
     "MemoryConfig",
     "PatternsConfig",
@@ -257,6 +258,34 @@ class HierarchicalPatternConfig(BaseModel):
     k: int = Field(default=3, ge=1, le=100)
 
 
+class FactsPatternConfig(BaseModel):
+    """Facts learned about a subject from the conversation (``patterns.facts``).
+
+    Every user message the agent's memory appends goes to a background extraction pipeline
+    (``add`` never waits); the facts it learns show as a "user facts" block in
+    ``MemoryManager.context_for``. ``extractor``: ``offline`` (fixed first-person patterns,
+    no model) or ``llm`` (the manager's ``llm``, one call per batch). ``subject``: whom the
+    facts are about. ``k``: most facts in the block; facts scoring ``min_score`` or more
+    for the query come first, then the others by confidence.
+
+    Example:
+        >>> cfg = FactsPatternConfig.model_validate({"subject": "alice", "extractor": "llm"})
+        >>> cfg.enabled, cfg.subject, cfg.extractor, cfg.debounce
+        (True, 'alice', 'llm', 2.0)
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = True
+    subject: str = Field(default="user", pattern=NAME_PATTERN)
+    extractor: Literal["offline", "llm"] = "offline"
+    debounce: float = Field(default=2.0, ge=0.0, le=3600.0)
+    max_batch: int = Field(default=32, ge=1, le=10_000)
+    k: int = Field(default=10, ge=1, le=200)
+    min_score: float = Field(default=0.3, ge=-1.0, le=1.0)
+    maintain: bool = False
+
+
 class PatternsConfig(BaseModel):
     """Which memory patterns an agent uses, their parameters, and the budget split.
 
@@ -278,12 +307,18 @@ class PatternsConfig(BaseModel):
     hierarchical: Annotated[
         HierarchicalPatternConfig | None, BeforeValidator(_enabled), _OR_BOOL
     ] = None
+    facts: Annotated[FactsPatternConfig | None, BeforeValidator(_enabled), _OR_BOOL] = None
     budget: BudgetSplit = Field(default_factory=BudgetSplit)
 
     @property
     def any(self) -> bool:
         """True if some retrieval pattern is enabled."""
         return any(p is not None for p in (self.rag, self.episodic, self.hierarchical))
+
+    @property
+    def learns_facts(self) -> bool:
+        """True if ``facts`` is set and enabled."""
+        return self.facts is not None and self.facts.enabled
 
 
 class RetentionPolicy(BaseModel):

@@ -1,14 +1,15 @@
 """Assembling an agent's full context: memory blocks plus the conversation window.
 
-``MemoryManager.context_for`` gathers *blocks* (shared facts, hierarchical core memory,
-retrieved snippets) and fits them, with the conversation, into the agent's budget:
+``MemoryManager.context_for`` gathers *blocks* (shared facts, user facts, hierarchical core
+memory, retrieved snippets) and fits them, with the conversation, into the agent's budget:
 
 1. Each block is one system message rendered from its items (most important first) and
    cut, from its least important item, to its share of ``max_tokens`` (the ``budget``
    fractions of the agent's config).
 2. The conversation window gets what is left (tokens and message slots).
 3. If the conversation's own system/pinned messages and newest turn do not fit, blocks
-   are dropped, retrieval first, then core, then shared facts: retrieved snippets never
+   are dropped, retrieval first, then user facts, then core, then shared facts (higher
+   ``drop_order`` first, ties in block order): retrieved snippets never
    push out the system prompt. Only then does ``ContextOverflowError`` propagate.
 
 The result is one :class:`~marsys_mem.context.policy.ContextWindow`: the conversation's leading
@@ -63,6 +64,8 @@ class ContextSource(Protocol):
 class BudgetSplit(BaseModel):
     """Most of ``max_tokens`` each block may take (fractions, summing to at most 0.9).
 
+    ``facts`` is the "user facts" block's share (facts learned about the subject).
+
     Example:
         >>> BudgetSplit(shared=0.1, core=0.2, retrieval=0.3).retrieval
         0.3
@@ -73,10 +76,11 @@ class BudgetSplit(BaseModel):
     shared: float = Field(default=0.15, ge=0.0, le=0.9)
     core: float = Field(default=0.15, ge=0.0, le=0.9)
     retrieval: float = Field(default=0.25, ge=0.0, le=0.9)
+    facts: float = Field(default=0.1, ge=0.0, le=0.9)
 
     @model_validator(mode="after")
     def _sum(self) -> BudgetSplit:
-        total = self.shared + self.core + self.retrieval
+        total = self.shared + self.core + self.retrieval + self.facts
         if total > 0.9 + 1e-9:
             raise ValueError(
                 f"budget fractions sum to {total:.2f}; keep at least 10% for the conversation"
