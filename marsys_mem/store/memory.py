@@ -244,6 +244,8 @@ class _Transaction:
 
     def load(self, op: Load) -> list[Message]:
         messages = self.current(op.key)
+        if op.since is None and op.last is not None:  # the tail only: O(last), not O(key)
+            return list(messages[max(len(messages) - op.last, 0) :]) if op.last else []
         if op.since is not None:
             since = op.since
             selected = [m for m in messages if m.timestamp >= since]
