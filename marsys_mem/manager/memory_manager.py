@@ -57,6 +57,7 @@ from marsys_mem.model.events import EventBus
 from marsys_mem.model.messages import Message, Provider, to_llm_format
 from marsys_mem.model.names import validate_name
 from marsys_mem.model.runs import RunContext, RunSnapshot, history
+from marsys_mem.model.traces import TraceStep
 from marsys_mem.patterns.agent import AgentPatterns, resolve_embedder
 from marsys_mem.patterns.shared import SharedMemoryPool, member_key
 from marsys_mem.retrieval.embeddings import Embedder, default_embedder
@@ -491,6 +492,21 @@ class MemoryManager(Closing):
         if self.load_run(run_id) is None:
             raise MessageNotFoundError(f"run {run_id!r} is not known")
         return history(self, run_id)
+
+    def trace(self, run_id: str) -> list[TraceStep]:
+        """The steps ``run_id`` recorded (tool calls, model calls: timings, usage, errors).
+
+        Read from the run's snapshot, so a persistent agent's trace survives a restart.
+        Across runs: :func:`~marsys_mem.model.traces.slowest_steps` and
+        :func:`~marsys_mem.model.traces.failed_steps` over ``manager.store``.
+
+        Raises:
+            MessageNotFoundError: ``run_id`` is not a known run.
+        """
+        snap = self.load_run(run_id)
+        if snap is None:
+            raise MessageNotFoundError(f"run {run_id!r} is not known")
+        return list(snap.trace)
 
     # ------------------------------------------------------------------ context
     def context_for(
