@@ -52,6 +52,7 @@ from marsys_mem.context.window import ContextPolicy, Summarizer
 from marsys_mem.conversation import ConversationMemory
 from marsys_mem.exceptions import ContextOverflowError, MarsysMemError, MessageNotFoundError
 from marsys_mem.lifecycle import Closing
+from marsys_mem.llm.base import LLM
 from marsys_mem.manager.sinks import AgentSink, MemoryBound, StoreWriter
 from marsys_mem.model.events import EventBus
 from marsys_mem.model.messages import Message, Provider, to_llm_format
@@ -60,7 +61,8 @@ from marsys_mem.model.runs import RunContext, RunSnapshot, history
 from marsys_mem.model.traces import TraceStep
 from marsys_mem.patterns.agent import AgentPatterns, resolve_embedder
 from marsys_mem.patterns.shared import SharedMemoryPool, member_key
-from marsys_mem.retrieval.embeddings import Embedder, default_embedder
+from marsys_mem.patterns.user_facts import FactMemory
+from marsys_mem.retrieval.embeddings import Embedder, HashingEmbedder, default_embedder
 from marsys_mem.store.base import Key, MemoryStore
 from marsys_mem.store.memory import InMemoryStore
 from marsys_mem.store.sqlite import SQLiteStore
@@ -132,6 +134,13 @@ class MemoryManager(Closing):
         embedder: the embedder patterns with ``embedder: default`` use (default: the
             packaged MiniLM, loaded once per manager, if the ``embeddings`` extra is
             installed). Pass one to share a loaded model between managers.
+        llm: the model agents with ``patterns.facts.extractor: llm`` extract facts with
+            (an :class:`~marsys_mem.llm.base.LLM`: ``OpenAILLM``, ``AnthropicLLM``, ...).
+        facts: the :class:`~marsys_mem.patterns.user_facts.FactMemory` agents with
+            ``patterns.facts`` learn into (default: one made on first use over this
+            manager's store and namespace, with the first such agent's embedder; closed by
+            :meth:`close`). Facts are about a subject, not a conversation: they live in the
+            store whatever the agent's retention.
 
     Example:
         >>> manager = MemoryManager()
@@ -155,6 +164,8 @@ class MemoryManager(Closing):
         counter: TokenCounter | None = None,
         summarizer: Summarizer | None = None,
         embedder: Embedder | None = None,
+        llm: LLM | None = None,
+        facts: FactMemory | None = None,
     ) -> None:
         if retention_every < 1:
             raise ValueError(f"retention_every must be >= 1, got {retention_every}")
@@ -164,6 +175,13 @@ class MemoryManager(Closing):
         self.retention_every = retention_every
         self.counter = counter
         self.summarizer = summarizer
+        if llm is not None and not callable(getattr(llm, "complete", None)):
+            raise TypeError(f"llm must be an LLM (with complete()), got {llm!r}")
+        if facts is not None and not isinstance(facts, FactMemory):
+            raise TypeError(f"facts must be a FactMemory, got {type(facts).__name__}")
+        self.llm = llm
+        self._facts = facts
+        self._own_facts = facts is None
         self.events = EventBus()
         self.shared = SharedMemoryPool()
         if store is None:
@@ -311,7 +329,7 @@ class MemoryManager(Closing):
         self, slot: tuple[str, str], policy: RetentionPolicy, existing: Sequence[Message]
     ) -> AgentPatterns | None:
         """The agent's patterns on the slot's branch, if its policy enables any."""
-        if not policy.patterns.any:
+        if not (policy.patterns.any or policy.patterns.learns_facts):
             return None
         index_dir = None
         if policy.is_persistent and self.config.store.backend == "sqlite":
@@ -323,11 +341,31 @@ class MemoryManager(Closing):
             store=self.store if policy.is_persistent else None,
             embedder=self._embedder(policy.patterns.embedder),
             index_dir=index_dir,
+            facts=self.fact_memory(policy.patterns.embedder)
+            if policy.patterns.learns_facts
+            else None,
+            llm=self.llm,
         )
         if not policy.is_persistent:
             patterns.ingest(existing)
         self._patterns[slot] = patterns
         return patterns
+
+    def fact_memory(self, embedder: str = "default") -> FactMemory:
+        """The facts agents learn (made on first use, in this manager's store and namespace).
+
+        ``embedder``: the config spelling of the embedder, used only when it is made
+        (``none``, or ``default`` without the ``embeddings`` extra: a ``HashingEmbedder``).
+        """
+        self._check_open()
+        if self._facts is None:
+            emb = self._embedder(embedder)
+            self._facts = FactMemory(
+                emb if emb is not None else HashingEmbedder(),
+                store=self.store,
+                namespace=self.namespace,
+            )
+        return self._facts
 
     def patterns(self, agent: str, branch: str = "main") -> AgentPatterns | None:
         """The agent's memory patterns on ``branch`` (``None`` if its policy enables none)."""
@@ -520,8 +558,10 @@ class MemoryManager(Closing):
         """What ``agent`` would send to its LLM, under its policy.
 
         Returns a :class:`ContextWindow`, or the provider's message format when
-        ``provider`` is given. ``query`` is used by retrieval patterns (later); it is
-        accepted now so call sites need not change.
+        ``provider`` is given. Blocks, each under its share of ``max_tokens``: shared
+        facts, user facts (``patterns.facts``: the subject's valid facts, those matching
+        ``query`` first, else the most confident), core memory, then snippets retrieved
+        for ``query``.
         """
         mem, policy, blocks, counter = self._context_parts(agent, query, branch)
         win = assemble(mem, policy, blocks, counter)
@@ -588,6 +628,8 @@ class MemoryManager(Closing):
         finally:
             for patterns in self._patterns.values():
                 patterns.close()
+            if self._facts is not None and self._own_facts:
+                self._facts.close()
             self.closed = True
             if self._own_store:
                 self.store.close()
