@@ -5,6 +5,12 @@ Each block runs in a fresh interpreter, in a temp folder holding a copy of the r
 is written into the checkout), with ``MARSYS_MEM_HOME`` (the default store folder) inside
 that temp folder. A block that must not run is preceded by ``<!-- not-run: reason -->``;
 those stay rare (see ``MAX_NOT_RUN``). A failure names the block's line in README.md.
+
+Blocks that talk to a model (the LLM adapters' chat loop, ``examples/llm/chat_loop.py``)
+reach a scripted OpenAI-compatible server on loopback
+(:mod:`marsys_mem.testing.llm_server`, answering deterministically) through
+``OPENAI_BASE_URL`` in their environment (``OPENAI_API_KEY`` is emptied: no block may
+reach OpenAI itself): no network, no model.
 """
 
 from __future__ import annotations
@@ -14,10 +20,13 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from marsys_mem.testing.llm_server import ScriptedServer, echo_chat
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -82,22 +91,37 @@ def test_the_block_parser_finds_lines_and_markers():
     ]
 
 
+@pytest.fixture(scope="module")
+def llm_server() -> Iterator[ScriptedServer]:
+    """A scripted OpenAI-compatible server on loopback (echoes the last user message)."""
+    with ScriptedServer(echo_chat) as srv:
+        yield srv
+
+
+def _env(tmp_path: Path, server: ScriptedServer) -> dict[str, str]:
+    return {
+        **os.environ,
+        "MARSYS_MEM_HOME": str(tmp_path / "home"),
+        "PYTHONWARNINGS": "error::RuntimeWarning",  # e.g. a coroutine never awaited
+        "OPENAI_BASE_URL": f"{server.url}/v1",
+        # empty: blocks that switch to a real OpenAI model when a key is set stay offline
+        # (the Agents SDK block); OpenAILLM with a base_url needs no key
+        "OPENAI_API_KEY": "",
+    }
+
+
 @pytest.mark.parametrize(
     "block",
     [b for b in BLOCKS if b.not_run is None],
     ids=lambda b: f"README.md:{b.line}",
 )
-def test_readme_block_runs(block: Block, tmp_path: Path):
+def test_readme_block_runs(block: Block, tmp_path: Path, llm_server: ScriptedServer):
     examples = tmp_path / "examples"
     shutil.copytree(ROOT / "examples", examples)
     before = sorted(examples.rglob("*"))
     script = tmp_path / f"readme_line_{block.line}.py"
     script.write_text(block.code, encoding="utf-8")
-    env = {
-        **os.environ,
-        "MARSYS_MEM_HOME": str(tmp_path / "home"),
-        "PYTHONWARNINGS": "error::RuntimeWarning",  # e.g. a coroutine never awaited
-    }
+    env = _env(tmp_path, llm_server)
     try:
         proc = subprocess.run(
             [sys.executable, script.name],
@@ -123,3 +147,27 @@ def test_readme_block_runs(block: Block, tmp_path: Path):
         f"README.md:{block.line}: wrote into examples/: "
         f"{[str(p.relative_to(tmp_path)) for p in after if p not in before]}"
     )
+
+
+def test_the_chat_loop_example_runs_against_the_scripted_server(
+    tmp_path: Path, llm_server: ScriptedServer
+):
+    before = len(llm_server.requests)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "llm" / "chat_loop.py")],
+        cwd=tmp_path,
+        env=_env(tmp_path, llm_server),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    sent = llm_server.requests[before:]
+    assert [r.path for r in sent] == ["/v1/chat/completions"] * 5  # one call per turn
+    assert "You said: Where do I live, and what do I like?" in proc.stdout
+    # facts learned in the background, the move kept beside the home it will replace
+    learned = proc.stdout.split("learned:", 1)[1]
+    for fact in ("User's name is Ana", "User lives in Porto", "User likes green tea"):
+        assert fact in learned
+    assert "skipped=6" in learned  # "ok" and the assistant's answers: no extractor call
