@@ -159,7 +159,8 @@ def test_add_never_waits_for_the_extractor(tmp_path: Path) -> None:
         async def acomplete(self, messages: Any, schema: Any = None) -> Any:
             return self.complete(messages, schema)
 
-    path = _config(tmp_path, facts={"extractor": "llm", "debounce": 0, "max_batch": 1})
+    facts = {"extractor": "llm", "debounce": 0, "max_batch": 1}
+    path = _config(tmp_path, facts=facts, retention="session")  # no fsync on the add path
     with MemoryManager.from_config(path, llm=SlowLLM()) as manager:
         mem = manager.memory("assistant")
         started = time.perf_counter()
