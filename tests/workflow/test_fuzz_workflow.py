@@ -41,7 +41,7 @@ WORKFLOWS = sorted((ROOT / "examples" / "workflows").glob("*"))
 POLICIES = sorted((ROOT / "examples" / "policies").glob("*"))
 EXAMPLES = WORKFLOWS + POLICIES
 TEXTS = {p: p.read_text(encoding="utf-8") for p in EXAMPLES}
-LIMIT_S = 1.0
+LIMIT_S = 1.0  # CPU seconds of this process (process_time): other jobs on the machine do not count
 MAX_LINE = 2_000  # no error line repeats a whole value
 
 
@@ -349,20 +349,20 @@ def folder():
 
 
 def check(path: Path, via_cli: bool, capsys) -> None:
-    started = time.perf_counter()
+    started = time.process_time()
     try:
         check_file(path)
     except MarsysMemError as exc:
         message = str(exc)
         assert message, "an error without a message"
         assert all(len(line) <= MAX_LINE for line in message.splitlines()), message[:500]
-    elapsed = time.perf_counter() - started
+    elapsed = time.process_time() - started
     assert elapsed < LIMIT_S, f"{elapsed:.2f} s for {path.read_text(errors='replace')[:300]!r}"
     if via_cli:
         capsys.readouterr()
-        started = time.perf_counter()
+        started = time.process_time()
         code = main(["validate", str(path)])
-        elapsed = time.perf_counter() - started
+        elapsed = time.process_time() - started
         _, err = capsys.readouterr()
         assert code in (0, 2), err
         assert "unexpected" not in err, err
