@@ -17,6 +17,7 @@ from marsys_mem.model.messages import (
 )
 from marsys_mem.model.names import validate_name
 from marsys_mem.model.runs import RunSnapshot, history
+from marsys_mem.model.traces import TraceStep, trace_of
 
 __all__ = [
     "MESSAGE_LIST_ADAPTER",
@@ -30,7 +31,9 @@ __all__ = [
     "SharedFact",
     "TextPart",
     "ToolCall",
+    "TraceStep",
     "history",
     "to_llm_format",
+    "trace_of",
     "validate_name",
 ]
