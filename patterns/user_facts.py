@@ -23,11 +23,11 @@ a fact, every threshold configurable and time taken from an injectable ``clock``
 Storage: with a ``store`` every change is written through before memory changes, and a new
 ``FactMemory`` on the same store loads the facts back. A fact is stored as one pinned
 system :class:`~marsys_mem.model.messages.Message` (``message_id`` = ``fact_id``, the
-fields in ``structured_data``) under the conversation-shaped key ``(namespace,
-"user-facts", subject)`` (``agent`` argument), so no new internal key kind was needed;
-pinned system messages are exempt from a store's ``ttl`` retention. An update is one
-store transaction (delete the old record, append the new one). Do not give a
-conversational agent the name ``user-facts`` in the same namespace.
+fields in ``structured_data``) under the internal key
+:func:`~marsys_mem.store.keys.subject_facts_key` ``(namespace, "#user-facts", subject)``,
+which no agent name can spell (so no conversation ever shares it); pinned system messages
+are exempt from a store's ``ttl`` retention. An update is one store transaction (delete the
+old record, append the new one).
 
 Search is hybrid, like :class:`~marsys_mem.patterns.rag.RAGMemory`: the cosine of the
 embeddings, raised by BM25 keyword matches: ``score = cosine + bm25_weight * (1 - cosine)
@@ -58,9 +58,9 @@ from marsys_mem.retrieval.bm25 import BM25Index
 from marsys_mem.retrieval.embeddings import Embedder, HashingEmbedder, default_embedder
 from marsys_mem.retrieval.scoring import check_query, finite_number, positive_int
 from marsys_mem.store.base import Append, Delete, Key, MemoryStore
+from marsys_mem.store.keys import SUBJECT_FACTS_AGENT, subject_facts_key
 
 __all__ = [
-    "FACTS_AGENT_NAME",
     "Fact",
     "FactCandidate",
     "FactCategory",
@@ -73,8 +73,6 @@ __all__ = [
 
 log = logging.getLogger("marsys_mem.patterns.user_facts")
 
-FACTS_AGENT_NAME = "user-facts"
-"""The default agent part of the store keys facts live under: ``(ns, "user-facts", subject)``."""
 
 FactCategory = Literal["identity", "preference", "relation", "plan", "other"]
 
@@ -275,7 +273,6 @@ class FactMemory(Closing):
         store: a :class:`~marsys_mem.store.MemoryStore` to write through to and load from
             (not closed by this memory).
         namespace: the store namespace.
-        agent: the agent part of the facts' store keys (default ``"user-facts"``).
         clock: returns the current time (timezone-aware); tests pass a fake one.
         dedup_threshold: cosine above which a new fact reinforces an existing one.
         contradiction_threshold: cosine at or above which a valid fact is a contradiction
@@ -314,7 +311,6 @@ class FactMemory(Closing):
         *,
         store: MemoryStore | None = None,
         namespace: str = "default",
-        agent: str = FACTS_AGENT_NAME,
         clock: Callable[[], datetime] = _utcnow,
         dedup_threshold: float = 0.85,
         contradiction_threshold: float = 0.80,
@@ -341,7 +337,6 @@ class FactMemory(Closing):
         if store is not None and not isinstance(store, MemoryStore):
             raise TypeError(f"store must be a MemoryStore, got {type(store).__name__}")
         self.namespace = validate_name("namespace", namespace)
-        self.agent = validate_name("agent", agent)
         if isinstance(embedder, str):
             if embedder != "default":
                 raise ValueError(f"embedder must be an Embedder or 'default', got {embedder!r}")
@@ -367,13 +362,13 @@ class FactMemory(Closing):
 
     # ------------------------------------------------------------------ storage
     def _key(self, subject: str) -> Key:
-        return (self.namespace, self.agent, subject)
+        return subject_facts_key(self.namespace, subject)
 
     def _load(self) -> None:
         assert self.store is not None
         stale: list[Fact] = []
         for key in self.store.list_keys(self.namespace):
-            if key[1] != self.agent:
+            if key[1] != SUBJECT_FACTS_AGENT:
                 continue
             for m in self.store.load_messages(key):
                 if m.structured_data is None:

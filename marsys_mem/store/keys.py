@@ -9,7 +9,9 @@ builds (:func:`internal_key`, :func:`facts_key`) and reads back (:func:`parse_ke
 * ``episodes``: ``(ns, "<agent>#<branch>#episodes", "episodes")``, its episodic memory;
 * ``tiers``: ``(ns, "<agent>#<branch>#tiers", tier)``, its hierarchical memory (``tier``:
   ``core``, ``working`` or ``archive``);
-* ``facts``: ``(ns, "#facts", branch)``, the facts a workflow run recorded.
+* ``facts``: ``(ns, "#facts", branch)``, the facts a workflow run recorded;
+* ``user_facts``: ``(ns, "#user-facts", subject)``, what a FactMemory learned about a subject
+  (:func:`subject_facts_key`).
 
 The spellings are those of earlier versions, so existing stores read as before. They
 cannot be forged from names: every internal spelling contains ``#``, which no name may
@@ -34,6 +36,7 @@ from marsys_mem.model.names import MAX_NAME_LENGTH, is_name, shown, validate_nam
 
 __all__ = [
     "FACTS_AGENT",
+    "SUBJECT_FACTS_AGENT",
     "TIERS",
     "InternalKind",
     "Key",
@@ -43,6 +46,7 @@ __all__ = [
     "internal_key",
     "parse_key",
     "stored_key",
+    "subject_facts_key",
     "validate_key",
 ]
 
@@ -55,7 +59,10 @@ FACTS_AGENT: Final = "#facts"
 InternalKind = Literal["rag", "episodes", "tiers"]
 """The memory-pattern data :func:`internal_key` builds keys for."""
 
-KeyKind = Literal["conversation", "rag", "episodes", "tiers", "facts"]
+SUBJECT_FACTS_AGENT: Final = "#user-facts"
+"""The agent part of the keys holding facts about a subject (:func:`subject_facts_key`)."""
+
+KeyKind = Literal["conversation", "rag", "episodes", "tiers", "facts", "user_facts"]
 """What a store key holds (:attr:`KeyInfo.kind`)."""
 
 TIERS: Final = ("core", "working", "archive")
@@ -129,16 +136,30 @@ def facts_key(namespace: str, branch: str) -> Key:
     return (namespace, _Internal(FACTS_AGENT), branch)
 
 
+def subject_facts_key(namespace: str, subject: str) -> Key:
+    """The store key of the facts a :class:`~marsys_mem.patterns.FactMemory` holds on ``subject``.
+
+    No agent name can spell it (``#`` is reserved), so a conversation never shares it.
+
+    Example:
+        >>> subject_facts_key("d", "alice")
+        ('d', '#user-facts', 'alice')
+    """
+    validate_name("namespace", namespace)
+    validate_name("subject", subject)
+    return (namespace, _Internal(SUBJECT_FACTS_AGENT), subject)
+
+
 @dataclass(frozen=True, slots=True)
 class KeyInfo:
     """What a store key holds and whose it is (:func:`parse_key`).
 
     Attributes:
         key: the key, usable with any store (internal parts accepted).
-        kind: ``conversation``, ``rag``, ``episodes``, ``tiers`` or ``facts``.
+        kind: ``conversation``, ``rag``, ``episodes``, ``tiers``, ``facts`` or ``user_facts``.
         namespace: the namespace.
-        agent: whose data it is (``None`` for ``facts``).
-        branch: the branch of the conversation it belongs to.
+        agent: whose data it is (``None`` for ``facts`` and ``user_facts``).
+        branch: the branch of the conversation it belongs to (the subject for ``user_facts``).
         part: the tier of a ``tiers`` key (else ``None``).
 
     Example:
@@ -185,6 +206,9 @@ def parse_key(key: object) -> KeyInfo:
         return KeyInfo((namespace, agent, branch), "conversation", namespace, agent, branch)
     if agent == FACTS_AGENT and is_name(branch):
         return KeyInfo(facts_key(namespace, branch), "facts", namespace, None, branch)
+    if agent == SUBJECT_FACTS_AGENT and is_name(branch):
+        built = subject_facts_key(namespace, branch)
+        return KeyInfo(built, "user_facts", namespace, None, branch)
     if is_name(agent) and branch.endswith(f"{_MARK}rag") and is_name(branch[:-4]):
         base = (namespace, agent, branch[:-4])
         return KeyInfo(internal_key(base, "rag"), "rag", namespace, agent, branch[:-4])

@@ -293,3 +293,22 @@ def test_confidence_stays_in_unit_interval(ops) -> None:  # type: ignore[no-unty
         assert (
             sum(f.is_valid for f in mem.facts("u", include_invalid=True) if f.slot == "home") <= 1
         )
+
+
+def test_no_agent_name_reaches_a_subjects_facts(tmp_path):
+    """Facts live under an internal key: an agent named like the old key part shares nothing."""
+    from marsys_mem import Message
+    from marsys_mem.store.keys import parse_key
+
+    store = SQLiteStore(tmp_path / "m.db")
+    facts = FactMemory(HashingEmbedder(), store=store, namespace="team")
+    facts.add("User lives in Paris", "alice", slot="home")
+    # a conversation whose key once spelled the facts' key: ("team", "user-facts", "alice")
+    store.append_messages(("team", "user-facts", "alice"), [Message.user("I am not a fact")])
+    again = FactMemory(HashingEmbedder(), store=store, namespace="team")
+    assert [f.text for f in again.facts("alice")] == ["User lives in Paris"]
+    kinds = sorted(parse_key(k).kind for k in store.list_keys("team"))
+    assert kinds == ["conversation", "user_facts"]
+    with pytest.raises(InvalidNameError):
+        store.load_messages(("team", "#user-facts", "alice"))  # not spellable by hand
+    store.close()
