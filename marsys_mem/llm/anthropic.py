@@ -22,6 +22,8 @@ from marsys_mem.llm.base import (
     LLMSettings,
     Prompt,
     SchemaT,
+    SDKAdapter,
+    SDKClients,
     as_messages,
     check_schema,
     invalid_output,
@@ -45,7 +47,7 @@ def _api_message(body: object, fallback: str) -> str:
     return fallback[:500]
 
 
-class AnthropicLLM:
+class AnthropicLLM(SDKAdapter[anthropic.Anthropic, anthropic.AsyncAnthropic]):
     """Claude through the official ``anthropic`` SDK's Messages API.
 
     Args:
@@ -105,56 +107,18 @@ class AnthropicLLM:
                 status=None,
             )
         self._api_key = key
-        self._client = client
-        self._async_client = async_client
-        self._owns_client = client is None
-        self._owns_async_client = async_client is None
-
-    # ------------------------------------------------------------------ clients
-    def _sync(self) -> anthropic.Anthropic:
-        if self._client is None:
-            self._client = anthropic.Anthropic(
-                api_key=self._api_key,
-                base_url=self.settings.base_url,
-                timeout=self.settings.timeout,
-                max_retries=self.settings.max_retries,
-            )
-        return self._client
-
-    def _async(self) -> anthropic.AsyncAnthropic:
-        if self._async_client is None:
-            self._async_client = anthropic.AsyncAnthropic(
-                api_key=self._api_key,
-                base_url=self.settings.base_url,
-                timeout=self.settings.timeout,
-                max_retries=self.settings.max_retries,
-            )
-        return self._async_client
-
-    def close(self) -> None:
-        """Close the sync HTTP client this adapter made (a given client is left open)."""
-        if self._client is not None and self._owns_client:
-            self._client.close()
-            self._client = None
-
-    async def aclose(self) -> None:
-        """Close both HTTP clients this adapter made."""
-        self.close()
-        if self._async_client is not None and self._owns_async_client:
-            await self._async_client.close()
-            self._async_client = None
-
-    def __enter__(self) -> AnthropicLLM:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> AnthropicLLM:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
+        client_settings: dict[str, Any] = {
+            "api_key": key,
+            "base_url": self.settings.base_url,
+            "timeout": self.settings.timeout,
+            "max_retries": self.settings.max_retries,
+        }
+        self.clients = SDKClients(
+            lambda: anthropic.Anthropic(**client_settings),
+            lambda: anthropic.AsyncAnthropic(**client_settings),
+            client,
+            async_client,
+        )
 
     # ------------------------------------------------------------------ requests
     def _request(self, messages: list[Message], schema: type[SchemaT] | None) -> dict[str, Any]:
@@ -249,14 +213,14 @@ class AnthropicLLM:
 
     def _call(self, kw: dict[str, Any]) -> AnthropicMessage:
         try:
-            resp: AnthropicMessage = self._sync().messages.create(**kw)
+            resp: AnthropicMessage = self.clients.sync().messages.create(**kw)
         except anthropic.AnthropicError as exc:
             raise self._error(exc) from exc
         return self._check(resp)
 
     async def _acall(self, kw: dict[str, Any]) -> AnthropicMessage:
         try:
-            resp: AnthropicMessage = await self._async().messages.create(**kw)
+            resp: AnthropicMessage = await self.clients.async_().messages.create(**kw)
         except anthropic.AnthropicError as exc:
             raise self._error(exc) from exc
         return self._check(resp)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
-from typing import Any, Literal, Protocol, TypeVar, overload, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, Literal, Protocol, Self, TypeVar, overload, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -23,6 +23,8 @@ __all__ = [
     "LLM",
     "LLMSettings",
     "Prompt",
+    "SDKAdapter",
+    "SDKClients",
     "SchemaT",
     "StructuredMode",
     "as_messages",
@@ -38,6 +40,115 @@ SchemaT = TypeVar("SchemaT", bound=BaseModel)
 Prompt = str | Sequence[Message]
 """What a completion takes: a list of messages, or one string (sent as a user message)."""
 StructuredMode = Literal["json_schema", "json_object", "prompt"]
+
+
+class _SyncClosable(Protocol):
+    def close(self) -> None: ...
+
+
+class _AsyncClosable(Protocol):
+    async def close(self) -> None: ...
+
+
+SyncT = TypeVar("SyncT", bound=_SyncClosable)
+AsyncT = TypeVar("AsyncT", bound=_AsyncClosable)
+
+
+class SDKClients(Generic[SyncT, AsyncT]):
+    """An adapter's sync and async SDK clients: made on first use, closed only if made here.
+
+    Args:
+        make_sync: builds the sync client (called at most once, on first use).
+        make_async: builds the async client.
+        sync: a client to use instead (left open unless ``owned``).
+        async_: an async client to use instead (left open unless ``owned``).
+        owned: whether given clients are this adapter's to close (a factory that builds
+            them, such as ``OpenAILLM.azure``, says so).
+
+    Example:
+        >>> class Client:
+        ...     closed = False
+        ...     def close(self) -> None:
+        ...         self.closed = True
+        >>> class AsyncClient:
+        ...     async def close(self) -> None: ...
+        >>> clients = SDKClients(Client, AsyncClient)
+        >>> made = clients.sync()
+        >>> clients.close(); made.closed
+        True
+    """
+
+    def __init__(
+        self,
+        make_sync: Callable[[], SyncT],
+        make_async: Callable[[], AsyncT],
+        sync: SyncT | None = None,
+        async_: AsyncT | None = None,
+        *,
+        owned: bool = False,
+    ) -> None:
+        self._make_sync, self._make_async = make_sync, make_async
+        self._sync, self._async = sync, async_
+        self._owns_sync = sync is None or owned
+        self._owns_async = async_ is None or owned
+
+    def sync(self) -> SyncT:
+        """The sync client (made now if needed)."""
+        if self._sync is None:
+            self._sync = self._make_sync()
+        return self._sync
+
+    def async_(self) -> AsyncT:
+        """The async client (made now if needed)."""
+        if self._async is None:
+            self._async = self._make_async()
+        return self._async
+
+    def close(self) -> None:
+        """Close the sync client if this adapter made (or owns) it."""
+        if self._sync is not None and self._owns_sync:
+            self._sync.close()
+            self._sync = None
+
+    async def aclose(self) -> None:
+        """Close both clients this adapter made (or owns)."""
+        self.close()
+        if self._async is not None and self._owns_async:
+            await self._async.close()
+            self._async = None
+
+
+class SDKAdapter(Generic[SyncT, AsyncT]):
+    """Base of the SDK adapters: their clients, closing, and the context managers.
+
+    Subclasses set ``self.clients`` (an :class:`SDKClients`) in ``__init__``.
+
+    Example:
+        >>> issubclass(SDKAdapter, object)
+        True
+    """
+
+    clients: SDKClients[SyncT, AsyncT]
+
+    def close(self) -> None:
+        """Close the sync HTTP client this adapter made (a given client is left open)."""
+        self.clients.close()
+
+    async def aclose(self) -> None:
+        """Close both HTTP clients this adapter made."""
+        await self.clients.aclose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
 
 @runtime_checkable

@@ -24,6 +24,8 @@ from marsys_mem.llm.base import (
     LLMSettings,
     Prompt,
     SchemaT,
+    SDKAdapter,
+    SDKClients,
     StructuredMode,
     as_messages,
     check_schema,
@@ -47,7 +49,7 @@ def _api_message(body: object, fallback: str) -> str:
     return fallback[:500]
 
 
-class OpenAILLM:
+class OpenAILLM(SDKAdapter[openai.OpenAI, openai.AsyncOpenAI]):
     """Chat Completions through the official ``openai`` SDK (OpenAI, Azure, compatible servers).
 
     Args:
@@ -117,10 +119,18 @@ class OpenAILLM:
                 status=None,
             )
         self._api_key = key
-        self._client = client
-        self._async_client = async_client
-        self._owns_client = client is None
-        self._owns_async_client = async_client is None
+        client_settings: dict[str, Any] = {
+            "api_key": key,
+            "base_url": self.settings.base_url,
+            "timeout": self.settings.timeout,
+            "max_retries": self.settings.max_retries,
+        }
+        self.clients = SDKClients(
+            lambda: openai.OpenAI(**client_settings),
+            lambda: openai.AsyncOpenAI(**client_settings),
+            client,
+            async_client,
+        )
 
     @classmethod
     def azure(
@@ -168,57 +178,12 @@ class OpenAILLM:
             temperature=temperature,
             max_tokens=max_tokens,
             provider="azure",
-            client=openai.AzureOpenAI(**common),
-            async_client=openai.AsyncAzureOpenAI(**common),
+            api_key=key,
         )
-        llm._owns_client = llm._owns_async_client = True
+        llm.clients = SDKClients(
+            lambda: openai.AzureOpenAI(**common), lambda: openai.AsyncAzureOpenAI(**common)
+        )
         return llm
-
-    # ------------------------------------------------------------------ clients
-    def _sync(self) -> openai.OpenAI:
-        if self._client is None:
-            self._client = openai.OpenAI(
-                api_key=self._api_key,
-                base_url=self.settings.base_url,
-                timeout=self.settings.timeout,
-                max_retries=self.settings.max_retries,
-            )
-        return self._client
-
-    def _async(self) -> openai.AsyncOpenAI:
-        if self._async_client is None:
-            self._async_client = openai.AsyncOpenAI(
-                api_key=self._api_key,
-                base_url=self.settings.base_url,
-                timeout=self.settings.timeout,
-                max_retries=self.settings.max_retries,
-            )
-        return self._async_client
-
-    def close(self) -> None:
-        """Close the sync HTTP client this adapter made (a given client is left open)."""
-        if self._client is not None and self._owns_client:
-            self._client.close()
-            self._client = None
-
-    async def aclose(self) -> None:
-        """Close both HTTP clients this adapter made."""
-        self.close()
-        if self._async_client is not None and self._owns_async_client:
-            await self._async_client.close()
-            self._async_client = None
-
-    def __enter__(self) -> OpenAILLM:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> OpenAILLM:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     # ------------------------------------------------------------------ requests
     def _request(self, messages: list[Message], schema: type[SchemaT] | None) -> dict[str, Any]:
@@ -303,14 +268,14 @@ class OpenAILLM:
 
     def _call(self, kw: dict[str, Any]) -> ChatCompletion:
         try:
-            resp: ChatCompletion = self._sync().chat.completions.create(**kw)
+            resp: ChatCompletion = self.clients.sync().chat.completions.create(**kw)
         except openai.OpenAIError as exc:
             raise self._error(exc) from exc
         return resp
 
     async def _acall(self, kw: dict[str, Any]) -> ChatCompletion:
         try:
-            resp: ChatCompletion = await self._async().chat.completions.create(**kw)
+            resp: ChatCompletion = await self.clients.async_().chat.completions.create(**kw)
         except openai.OpenAIError as exc:
             raise self._error(exc) from exc
         return resp
