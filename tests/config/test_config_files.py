@@ -318,14 +318,14 @@ CASES = [
     ("a: " + "9" * 5000, "64 bits"),
 ]
 for text, says in CASES:
-    started = time.perf_counter()
+    started = time.process_time()
     try:
         cf.parse_text(text, name="x.yaml")
     except ConfigError as exc:
         assert says in str(exc), str(exc)
     else:
         raise SystemExit("accepted: " + says)
-    assert time.perf_counter() - started < 1.0, says
+    assert time.process_time() - started < 2.0, says  # CPU seconds, not wall time
 print(cf.parse_text("a: {<<: {b: 1}, c: [1, 2]}", name="x.yaml").data)
 """
 
