@@ -58,6 +58,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from marsys_mem.config.files import short_repr
@@ -448,27 +449,26 @@ class LLMConfig(BaseModel):
     max_retries: int = Field(default=2, ge=0, le=10)
     temperature: float | None = Field(default=None, ge=0, le=2)
     max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
+    api_key: SkipJsonSchema[Any] = Field(default=None, exclude=True, repr=False)
 
-    @model_validator(mode="before")
+    @field_validator("api_key")
     @classmethod
-    def _no_key_in_file(cls, data: Any) -> Any:
+    def _no_key_in_file(cls, value: object) -> None:
         """``api_key:`` is refused with a hint (a key in a file leaks with the file)."""
-        if isinstance(data, dict) and "api_key" in data:
-            raise ValidationError.from_exception_data(
-                "LLMConfig",
-                [
-                    InitErrorDetails(
-                        type=PydanticCustomError(
-                            "value_error",
-                            "never put an API key in a file: set it in an environment "
-                            "variable and name that variable with api_key_env",
-                        ),
-                        loc=("api_key",),
-                        input="<hidden>",
-                    )
-                ],
-            )
-        return data
+        raise ValidationError.from_exception_data(
+            "api_key",
+            [
+                InitErrorDetails(
+                    type=PydanticCustomError(
+                        "value_error",
+                        "never put an API key in a file: set it in an environment variable "
+                        "and name that variable with api_key_env",
+                    ),
+                    loc=(),
+                    input="<hidden>",
+                )
+            ],
+        )
 
     @field_validator("api_key_env", mode="before")
     @classmethod

@@ -846,6 +846,8 @@ def _check(
     llm = _llm_of(workflow, config)
     if llm is not None:
         errors += _llm_errors(workflow, llm, checker, source)
+    elif config is not None:
+        errors += _extractors_without_llm(config, checker.agents, source)
     errors = [*checker.errors, *errors]
     if errors or config is None:
         return None, errors
@@ -860,6 +862,38 @@ def _llm_of(workflow: Workflow, config: MemoryConfig | None) -> LLMConfig | None
     if workflow.llm is not None:
         return workflow.llm
     return config.llm if config is not None else None
+
+
+def _extractors_without_llm(
+    config: MemoryConfig,
+    agents: Sequence[str],
+    source: tuple[Any, SourceMap | None, str | None, tuple[PathPart, ...]],
+) -> list[Problem]:
+    """``patterns.facts.extractor: llm`` with no ``llm:`` to call: one error per setting."""
+    data, lines, file, prefix = source
+    out: list[Problem] = []
+    seen: set[tuple[PathPart, ...]] = set()
+    for agent in agents:
+        facts = config.policy_for(agent).patterns.facts
+        if facts is None or facts.extractor != "llm":
+            continue
+        own = config.agents.get(agent)
+        where: tuple[PathPart, ...] = ("defaults",)
+        if own is not None and isinstance(own.patterns, dict) and "facts" in own.patterns:
+            where = ("agents", agent)
+        path = (*prefix, *where, "patterns", "facts", "extractor")
+        if path in seen:
+            continue
+        seen.add(path)
+        out.append(
+            LocatedError(
+                locate(data, path, lines, file=file),
+                "extractor 'llm' needs a model: add an llm: section (provider, model, "
+                "base_url, api_key_env) to the workflow or its memory config, or use "
+                "extractor: offline",
+            )
+        )
+    return out
 
 
 def _llm_errors(

@@ -42,14 +42,14 @@ __all__ = [
     "describe",
 ]
 
-WindowPart = Literal["message", "summary", "shared_facts", "core_memory", "retrieval"]
+WindowPart = Literal["message", "summary", "shared_facts", "user_facts", "core_memory", "retrieval"]
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-_BLOCK_PARTS = {"shared_facts", "core_memory", "retrieval"}
+_BLOCK_PARTS = {"shared_facts", "user_facts", "core_memory", "retrieval"}
 
 
 def clip(text: str, limit: int) -> str:
@@ -246,6 +246,7 @@ class AskReport(_Model):
     context_messages: int
     context_tokens: int
     facts: int = 0
+    user_facts: int = Field(default=0, description="Facts in the window's user facts block.")
     retrieved: int = Field(default=0, description="Snippets in the window's retrieval block.")
     hits: list[HitReport] = Field(default_factory=list)
     expect: list[str] = Field(default_factory=list)
@@ -606,7 +607,9 @@ def _text_lines(r: WorkflowReport, width: int) -> list[str]:
                 lines.append("      best match: (nothing in memory matches)")
             lines.append(
                 f"      sent:   {a.context_messages} messages, {a.context_tokens} tokens "
-                f"({a.facts} fact{'s' if a.facts != 1 else ''}, {a.retrieved} retrieved)"
+                f"({a.facts} fact{'s' if a.facts != 1 else ''}, "
+                + (f"{a.user_facts} user facts, " if a.user_facts else "")
+                + f"{a.retrieved} retrieved)"
             )
             for h in a.hits[:3]:
                 lines.append(f"      hit {h.rank}:  {h.score:.3f} {h.role}: {clip(h.text, 70)}")

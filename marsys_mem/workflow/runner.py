@@ -667,6 +667,7 @@ class WorkflowRunner:
                 context_messages=len(win.messages),
                 context_tokens=win.tokens,
                 facts=_items(blocks["shared_facts"]) if "shared_facts" in blocks else 0,
+                user_facts=_items(blocks["user_facts"]) if "user_facts" in blocks else 0,
                 retrieved=_items(blocks["retrieval"]) if "retrieval" in blocks else 0,
                 hits=[
                     HitReport(
