@@ -144,6 +144,11 @@ def workflow_namespace(workflow: Workflow) -> str:
     return name if is_name(name) else "workflow"
 
 
+def _invalid_response(model: str, exc: Exception) -> str:
+    """The error of a call whose response could not be read."""
+    return f"{model}: the response could not be read ({type(exc).__name__}: {clip(str(exc), 300)})"
+
+
 def _usage(raw: object) -> dict[str, int]:
     """The token counts of a response's usage (nested details left out)."""
     if not isinstance(raw, Mapping):
@@ -714,17 +719,20 @@ class WorkflowRunner:
                 text = reply.text
             else:
                 text = await llm.acomplete(win.messages)
-        except LLMError as exc:
+        except (MarsysMemError, ValueError) as exc:
+            # LLMError: HTTP status, timeout, connection; a response that is not JSON
+            # (ValueError) or not a message (MessageFormatError): the call failed too
+            error = str(exc) if isinstance(exc, LLMError) else _invalid_response(name, exc)
             ms = (time.perf_counter() - began) * 1000.0
             run.record_step(
                 "llm",
                 name,
                 duration_ms=ms,
                 arguments=arguments,
-                error=str(exc),
+                error=error,
                 started_at=started,
             )
-            return None, None, {"model": name, "duration_ms": round(ms, 3), "error": str(exc)}
+            return None, None, {"model": name, "duration_ms": round(ms, 3), "error": error}
         ms = (time.perf_counter() - began) * 1000.0
         usage = _usage(reply.metadata.get("usage") if reply is not None else None)
         run.record_step(

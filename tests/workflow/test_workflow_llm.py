@@ -202,6 +202,7 @@ def test_model_errors_are_reported_and_memory_is_kept(tmp_path, server, capsys):
         Reply(500, openai_error("the GPU caught fire")),
         Reply(429, openai_error("slow down", "rate_limit"), headers={"retry-after": "0"}),
         Reply(body=chat_completion("late"), delay=1.5),
+        Reply(200, "{not json"),
         Reply(body=chat_completion("Recovered.")),
     )
     path = chat_workflow(
@@ -213,6 +214,7 @@ def test_model_errors_are_reported_and_memory_is_kept(tmp_path, server, capsys):
         - ask: {agent: assistant, question: "q2"}
         - ask: {agent: assistant, question: "q3"}
         - ask: {agent: assistant, question: "q4"}
+        - ask: {agent: assistant, question: "q5"}
         """,
         max_messages=20,
     )
@@ -222,7 +224,8 @@ def test_model_errors_are_reported_and_memory_is_kept(tmp_path, server, capsys):
     assert "HTTP 500: the GPU caught fire" in out
     assert "HTTP 429: slow down" in out
     assert "timed out after 0.5 s" in out
-    assert "FAILED: 3 model call(s) failed" in out
+    assert "openai:m: the response could not be read (JSONDecodeError" in out
+    assert "FAILED: 4 model call(s) failed" in out
     assert "answer: Recovered." in out
 
     code = main(["run", str(path), "--json", "-q"])  # a second run: the store grows
@@ -235,16 +238,17 @@ def test_model_errors_are_reported_and_memory_is_kept(tmp_path, server, capsys):
     # the first run lost nothing: every question and the one answer are stored, in order
     texts = [m.text for m in stored(tmp_path)]
     assert texts[0] == "You are a terse assistant."
-    assert texts[1:7] == ["q1", "after the 500", "q2", "q3", "q4", "Recovered."]
+    assert texts[1:8] == ["q1", "after the 500", "q2", "q3", "q4", "q5", "Recovered."]
     # the failed calls are in the run's trace with their errors
     with SQLiteStore(tmp_path / "mem.db") as store:
         runs = [store.load_run(r) for r in store.list_runs(agent="assistant")]
     steps = [s for r in runs if r is not None for s in r.trace]
     failed = [s.error for s in steps if not s.ok]
-    assert len(failed) == 3
+    assert len(failed) == 4
     assert "HTTP 500" in failed[0]
     assert "HTTP 429" in failed[1]
     assert "timed out" in failed[2]
+    assert "could not be read" in failed[3]
 
 
 # ---------------------------------------------------------------------------- checks
