@@ -4,6 +4,9 @@
 uses), one :class:`~marsys_mem.coordination.BranchGraph` and one
 :class:`~marsys_mem.coordination.Coordinator` (in-process broker of its own, or MQTT). It
 plays the steps in order and builds the :class:`~marsys_mem.workflow.report.WorkflowReport`.
+With an ``llm:`` (the workflow's, else its memory config's) it also owns the model adapter
+(:func:`~marsys_mem.llm.factory.make_llm`): ``ask`` steps call it, and the manager's fact
+extraction (``extractor: llm``) uses it; it is closed when the run ends.
 
 Facts shared during the run are also written to a SQLite store under the reserved agent
 name ``#facts`` (one key per branch, one system message per fact with the fact's JSON in

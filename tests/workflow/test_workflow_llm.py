@@ -537,6 +537,8 @@ def test_the_example_runs_against_a_local_server(tmp_path, server, capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     assert "answer: You said: Book me a flight for Friday." in out
+    assert main(["validate", str(EXAMPLE)]) == 0  # no key needed for a base_url server
+    assert "model openai:local-model" in capsys.readouterr().out
     assert "superseded by" in out
     assert len(server.requests) == 2
     first = server.requests[0].body["messages"]
