@@ -93,9 +93,10 @@ def cmd_validate(out: Output, args: argparse.Namespace) -> int:
     value = result.value
     if isinstance(value, Workflow):
         prepared = prepare_workflow(value)
+        model = f", model {prepared.llm.provider}:{prepared.llm.model}" if prepared.llm else ""
         out.print(
             f"ok: workflow {value.name!r}: {len(value.agents)} agents, "
-            f"{len(prepared.initial)} initial branch(es), {prepared.count} steps to run",
+            f"{len(prepared.initial)} initial branch(es), {prepared.count} steps to run{model}",
             "green",
         )
     else:

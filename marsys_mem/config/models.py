@@ -58,6 +58,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from marsys_mem.config.files import short_repr
@@ -73,6 +74,8 @@ __all__ = [
     "EpisodicPatternConfig",
     "FactsPatternConfig",
     "HierarchicalPatternConfig",
+    "LLMConfig",
+    "LLMProvider",
     "MemoryConfig",
     "PatternsConfig",
     "RagPatternConfig",
@@ -398,6 +401,126 @@ class StoreConfig(BaseModel):
         return path
 
 
+LLMProvider = Literal["openai", "anthropic", "azure"]
+"""Who serves the model: ``openai`` (also any OpenAI-compatible server by ``base_url``),
+``anthropic`` or ``azure`` (Azure OpenAI)."""
+
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+
+
+class LLMConfig(BaseModel):
+    """The model a workflow's ``ask`` steps (and ``patterns.facts.extractor: llm``) call.
+
+    An ``llm:`` section of a workflow or policy file. The API key never sits in the file:
+    ``api_key_env`` names the environment variable that holds it (default:
+    ``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY`` or ``AZURE_OPENAI_API_KEY``; a ``base_url``
+    server with ``provider: openai`` needs none: local servers ignore the key).
+    ``base_url``: an OpenAI-compatible server (vLLM, Ollama, llama.cpp, LM Studio), an
+    Anthropic gateway, or, for ``azure``, the resource endpoint (with ``api_version``;
+    ``model`` is then the deployment). ``timeout``: seconds per HTTP attempt;
+    ``max_retries``: retries on 408/409/429/5xx, timeouts and connection errors, with
+    backoff. The adapter is built by :func:`marsys_mem.llm.factory.make_llm`.
+
+    Example:
+        >>> cfg = LLMConfig.model_validate({"provider": "openai", "model": "llama3.2",
+        ...                                 "base_url": "http://localhost:11434/v1"})
+        >>> cfg.provider, cfg.api_key_env, cfg.timeout
+        ('openai', None, 60.0)
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    provider: LLMProvider = "openai"
+    model: str = Field(min_length=1, max_length=200, description="Model (Azure: deployment).")
+    base_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://\S+$",
+        description="OpenAI-compatible server, Anthropic gateway, or the Azure endpoint.",
+    )
+    api_key_env: str | None = Field(
+        default=None,
+        pattern=_ENV_NAME,
+        description="NAME of the environment variable holding the API key (never the key).",
+    )
+    api_version: str | None = Field(
+        default=None, min_length=1, description="Azure OpenAI API version (azure only)."
+    )
+    timeout: float = Field(default=60.0, gt=0, le=3600, description="Seconds per attempt.")
+    max_retries: int = Field(default=2, ge=0, le=10)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
+    api_key: SkipJsonSchema[Any] = Field(default=None, exclude=True, repr=False)
+
+    @field_validator("api_key")
+    @classmethod
+    def _no_key_in_file(cls, value: object) -> None:
+        """``api_key:`` is refused with a hint (a key in a file leaks with the file)."""
+        raise ValidationError.from_exception_data(
+            "api_key",
+            [
+                InitErrorDetails(
+                    type=PydanticCustomError(
+                        "value_error",
+                        "never put an API key in a file: set it in an environment variable "
+                        "and name that variable with api_key_env",
+                    ),
+                    loc=(),
+                    input="<hidden>",
+                )
+            ],
+        )
+
+    @field_validator("api_key_env", mode="before")
+    @classmethod
+    def _a_name_not_a_key(cls, value: Any) -> Any:
+        """Not an environment variable's name: probably a key, so its value is not shown."""
+        if isinstance(value, str) and not re.match(_ENV_NAME, value):
+            raise ValidationError.from_exception_data(
+                "api_key_env",
+                [
+                    InitErrorDetails(
+                        type=PydanticCustomError(
+                            "value_error",
+                            "api_key_env is the NAME of an environment variable (like "
+                            "OPENAI_API_KEY), not the key itself",
+                        ),
+                        loc=(),
+                        input="<hidden>",
+                    )
+                ],
+            )
+        return value
+
+    @field_validator("base_url", mode="before")
+    @classmethod
+    def _http_url(cls, value: Any) -> Any:
+        if isinstance(value, str) and not re.match(r"^https?://\S+$", value):
+            raise ValueError("base_url must be an http(s) URL such as http://localhost:11434/v1")
+        return value
+
+    @model_validator(mode="after")
+    def _azure(self) -> Self:
+        errors: list[InitErrorDetails] = []
+
+        def error(loc: str, message: str, value: object) -> None:
+            errors.append(
+                InitErrorDetails(
+                    type=PydanticCustomError("value_error", message), loc=(loc,), input=value
+                )
+            )
+
+        if self.provider == "azure":
+            if self.base_url is None:
+                error("base_url", "provider 'azure' needs base_url: the resource endpoint", None)
+            if self.api_version is None:
+                error("api_version", "provider 'azure' needs api_version (e.g. 2024-10-21)", None)
+        elif self.api_version is not None:
+            error("api_version", "api_version is only used by provider 'azure'", self.api_version)
+        if errors:
+            raise ValidationError.from_exception_data("LLMConfig", errors)
+        return self
+
+
 _SUMMARIZE_ONLY = ("keep_recent", "summary_max_tokens")
 
 
@@ -480,6 +603,9 @@ class MemoryConfig(BaseModel):
     store: StoreConfig = Field(default_factory=StoreConfig)
     defaults: RetentionPolicy = Field(default_factory=RetentionPolicy)
     agents: dict[str, AgentConfig] = Field(default_factory=dict)
+    llm: LLMConfig | None = Field(
+        default=None, description="The model agents use (ask steps, fact extraction)."
+    )
     _source: Path | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")

@@ -53,6 +53,7 @@ from marsys_mem.conversation import ConversationMemory
 from marsys_mem.exceptions import ContextOverflowError, MarsysMemError, MessageNotFoundError
 from marsys_mem.lifecycle import Closing
 from marsys_mem.llm.base import LLM
+from marsys_mem.llm.factory import make_llm
 from marsys_mem.manager.sinks import AgentSink, MemoryBound, StoreWriter
 from marsys_mem.model.events import EventBus
 from marsys_mem.model.messages import Message, Provider, to_llm_format
@@ -136,6 +137,8 @@ class MemoryManager(Closing):
             installed). Pass one to share a loaded model between managers.
         llm: the model agents with ``patterns.facts.extractor: llm`` extract facts with
             (an :class:`~marsys_mem.llm.base.LLM`: ``OpenAILLM``, ``AnthropicLLM``, ...).
+            Default: the one the config's ``llm:`` section describes, if any (built by
+            :func:`~marsys_mem.llm.factory.make_llm`, closed by :meth:`close`).
         facts: the :class:`~marsys_mem.patterns.user_facts.FactMemory` agents with
             ``patterns.facts`` learn into (default: one made on first use over this
             manager's store and namespace, with the first such agent's embedder; closed by
@@ -175,6 +178,9 @@ class MemoryManager(Closing):
         self.retention_every = retention_every
         self.counter = counter
         self.summarizer = summarizer
+        self._own_llm = llm is None and self.config.llm is not None
+        if llm is None and self.config.llm is not None:
+            llm = make_llm(self.config.llm)  # LLMError: its SDK or its key is missing
         if llm is not None and not callable(getattr(llm, "complete", None)):
             raise TypeError(f"llm must be an LLM (with complete()), got {llm!r}")
         if facts is not None and not isinstance(facts, FactMemory):
@@ -630,6 +636,9 @@ class MemoryManager(Closing):
                 patterns.close()
             if self._facts is not None and self._own_facts:
                 self._facts.close()
+            close_llm = getattr(self.llm, "close", None)
+            if self._own_llm and close_llm is not None:
+                close_llm()
             self.closed = True
             if self._own_store:
                 self.store.close()

@@ -24,9 +24,23 @@ a :class:`~marsys_mem.workflow.report.WorkflowReport`::
 
 Steps are written ``- KIND: {fields}`` or ``- {kind: KIND, fields...}``; the kinds:
 ``say``, ``tool``, ``call_agent``, ``share``, ``fork``, ``merge``, ``run`` (a block of
-steps inside one ``MemoryManager.run``), ``end_run``, ``end_session``, ``ask`` and
+steps inside one ``MemoryManager.run``), ``end_run``, ``end_session``, ``ask``, ``facts``
+(what the fact memory knows about a subject: state, search and check facts) and
 ``repeat`` (a block played ``times`` times, with ``{i}``, ``{n}`` and ``{item}``
 substituted in its strings).
+
+A real model: with an ``llm:`` section (in the workflow, or in its memory config)
+``ask`` steps send the agent's context window to the model and record its answer::
+
+    llm:
+      provider: openai              # openai | anthropic | azure
+      model: llama3.2
+      base_url: http://localhost:11434/v1   # any OpenAI-compatible server
+      api_key_env: OPENAI_API_KEY   # the NAME of the variable holding the key
+      timeout: 30
+
+The SDK extra and the key's environment variable are checked with the rest of the file,
+before anything runs.
 
 Branches: a step's ``branch`` defaults to the agent's branch when the agent is on one
 active branch (inside a ``run`` block: the block's branch); otherwise the step must say.
@@ -61,7 +75,9 @@ from typing import Any, Literal
 
 from marsys_mem.config.load import load_config_file
 from marsys_mem.config.models import MemoryConfig
-from marsys_mem.config.report import read_data
+from marsys_mem.config.report import raise_errors, read_data
+from marsys_mem.config.sourcemap import LocatedError, locate
+from marsys_mem.llm.factory import llm_problems
 from marsys_mem.workflow.models import (
     STEP_KINDS,
     AgentSpec,
@@ -70,6 +86,8 @@ from marsys_mem.workflow.models import (
     CallAgentStep,
     EndRunStep,
     EndSessionStep,
+    FactSpec,
+    FactsStep,
     ForkStep,
     InProcessSettings,
     MemoryFile,
@@ -104,6 +122,8 @@ __all__ = [
     "CallAgentStep",
     "EndRunStep",
     "EndSessionStep",
+    "FactSpec",
+    "FactsStep",
     "FileCheck",
     "ForkStep",
     "InProcessSettings",
@@ -211,6 +231,12 @@ def check_file(path: str | Path) -> FileCheck:
         wf = check_workflow_data(data, lines, path)
         return FileCheck("workflow", wf, list(prepare_workflow(wf).warnings))
     loaded = load_config_file(path, where=f"{path}: ", error=WorkflowError)
+    if loaded.config.llm is not None:
+        problems = [
+            LocatedError(locate(loaded.data, ("llm", name), loaded.lines, file=str(path)), msg)
+            for name, msg in llm_problems(loaded.config.llm)
+        ]
+        raise_errors(problems, str(path), error=WorkflowError)
     warnings = config_warnings(loaded.config, data=loaded.data, lines=loaded.lines, file=str(path))
     return FileCheck("config", loaded.config, warnings)
 

@@ -29,7 +29,7 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
 from marsys_mem.config.files import short_repr
-from marsys_mem.config.models import MemoryConfig
+from marsys_mem.config.models import LLMConfig, MemoryConfig
 from marsys_mem.config.schema_forms import AlsoAccepts
 from marsys_mem.config.sourcemap import Located, PathPart, SourceMap, did_you_mean, locate
 from marsys_mem.coordination.graph import MergeStrategy
@@ -37,6 +37,7 @@ from marsys_mem.exceptions import WorkflowError, WorkflowRunError
 from marsys_mem.model.facts import FactScope
 from marsys_mem.model.names import NAME_PATTERN
 from marsys_mem.patterns.shared import ConflictRule
+from marsys_mem.patterns.user_facts import FactCategory
 
 __all__ = [
     "STEP_KINDS",
@@ -47,6 +48,8 @@ __all__ = [
     "CallAgentStep",
     "EndRunStep",
     "EndSessionStep",
+    "FactSpec",
+    "FactsStep",
     "ForkStep",
     "InProcessSettings",
     "MemoryFile",
@@ -82,6 +85,7 @@ STEP_KINDS: tuple[str, ...] = (
     "end_run",
     "end_session",
     "ask",
+    "facts",
     "repeat",
 )
 """Every step kind, as written in workflow files."""
@@ -355,10 +359,19 @@ def _as_list(value: object) -> object:
 class AskStep(_Model):
     """Ask an agent a question: what would it send to its LLM, and what answers it?
 
-    No LLM is called: the report shows the context window built for the question
-    (``context_for(agent, query=question)``), the retrieval hits, the facts, and the
-    best-matching piece of that evidence as the answer. ``expect``: strings that must
-    appear in what the agent would send (checked case-insensitively).
+    Without an ``llm:`` section no LLM is called: the report shows the context window
+    built for the question (``context_for(agent, query=question)``), the retrieval hits,
+    the facts, and the best-matching piece of that evidence as the answer.
+
+    With ``llm:`` the question is a turn of the conversation: it is added to the agent's
+    memory as a user message, the agent's context window for it (the bounded window and
+    its blocks) is sent to the model, and the answer is recorded as the agent's assistant
+    message, the call (model, duration, token usage) in the run's execution trace. A call
+    that fails (HTTP error, rate limit, timeout, after the SDK's retries) is reported in
+    the ask's ``error`` and the run goes on; the memory keeps the question.
+
+    ``expect``: strings that must appear in what the agent sends or in the answer
+    (checked case-insensitively).
 
     Example:
         >>> AskStep(agent="planner", question="Q4 growth?", expect="12%").expect
@@ -369,6 +382,63 @@ class AskStep(_Model):
     agent: str
     question: str = Field(min_length=1)
     branch: str | None = None
+    expect: Annotated[list[str], BeforeValidator(_as_list), AlsoAccepts({"type": "string"})] = (
+        Field(default_factory=list)
+    )
+
+
+class FactSpec(_Model):
+    """A fact stated in a ``facts`` step: a string, or a mapping with these fields.
+
+    ``slot``: the attribute it sets (``home``, ``name``); a later fact with the same slot
+    and another text invalidates it (see :class:`~marsys_mem.patterns.user_facts.FactMemory`).
+
+    Example:
+        >>> FactSpec(text="User lives in Oslo", category="identity", slot="home").confidence
+        0.9
+    """
+
+    text: str = Field(min_length=1, max_length=2000)
+    category: FactCategory = "other"
+    slot: str | None = Field(default=None, min_length=1, max_length=200)
+    confidence: float = Field(default=0.9, ge=0.0, le=1.0)
+
+
+def _fact_spec(value: object) -> object:
+    return {"text": value} if isinstance(value, str) else value
+
+
+class FactsStep(_Model):
+    """What the fact memory knows about a subject: state facts, search them, check them.
+
+    The durable facts about a user (or an agent, a team) that agents with
+    ``patterns.facts`` learn from the conversation in the background, as mem0 or Letta's
+    core memory keep them. The step first waits for pending extraction, so what it shows
+    is deterministic. ``add``: facts stated explicitly (no extraction; a restatement
+    reinforces, a new value for a ``slot`` supersedes the old one). ``query``: a hybrid
+    search whose hits the report lists. ``expect``: strings that must appear among the
+    subject's valid facts (case-insensitive). ``subject``: default the ``agent``'s
+    ``patterns.facts.subject``, else ``user``.
+
+    Example:
+        >>> step = FactsStep(subject="alice", add=["Alice lives in Oslo"], expect="Oslo")
+        >>> step.add[0].text, step.expect
+        ('Alice lives in Oslo', ['Oslo'])
+    """
+
+    kind: Literal["facts"] = "facts"
+    subject: str | None = Field(default=None, pattern=_NAME)
+    agent: str | None = Field(default=None, description="Its subject is the default one.")
+    branch: str | None = None
+    add: list[
+        Annotated[
+            FactSpec,
+            BeforeValidator(_fact_spec),
+            AlsoAccepts({"type": "string", "minLength": 1}),
+        ]
+    ] = Field(default_factory=list)
+    query: str | None = Field(default=None, min_length=1)
+    k: int = Field(default=5, ge=1, le=100, description="Most search hits to report.")
     expect: Annotated[list[str], BeforeValidator(_as_list), AlsoAccepts({"type": "string"})] = (
         Field(default_factory=list)
     )
@@ -499,6 +569,7 @@ _STEP_MODELS: dict[str, type[BaseModel]] = {
         EndRunStep,
         EndSessionStep,
         AskStep,
+        FactsStep,
         RepeatStep,
     )
 }
@@ -515,6 +586,7 @@ Step: TypeAlias = Annotated[
         | EndRunStep
         | EndSessionStep
         | AskStep
+        | FactsStep
         | RepeatStep,
         Field(discriminator="kind"),
     ],
@@ -584,6 +656,10 @@ class Workflow(_Model):
     description: str = ""
     memory: MemorySpec = Field(default_factory=MemoryConfig)
     transport: TransportSpec = "inprocess"
+    llm: LLMConfig | None = Field(
+        default=None,
+        description="The model ask steps call (overrides the memory config's llm).",
+    )
     agents: list[
         Annotated[
             AgentSpec,

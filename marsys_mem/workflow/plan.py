@@ -30,7 +30,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from marsys_mem.config.files import short_repr
 from marsys_mem.config.load import load_config_file
-from marsys_mem.config.models import MemoryConfig
+from marsys_mem.config.models import LLMConfig, MemoryConfig
 from marsys_mem.config.report import (
     MAX_ERRORS,
     MoreErrors,
@@ -51,6 +51,7 @@ from marsys_mem.config.sourcemap import (
 )
 from marsys_mem.coordination.graph import BranchGraph
 from marsys_mem.coordination.transport import BranchError
+from marsys_mem.llm.factory import llm_problems
 from marsys_mem.workflow.models import (
     UNION_TAGS,
     AgentSpec,
@@ -160,6 +161,9 @@ class PlannedStep:
             return f"merge {s.child} -> {s.into}"
         if self.kind == "end_session":
             return "end_session" + (" (restart)" if s.restart else "")
+        if self.kind == "facts":
+            who = s.subject or (f"{s.agent}@{self.branches.get('agent', '?')}" if s.agent else "")
+            return f"facts {who}".rstrip()
         agent = getattr(s, "agent", None)
         return f"{self.kind} {agent}@{self.branches.get('agent', '?')}" if agent else self.kind
 
@@ -170,7 +174,9 @@ class PreparedWorkflow:
 
     ``initial`` is the starting topology as ``(branch, parent, agents)``; ``plan`` the
     steps with repeats expanded; ``count`` the number of steps to play; ``warnings``
-    settings that are valid but probably not meant (one line each, with file and line).
+    settings that are valid but probably not meant (one line each, with file and line);
+    ``llm`` the model ``ask`` steps call (the workflow's ``llm:``, else the memory
+    config's; ``None``: asks stay offline).
     """
 
     workflow: Workflow
@@ -180,6 +186,7 @@ class PreparedWorkflow:
     plan: list[PlannedStep]
     count: int
     warnings: list[str] = field(default_factory=list)
+    llm: LLMConfig | None = None
 
 
 @dataclass
@@ -500,6 +507,11 @@ class _Checker:
                 for agent in g.agents(child):
                     g.add_agent(into, agent)
             self._homes.clear()
+        elif kind == "facts":
+            if s.agent is not None:
+                p.branches["agent"] = self.home(path, "agent", s.agent, s.branch)
+            elif s.branch is not None:
+                raise self.fail((*path, "branch"), "branch is only used with agent")
         elif kind == "end_session":
             if in_run:
                 raise self.fail(path, "end_session cannot be inside a run block")
@@ -831,13 +843,73 @@ def _check(
             plan = checker.plan(workflow.steps, ("steps",), False)
     except _TooMany:
         errors.append(MoreErrors(None))
+    llm = _llm_of(workflow, config)
+    if llm is not None:
+        errors += _llm_errors(workflow, llm, checker, source)
+    elif config is not None:
+        errors += _extractors_without_llm(config, checker.agents, source)
     errors = [*checker.errors, *errors]
     if errors or config is None:
         return None, errors
     prepared = PreparedWorkflow(
-        workflow, config, explicit_store, initial, plan, checker.count, warnings
+        workflow, config, explicit_store, initial, plan, checker.count, warnings, llm
     )
     return prepared, []
+
+
+def _llm_of(workflow: Workflow, config: MemoryConfig | None) -> LLMConfig | None:
+    """The model ask steps call: the workflow's ``llm:``, else the memory config's."""
+    if workflow.llm is not None:
+        return workflow.llm
+    return config.llm if config is not None else None
+
+
+def _extractors_without_llm(
+    config: MemoryConfig,
+    agents: Sequence[str],
+    source: tuple[Any, SourceMap | None, str | None, tuple[PathPart, ...]],
+) -> list[Problem]:
+    """``patterns.facts.extractor: llm`` with no ``llm:`` to call: one error per setting."""
+    data, lines, file, prefix = source
+    out: list[Problem] = []
+    seen: set[tuple[PathPart, ...]] = set()
+    for agent in agents:
+        facts = config.policy_for(agent).patterns.facts
+        if facts is None or facts.extractor != "llm":
+            continue
+        own = config.agents.get(agent)
+        where: tuple[PathPart, ...] = ("defaults",)
+        if own is not None and isinstance(own.patterns, dict) and "facts" in own.patterns:
+            where = ("agents", agent)
+        path = (*prefix, *where, "patterns", "facts", "extractor")
+        if path in seen:
+            continue
+        seen.add(path)
+        out.append(
+            LocatedError(
+                locate(data, path, lines, file=file),
+                "extractor 'llm' needs a model: add an llm: section (provider, model, "
+                "base_url, api_key_env) to the workflow or its memory config, or use "
+                "extractor: offline",
+            )
+        )
+    return out
+
+
+def _llm_errors(
+    workflow: Workflow,
+    llm: LLMConfig,
+    checker: _Checker,
+    source: tuple[Any, SourceMap | None, str | None, tuple[PathPart, ...]],
+) -> list[Problem]:
+    """What would stop the model from being called (SDK missing, key not set), located."""
+    data, lines, file, prefix = source
+    if workflow.llm is not None:
+        data, lines, file, prefix = checker.data, checker.lines, checker.file, ()
+    return [
+        LocatedError(locate(data, (*prefix, "llm", name), lines, file=file), message)
+        for name, message in llm_problems(llm)
+    ]
 
 
 def _policy_warnings(

@@ -20,16 +20,20 @@ if TYPE_CHECKING:
     from marsys_mem.context.window import ContextPolicy, ContextWindow
     from marsys_mem.model.facts import SharedFact
     from marsys_mem.model.messages import Message
+    from marsys_mem.patterns.user_facts import Fact
 
 __all__ = [
     "AskReport",
     "BranchReport",
     "FactRecord",
+    "FactsReport",
     "HitReport",
     "KindTiming",
+    "LearnedFact",
     "MemoryReport",
     "MergeReport",
     "SlowStep",
+    "SubjectFacts",
     "Timings",
     "WindowMessage",
     "WindowReport",
@@ -38,14 +42,14 @@ __all__ = [
     "describe",
 ]
 
-WindowPart = Literal["message", "summary", "shared_facts", "core_memory", "retrieval"]
+WindowPart = Literal["message", "summary", "shared_facts", "user_facts", "core_memory", "retrieval"]
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-_BLOCK_PARTS = {"shared_facts", "core_memory", "retrieval"}
+_BLOCK_PARTS = {"shared_facts", "user_facts", "core_memory", "retrieval"}
 
 
 def clip(text: str, limit: int) -> str:
@@ -216,13 +220,15 @@ class HitReport(_Model):
 
 
 class AskReport(_Model):
-    """The answer to an ``ask`` step: the evidence the agent would see, and the best of it.
+    """The answer to an ``ask`` step: what the agent sent, and what answered it.
 
-    ``answer`` is the piece of evidence (a fact, a retrieved message, a message of the
-    window) that best matches the question (BM25, plus meaning when the agent has an
-    embedder); no LLM is called, so it is the best match, not a composed answer. ``found`` /
-    ``missing``: the ``expect`` strings present / absent in what the agent would send;
-    ``ok`` is true when none is missing.
+    Offline (no ``llm:``), ``answer`` is the piece of evidence (a fact, a retrieved
+    message, a message of the window) that best matches the question (BM25, plus meaning
+    when the agent has an embedder): the best match, not a composed answer. With an
+    ``llm:``, ``answer`` is the model's (``model``: ``provider:model``; ``duration_ms`` and
+    ``usage`` of the call); ``error`` says why a call failed (the answer is then ``None``).
+    ``found`` / ``missing``: the ``expect`` strings present / absent in what the agent sent
+    or in the answer; ``ok`` is true when none is missing and no call failed.
 
     Example:
         >>> AskReport(step="steps[3]", agent="a", branch="main", question="Q?",
@@ -240,7 +246,82 @@ class AskReport(_Model):
     context_messages: int
     context_tokens: int
     facts: int = 0
+    user_facts: int = Field(default=0, description="Facts in the window's user facts block.")
     retrieved: int = Field(default=0, description="Snippets in the window's retrieval block.")
+    hits: list[HitReport] = Field(default_factory=list)
+    expect: list[str] = Field(default_factory=list)
+    found: list[str] = Field(default_factory=list)
+    missing: list[str] = Field(default_factory=list)
+    model: str | None = Field(default=None, description="provider:model when a model answered.")
+    duration_ms: float | None = None
+    usage: dict[str, int] = Field(default_factory=dict)
+    error: str | None = Field(default=None, description="Why the model call failed.")
+    ok: bool = True
+
+
+class LearnedFact(_Model):
+    """A fact about a subject, as the fact memory holds it at the end of the run.
+
+    ``valid`` is false for a fact a later one superseded (``superseded_by``: its text).
+
+    Example:
+        >>> LearnedFact(text="User lives in Oslo", category="identity",
+        ...             confidence=0.7).valid
+        True
+    """
+
+    text: str
+    category: str
+    confidence: float
+    slot: str | None = None
+    reinforcements: int = 0
+    valid: bool = True
+    superseded_by: str | None = None
+
+    @classmethod
+    def of_fact(cls, fact: Fact, superseded_by: str | None = None) -> LearnedFact:
+        """The report of ``fact`` (``superseded_by``: the text of the fact replacing it)."""
+        return cls(
+            text=fact.text,
+            category=fact.category,
+            confidence=round(fact.confidence, 4),
+            slot=fact.slot,
+            reinforcements=fact.reinforcements,
+            valid=fact.is_valid,
+            superseded_by=superseded_by,
+        )
+
+
+class SubjectFacts(_Model):
+    """The facts about one subject learned (added, restated or superseded) during the run.
+
+    Example:
+        >>> SubjectFacts(subject="user").facts
+        []
+    """
+
+    subject: str
+    facts: list[LearnedFact] = Field(default_factory=list)
+
+
+class FactsReport(_Model):
+    """What a ``facts`` step found: the subject's facts, search hits, expectations.
+
+    ``added``: what each stated fact did (``added``, ``reinforced`` or ``superseded``,
+    then its text); ``known``: the subject's valid facts after the step; ``hits``: the
+    search for ``query``, best first (score, text).
+
+    Example:
+        >>> FactsReport(step="steps[4]", subject="user", ok=True).known
+        []
+    """
+
+    step: str
+    line: int | None = None
+    subject: str
+    added: list[str] = Field(default_factory=list)
+    known: list[LearnedFact] = Field(default_factory=list)
+    query: str | None = None
     hits: list[HitReport] = Field(default_factory=list)
     expect: list[str] = Field(default_factory=list)
     found: list[str] = Field(default_factory=list)
@@ -347,9 +428,17 @@ class WorkflowReport(_Model):
     facts: list[FactRecord] = Field(default_factory=list)
     merges: list[MergeReport] = Field(default_factory=list)
     asks: list[AskReport] = Field(default_factory=list)
+    fact_checks: list[FactsReport] = Field(default_factory=list)
+    subject_facts: list[SubjectFacts] = Field(
+        default_factory=list, description="Facts learned during the run, per subject."
+    )
+    llm: str | None = Field(default=None, description="provider:model ask steps called.")
     timings: Timings
     notices: list[str] = Field(default_factory=list)
-    ok: bool = Field(default=True, description="Every ask found what it expected.")
+    ok: bool = Field(
+        default=True,
+        description="Every ask and facts step found what it expected; no model call failed.",
+    )
 
     def _repr_html_(self) -> str:
         return report_html(self)
@@ -418,6 +507,7 @@ def _text_lines(r: WorkflowReport, width: int) -> list[str]:
         f"   store      {store}",
         f"   transport  {r.transport}",
         f"   retrieval  {r.retrieval}",
+        *([f"   llm        {r.llm}"] if r.llm else []),
         f"   ran        {r.steps} steps, {r.sessions} session{'s' if r.sessions != 1 else ''}"
         f" in {_seconds(t.total_s)} (setup {_seconds(t.setup_s)}, steps {_seconds(t.steps_s)},"
         f" report {_seconds(t.finish_s)})",
@@ -501,20 +591,61 @@ def _text_lines(r: WorkflowReport, width: int) -> list[str]:
         for a in r.asks:
             where = f"{a.step}" + (f", line {a.line}" if a.line else "")
             lines.append(f"   {a.agent}@{a.branch} [{where}]: {a.question}")
-            if a.answer:
+            if a.model is not None:
+                if a.error is not None:
+                    lines.append(f"      error:  {clip(a.error, 3 * width)}")
+                else:
+                    used = ", ".join(f"{k} {v}" for k, v in a.usage.items() if "tokens" in k)
+                    took = _seconds((a.duration_ms or 0) / 1000)
+                    lines.append(f"      answer: {clip(a.answer or '', width - 14)}")
+                    used = f" ({used})" if used else ""
+                    lines.append(f"      model:  {a.model} in {took}{used}")
+            elif a.answer:
                 src = f"  ({a.answer_source})" if a.answer_source else ""
                 lines.append(f"      best match: {clip(a.answer, width - 18)}{src}")
             else:
                 lines.append("      best match: (nothing in memory matches)")
             lines.append(
                 f"      sent:   {a.context_messages} messages, {a.context_tokens} tokens "
-                f"({a.facts} fact{'s' if a.facts != 1 else ''}, {a.retrieved} retrieved)"
+                f"({a.facts} fact{'s' if a.facts != 1 else ''}, "
+                + (f"{a.user_facts} user facts, " if a.user_facts else "")
+                + f"{a.retrieved} retrieved)"
             )
             for h in a.hits[:3]:
                 lines.append(f"      hit {h.rank}:  {h.score:.3f} {h.role}: {clip(h.text, 70)}")
             if a.expect:
                 marks = "  ".join(("✓ " if e in a.found else "✗ ") + repr(e) for e in a.expect)
                 lines.append(f"      expect: {marks}")
+
+    if r.fact_checks:
+        lines += ["", f"== Fact checks ({len(r.fact_checks)})"]
+        for c in r.fact_checks:
+            where = f"{c.step}" + (f", line {c.line}" if c.line else "")
+            lines.append(f"   {c.subject} [{where}]: {len(c.known)} valid facts")
+            for added in c.added:
+                lines.append(f"      {clip(added, width - 6)}")
+            if c.query:
+                lines.append(f"      query: {clip(c.query, width - 13)}")
+                for h in c.hits[:3]:
+                    lines.append(f"      hit {h.rank}:  {h.score:.3f} {clip(h.text, 70)}")
+            if c.expect:
+                marks = "  ".join(("✓ " if e in c.found else "✗ ") + repr(e) for e in c.expect)
+                lines.append(f"      expect: {marks}")
+
+    if r.subject_facts:
+        count = sum(len(s.facts) for s in r.subject_facts)
+        lines += ["", f"== Facts learned ({count})"]
+        for subject in r.subject_facts:
+            lines.append(f"   {subject.subject}:")
+            for lf in subject.facts:
+                state = f"confidence {lf.confidence:g}" + (
+                    f", restated {lf.reinforcements}x" if lf.reinforcements else ""
+                )
+                if not lf.valid:
+                    state = "superseded" + (
+                        f" by {clip(lf.superseded_by, 40)!r}" if lf.superseded_by else ""
+                    )
+                lines.append(f"      {clip(lf.text, width - 40)} ({lf.category}; {state})")
 
     if t.by_kind:
         lines += ["", "== Timings"]
@@ -524,9 +655,18 @@ def _text_lines(r: WorkflowReport, width: int) -> list[str]:
             slow = ", ".join(f"{s.label} {_seconds(s.seconds)}" for s in t.slowest)
             lines.append(f"   slowest: {clip(slow, width - 12)}")
     failed = [a for a in r.asks if not a.ok]
+    errors = [a for a in failed if a.error is not None]
+    checks = [c for c in r.fact_checks if not c.ok]
     lines.append("")
-    if failed:
-        lines.append(f"FAILED: {len(failed)} question(s) did not find what they expected")
+    if failed or checks:
+        parts = []
+        if len(failed) > len(errors):
+            parts.append(f"{len(failed) - len(errors)} question(s) did not find what they expected")
+        if errors:
+            parts.append(f"{len(errors)} model call(s) failed")
+        if checks:
+            parts.append(f"{len(checks)} facts step(s) did not find what they expected")
+        lines.append("FAILED: " + "; ".join(parts))
     else:
         lines.append("ok")
     return lines

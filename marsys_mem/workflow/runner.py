@@ -4,6 +4,9 @@
 uses), one :class:`~marsys_mem.coordination.BranchGraph` and one
 :class:`~marsys_mem.coordination.Coordinator` (in-process broker of its own, or MQTT). It
 plays the steps in order and builds the :class:`~marsys_mem.workflow.report.WorkflowReport`.
+With an ``llm:`` (the workflow's, else its memory config's) it also owns the model adapter
+(:func:`~marsys_mem.llm.factory.make_llm`): ``ask`` steps call it, and the manager's fact
+extraction (``extractor: llm``) uses it; it is closed when the run ends.
 
 Facts shared during the run are also written to a SQLite store under the reserved agent
 name ``#facts`` (one key per branch, one system message per fact with the fact's JSON in
@@ -19,7 +22,8 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +40,15 @@ from marsys_mem.coordination import (
     Transport,
 )
 from marsys_mem.coordination.envelope import inbox_key
-from marsys_mem.exceptions import MarsysMemError
+from marsys_mem.exceptions import LLMError, MarsysMemError
+from marsys_mem.llm.base import LLM
+from marsys_mem.llm.factory import make_llm
 from marsys_mem.manager import MemoryManager
 from marsys_mem.model.facts import SharedFact
 from marsys_mem.model.messages import AgentCall, Message, ToolCall
 from marsys_mem.model.names import MAX_NAME_LENGTH, is_name
 from marsys_mem.model.runs import RunContext
+from marsys_mem.patterns.user_facts import FactCandidate, FactMemory
 from marsys_mem.retrieval.embeddings import Embedder, default_embedder
 from marsys_mem.store.base import Key
 from marsys_mem.store.keys import FACTS_AGENT, facts_key
@@ -57,11 +64,14 @@ from marsys_mem.workflow.report import (
     AskReport,
     BranchReport,
     FactRecord,
+    FactsReport,
     HitReport,
     KindTiming,
+    LearnedFact,
     MemoryReport,
     MergeReport,
     SlowStep,
+    SubjectFacts,
     Timings,
     WindowReport,
     WorkflowReport,
@@ -137,6 +147,22 @@ def workflow_namespace(workflow: Workflow) -> str:
     return name if is_name(name) else "workflow"
 
 
+def _invalid_response(model: str, exc: Exception) -> str:
+    """The error of a call whose response could not be read."""
+    return f"{model}: the response could not be read ({type(exc).__name__}: {clip(str(exc), 300)})"
+
+
+def _usage(raw: object) -> dict[str, int]:
+    """The token counts of a response's usage (nested details left out)."""
+    if not isinstance(raw, Mapping):
+        return {}
+    return {
+        str(k): v
+        for k, v in raw.items()
+        if isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    }
+
+
 def _items(message: Message) -> int:
     return sum(1 for line in message.text.splitlines() if line.startswith("- "))
 
@@ -192,6 +218,13 @@ class WorkflowRunner:
         self._fact_ids: list[str] = []
         self._merges: list[MergeReport] = []
         self._asks: list[AskReport] = []
+        self._fact_checks: list[FactsReport] = []
+        self._facts_used = any(
+            self.config.policy_for(a.name).patterns.learns_facts for a in self.workflow.agents
+        )
+        self.llm_config = prepared.llm
+        self.llm: LLM | None = None
+        self._started = datetime.now(UTC)
         self._timings: list[tuple[PlannedStep, float]] = []
         self._done = 0
         self._sessions = 1
@@ -227,7 +260,7 @@ class WorkflowRunner:
 
     def _new_manager(self) -> MemoryManager:
         # share the loaded model between the runs of this process
-        return MemoryManager(self.config, embedder=_EMBEDDER.get("default"))
+        return MemoryManager(self.config, embedder=_EMBEDDER.get("default"), llm=self.llm)
 
     def _transport(self) -> Transport:
         m = self.mqtt
@@ -396,8 +429,15 @@ class WorkflowRunner:
             MarsysMemError: the store or the transport failed.
         """
         start = time.perf_counter()
+        self._started = datetime.now(UTC)
         error: BaseException | None = None
-        self.manager = self._new_manager()
+        if self.llm_config is not None:
+            self.llm = make_llm(self.llm_config)  # LLMError: its SDK or key is missing
+        try:
+            self.manager = self._new_manager()
+        except BaseException:
+            await self._close_llm()
+            raise
         try:
             self.coord = Coordinator(self.graph, self.manager, self._transport())
             await self.coord.__aenter__()
@@ -423,7 +463,15 @@ class WorkflowRunner:
                     self._persist_facts()
                 except MarsysMemError:
                     log.exception("could not record the shared facts")
-            self._manager.close()
+            try:
+                self._manager.close()
+            finally:
+                await self._close_llm()
+
+    async def _close_llm(self) -> None:
+        aclose = getattr(self.llm, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
     def _initial(self) -> None:
         coord = self._coord
@@ -549,6 +597,8 @@ class WorkflowRunner:
             await self._run_block(p)
         elif kind == "ask":
             await self._ask(p)
+        elif kind == "facts":
+            await self._facts_step(p)
         else:  # pragma: no cover - repeats are expanded by the planner
             raise AssertionError(f"unexpected step kind {kind!r}")
 
@@ -586,6 +636,8 @@ class WorkflowRunner:
         agent, branch = s.agent, p.branches["agent"]
         manager = self._manager
         self._mem(agent, branch)
+        if self.llm is not None:  # a real turn: the question is part of the conversation
+            self._add(agent, branch, Message.user(s.question))
         hits = []
         patterns = manager.patterns(agent, branch)
         if patterns is not None:
@@ -593,12 +645,18 @@ class WorkflowRunner:
             await asyncio.to_thread(patterns.flush)  # embeddings done: deterministic hits
             hits = patterns.search_all(s.question)
         win = await manager.acontext_for(agent, query=s.question, branch=branch)
-        facts = manager.shared.facts_for(inbox_key(agent, branch))
-        candidates = gather_evidence(facts, hits, win.messages)
-        embedder = self._answer_embedder(agent)
-        answer, source = await asyncio.to_thread(best_evidence, s.question, candidates, embedder)
-        if answer is None and hits:
-            answer, source = hits[0].message.text, f"retrieved {hits[0].message.role} message"
+        call: dict[str, Any] = {}
+        if self.llm is not None:
+            answer, source, call = await self._call_model(agent, branch, s.question, win)
+        else:
+            facts = manager.shared.facts_for(inbox_key(agent, branch))
+            candidates = gather_evidence(facts, hits, win.messages)
+            embedder = self._answer_embedder(agent)
+            answer, source = await asyncio.to_thread(
+                best_evidence, s.question, candidates, embedder
+            )
+            if answer is None and hits:
+                answer, source = hits[0].message.text, f"retrieved {hits[0].message.role} message"
         sent = "\n".join(m.text for m in win.messages)
         haystack = (sent + "\n" + (answer or "")).casefold()
         found = [e for e in s.expect if e.casefold() in haystack]
@@ -617,6 +675,7 @@ class WorkflowRunner:
                 context_messages=len(win.messages),
                 context_tokens=win.tokens,
                 facts=_items(blocks["shared_facts"]) if "shared_facts" in blocks else 0,
+                user_facts=_items(blocks["user_facts"]) if "user_facts" in blocks else 0,
                 retrieved=_items(blocks["retrieval"]) if "retrieval" in blocks else 0,
                 hits=[
                     HitReport(
@@ -630,9 +689,168 @@ class WorkflowRunner:
                 expect=list(s.expect),
                 found=found,
                 missing=missing,
+                **call,
+                ok=not missing and call.get("error") is None,
+            )
+        )
+
+    def _model_name(self) -> str | None:
+        cfg = self.llm_config
+        return f"{cfg.provider}:{cfg.model}" if cfg is not None else None
+
+    async def _call_model(
+        self, agent: str, branch: str, question: str, win: Any
+    ) -> tuple[str | None, str | None, dict[str, Any]]:
+        """Send the window to the model; record its answer and the call in the run's trace.
+
+        Returns the answer, its source and the call's report fields (``error`` when the
+        call failed: the window's question stays in memory, no answer is recorded).
+        """
+        llm = self.llm
+        assert llm is not None
+        name = self._model_name() or "llm"
+        run = self._run_for(agent, branch)
+        arguments = {"question": question, "messages": len(win.messages), "tokens": win.tokens}
+        started = datetime.now(UTC)
+        began = time.perf_counter()
+        reply: Message | None = None
+        text: str | None
+        try:
+            areply = getattr(llm, "areply", None)
+            if areply is not None:
+                reply = await areply(win.messages)
+                text = reply.text
+            else:
+                text = await llm.acomplete(win.messages)
+        except (MarsysMemError, ValueError) as exc:
+            # LLMError: HTTP status, timeout, connection; a response that is not JSON
+            # (ValueError) or not a message (MessageFormatError): the call failed too
+            error = str(exc) if isinstance(exc, LLMError) else _invalid_response(name, exc)
+            ms = (time.perf_counter() - began) * 1000.0
+            run.record_step(
+                "llm",
+                name,
+                duration_ms=ms,
+                arguments=arguments,
+                error=error,
+                started_at=started,
+            )
+            return None, None, {"model": name, "duration_ms": round(ms, 3), "error": error}
+        ms = (time.perf_counter() - began) * 1000.0
+        usage = _usage(reply.metadata.get("usage") if reply is not None else None)
+        run.record_step(
+            "llm",
+            name,
+            duration_ms=ms,
+            arguments=arguments,
+            result=clip(text or "", 2000),
+            usage=usage,
+            started_at=started,
+        )
+        self._add(agent, branch, reply if reply is not None else Message.assistant(text or ""))
+        fields = {"model": name, "duration_ms": round(ms, 3), "usage": usage}
+        return text, f"model {name}", fields
+
+    # ------------------------------------------------------------------ facts
+    def _fact_memory(self, agent: str | None) -> FactMemory:
+        """The manager's fact memory (made with the agent's, or the first learner's, embedder)."""
+        spelling = self.config.defaults.patterns.embedder
+        names = [agent] if agent is not None else [a.name for a in self.workflow.agents]
+        for name in names:
+            patterns = self.config.policy_for(name).patterns
+            if agent is not None or patterns.learns_facts:
+                spelling = patterns.embedder
+                break
+        return self._manager.fact_memory(spelling)
+
+    def _subject(self, subject: str | None, agent: str | None) -> str:
+        if subject is not None:
+            return subject
+        if agent is not None:
+            facts = self.config.policy_for(agent).patterns.facts
+            if facts is not None:
+                return facts.subject
+        return "user"
+
+    def _wait_for_extraction(self) -> None:
+        manager = self._manager
+        for agent, branch, _mem in manager.memories():
+            patterns = manager.patterns(agent, branch)
+            if patterns is not None and patterns.extraction is not None:
+                patterns.flush()
+
+    async def _facts_step(self, p: PlannedStep) -> None:
+        s = p.step
+        self._facts_used = True
+        if s.agent is not None:
+            self._mem(s.agent, p.branches["agent"])
+        await asyncio.to_thread(self._wait_for_extraction)
+        memory = self._fact_memory(s.agent)
+        subject = self._subject(s.subject, s.agent)
+        added: list[str] = []
+        if s.add:
+            candidates = [
+                FactCandidate(
+                    text=f.text,
+                    category=f.category,
+                    slot=f.slot,
+                    confidence=f.confidence,
+                    source_ids=(f"workflow:{format_path(p.path)}",),
+                )
+                for f in s.add
+            ]
+            changes = await asyncio.to_thread(memory.add_many, candidates, subject)
+            added = [f"{c.action}: {c.fact.text}" for c in changes]
+        known = memory.facts(subject)
+        hits = []
+        if s.query is not None:
+            found = await asyncio.to_thread(memory.search, s.query, s.k, None, subject=subject)
+            hits = [
+                HitReport(rank=h.rank, score=round(h.score, 4), role="fact", text=clip(h.text, 300))
+                for h in found
+            ]
+        haystack = "\n".join(f.text for f in known).casefold()
+        present = [e for e in s.expect if e.casefold() in haystack]
+        missing = [e for e in s.expect if e not in present]
+        self._fact_checks.append(
+            FactsReport(
+                step=format_path(p.path) + (f" #{p.iteration}" if p.iteration else ""),
+                line=self.workflow.locate(p.path).line,
+                subject=subject,
+                added=added,
+                known=[LearnedFact.of_fact(f) for f in known],
+                query=s.query,
+                hits=hits,
+                expect=list(s.expect),
+                found=present,
+                missing=missing,
                 ok=not missing,
             )
         )
+
+    def _learned(self) -> list[SubjectFacts]:
+        """The facts added, restated or superseded since the run started, per subject."""
+        if not self._facts_used:
+            return []
+        memory = self._fact_memory(None)
+        since = self._started
+        out = []
+        for subject in memory.subjects():
+            facts = []
+            for f in memory.facts(subject, include_invalid=True):
+                touched = (f.created_at, f.reinforced_at, f.invalid_at or f.created_at)
+                if max(touched) < since:
+                    continue
+                replaced = None
+                if f.superseded_by is not None:
+                    try:
+                        replaced = memory.get(f.superseded_by).text
+                    except MarsysMemError:
+                        replaced = None
+                facts.append(LearnedFact.of_fact(f, replaced))
+            if facts:
+                out.append(SubjectFacts(subject=subject, facts=facts))
+        return out
 
     def _answer_embedder(self, agent: str) -> Embedder | None:
         """The embedder to rank answers by meaning: the agent's, if it is semantic."""
@@ -645,6 +863,7 @@ class WorkflowRunner:
     async def _report(self, start: float, setup: float, steps_end: float) -> WorkflowReport:
         manager = self._manager
         await asyncio.to_thread(manager.flush)
+        learned = await asyncio.to_thread(self._learned)
         memories: list[MemoryReport] = []
         seen: set[tuple[str, str]] = set()
         slots = [(a, b) for b in self.graph.branches for a in self.graph.agents(b)]
@@ -686,9 +905,12 @@ class WorkflowRunner:
             facts=self._reach(),
             merges=list(self._merges),
             asks=list(self._asks),
+            fact_checks=list(self._fact_checks),
+            subject_facts=learned,
+            llm=self._model_name(),
             timings=self._timing_report(start, setup, steps_end, end),
             notices=list(self.notices),
-            ok=all(a.ok for a in self._asks),
+            ok=all(a.ok for a in self._asks) and all(c.ok for c in self._fact_checks),
         )
 
     async def _memory_report(self, agent: str, branch: str) -> MemoryReport:

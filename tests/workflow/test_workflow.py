@@ -70,6 +70,7 @@ def by_text(facts, needle):
 # ---------------------------------------------------------------------------- examples
 def test_every_example_is_tested():
     assert sorted(p.name for p in EXAMPLES.glob("*.yaml")) == [
+        "chat_llm.yaml",  # tests/workflow/test_workflow_llm.py, against a loopback server
         "long_conversation.yaml",
         "research_team.yaml",
         "support_assistant.yaml",
@@ -653,6 +654,7 @@ def test_workflow_schema_documents_steps():
         "end_run",
         "end_session",
         "ask",
+        "facts",
         "repeat",
     ):
         assert f'"const": "{kind}"' in text, kind
