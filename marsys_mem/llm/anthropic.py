@@ -10,6 +10,7 @@ retries are the SDK's own (``timeout`` per attempt; ``max_retries`` on connectio
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, overload
 
@@ -30,6 +31,7 @@ from marsys_mem.llm.base import (
     parse_structured,
     retry_instruction,
     schema_name,
+    unreadable_response,
 )
 from marsys_mem.model.messages import Message, to_llm_format
 
@@ -216,6 +218,8 @@ class AnthropicLLM(SDKAdapter[anthropic.Anthropic, anthropic.AsyncAnthropic]):
             resp: AnthropicMessage = self.clients.sync().messages.create(**kw)
         except anthropic.AnthropicError as exc:
             raise self._error(exc) from exc
+        except json.JSONDecodeError as exc:
+            raise unreadable_response(self.provider, self.model, exc) from exc
         return self._check(resp)
 
     async def _acall(self, kw: dict[str, Any]) -> AnthropicMessage:
@@ -223,6 +227,8 @@ class AnthropicLLM(SDKAdapter[anthropic.Anthropic, anthropic.AsyncAnthropic]):
             resp: AnthropicMessage = await self.clients.async_().messages.create(**kw)
         except anthropic.AnthropicError as exc:
             raise self._error(exc) from exc
+        except json.JSONDecodeError as exc:
+            raise unreadable_response(self.provider, self.model, exc) from exc
         return self._check(resp)
 
     # ------------------------------------------------------------------ the protocol

@@ -34,6 +34,7 @@ __all__ = [
     "retry_instruction",
     "schema_instruction",
     "schema_name",
+    "unreadable_response",
 ]
 
 SchemaT = TypeVar("SchemaT", bound=BaseModel)
@@ -317,6 +318,16 @@ def invalid_output(
     return LLMError(
         f"{provider} model {model!r}: the answer is not a valid {schema_name(schema)} after "
         f"one retry ({error.error_count()} errors; {where}: {first['msg']})",
+        provider=provider,
+        model=model,
+        status=None,
+    )
+
+
+def unreadable_response(provider: str, model: str, error: ValueError) -> LLMError:
+    """The error for an HTTP response whose body is not the JSON the SDK expects."""
+    return LLMError(
+        f"{provider} model {model!r}: the server's response is not valid JSON ({error})",
         provider=provider,
         model=model,
         status=None,

@@ -12,6 +12,7 @@ jitter, honouring the server's ``Retry-After``. What still fails raises
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, overload
 
@@ -34,6 +35,7 @@ from marsys_mem.llm.base import (
     retry_instruction,
     schema_instruction,
     schema_name,
+    unreadable_response,
 )
 from marsys_mem.model.messages import Message, to_llm_format
 
@@ -271,6 +273,8 @@ class OpenAILLM(SDKAdapter[openai.OpenAI, openai.AsyncOpenAI]):
             resp: ChatCompletion = self.clients.sync().chat.completions.create(**kw)
         except openai.OpenAIError as exc:
             raise self._error(exc) from exc
+        except json.JSONDecodeError as exc:
+            raise unreadable_response(self.provider, self.model, exc) from exc
         return resp
 
     async def _acall(self, kw: dict[str, Any]) -> ChatCompletion:
@@ -278,6 +282,8 @@ class OpenAILLM(SDKAdapter[openai.OpenAI, openai.AsyncOpenAI]):
             resp: ChatCompletion = await self.clients.async_().chat.completions.create(**kw)
         except openai.OpenAIError as exc:
             raise self._error(exc) from exc
+        except json.JSONDecodeError as exc:
+            raise unreadable_response(self.provider, self.model, exc) from exc
         return resp
 
     # ------------------------------------------------------------------ the protocol

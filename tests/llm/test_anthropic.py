@@ -155,3 +155,14 @@ def test_no_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     with pytest.raises(LLMError, match="no API key"):
         AnthropicLLM("claude-test")
+
+
+def test_a_response_body_that_is_not_json_is_an_llm_error(server: Any) -> None:
+    server.queue(
+        server.Reply(200, '{"id": "x", "content": [', headers={"content-type": "application/json"})
+    )
+    with make(server) as llm, pytest.raises(LLMError) as info:
+        llm.complete("hello")
+    assert info.value.provider == "anthropic"
+    assert info.value.model == "claude-test"
+    assert "not valid JSON" in str(info.value)

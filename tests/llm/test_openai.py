@@ -234,3 +234,21 @@ def test_summarizer_plugs_into_the_summarize_strategy(server: Any) -> None:
     sent = server.requests[0].body["messages"]
     assert sent[0]["role"] == "system"
     assert "user: Fact number 0" in sent[1]["content"]
+
+
+def test_a_response_body_that_is_not_json_is_an_llm_error(server: Any) -> None:
+    server.queue(
+        server.Reply(200, '{"id": "x", "choices": [', headers={"content-type": "application/json"})
+    )
+    with make(server) as llm, pytest.raises(LLMError) as info:
+        llm.complete("hello")
+    assert info.value.provider == "openai"
+    assert info.value.model == "local-model"
+    assert "not valid JSON" in str(info.value)
+
+
+async def test_async_a_response_body_that_is_not_json_is_an_llm_error(server: Any) -> None:
+    server.queue(server.Reply(200, "<html>oops", headers={"content-type": "application/json"}))
+    async with make(server) as llm:
+        with pytest.raises(LLMError, match="not valid JSON"):
+            await llm.acomplete("hello")
