@@ -28,7 +28,7 @@ from marsys_mem.exceptions import MessageNotFoundError, StoreError
 from marsys_mem.model.messages import Message
 from marsys_mem.retrieval.vector_sync import StoredVectors, VectorSync
 from marsys_mem.store.base import Key, LoadAfter, LoadVectors, MemoryStore
-from marsys_mem.store.vectors import MAX_MODEL_CHARS
+from marsys_mem.store.vectors import MAX_MODEL_CHARS, VectorPage
 
 __all__ = ["SharedVectors"]
 
@@ -85,7 +85,24 @@ class SharedVectors(VectorSync):
             [LoadAfter(self.key, 0), LoadVectors(self.key, self.embedder.name, 0)]
         )
         self._msg_cursor, self._vec_cursor = page.cursor, vectors.cursor
+        if not self._usable(vectors):
+            return page.messages, None
         return page.messages, (vectors.message_ids, vectors.vectors)
+
+    def _usable(self, page: VectorPage) -> bool:
+        """Whether stored vectors fit this embedder (a name must mean one dimension)."""
+        assert self.embedder is not None
+        if not len(page) or page.vectors.shape[1] == self.embedder.dim:
+            return True
+        log.error(
+            "RAGMemory: %r holds %d-D vectors under the name of this %d-D embedder %r; they "
+            "are ignored (give the embedder a name of its own)",
+            self.store,
+            page.vectors.shape[1],
+            self.embedder.dim,
+            self.embedder.name,
+        )
+        return False
 
     def _catch_up(self) -> tuple[int, int]:
         """Read what the store has that this memory lacks (shared vectors only).
@@ -117,7 +134,7 @@ class SharedVectors(VectorSync):
                     self._forget_locked(gone)
                 removed = len(gone)
             self._msg_cursor, self._vec_cursor = page.cursor, vectors.cursor
-            if len(vectors):
+            if len(vectors) and self._usable(vectors):
                 self._adopt_locked(vectors.message_ids, vectors.vectors)
             index = self._index
             assert index is not None
