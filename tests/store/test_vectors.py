@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Mapping
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ from marsys_mem.exceptions import MessageNotFoundError, StoreError
 from marsys_mem.store import InMemoryStore, MemoryStore, SQLiteStore
 from marsys_mem.store.base import PutVectors
 from marsys_mem.store.vectors import from_bytes, to_bytes
+from marsys_mem.testing.conformance import Capability, VectorsConformance
 from marsys_mem.testing.conformance.data import KEY, user_messages
 from marsys_mem.testing.conformance.vectors import MODEL, vectors_of
 
@@ -144,3 +147,23 @@ def test_in_memory_catch_up_stays_cheap_after_many_deletes() -> None:
     state = store._state.vectors[MODEL]
     assert len(state.seqs) < 100  # compacted
     assert np.array_equal(store.load_vectors(KEY, MODEL).vectors[-1], vectors_of(1, seed=4)[0])
+
+
+class _NoVectorsHarness(VectorsConformance):
+    """A backend that keeps no vectors declares it, with the reason (not collected)."""
+
+    unsupported: ClassVar[Mapping[Capability, str]] = {
+        Capability.VECTORS: "this backend keeps messages only"
+    }
+
+
+def test_vectors_can_be_declared_unsupported_with_a_reason() -> None:
+    class NoVectors(InMemoryStore):
+        supports_vectors = False
+
+    harness = _NoVectorsHarness()
+    assert _NoVectorsHarness.capability_report()[Capability.VECTORS] == (
+        "unsupported: this backend keeps messages only"
+    )
+    with pytest.raises(pytest.skip.Exception, match="keeps messages only"):
+        harness.test_vectors_roundtrip(NoVectors())
