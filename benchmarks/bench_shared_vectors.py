@@ -66,10 +66,12 @@ class Counting:
         self.count = 0
 
     def embed(self, texts: Sequence[str]) -> Any:
+        """Embed with the wrapped embedder, counting the texts."""
         self.count += len(texts)
         return self.inner.embed(texts)
 
     async def aembed(self, texts: Sequence[str]) -> Any:
+        """Async twin of :meth:`embed`."""
         return self.embed(texts)
 
 

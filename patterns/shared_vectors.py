@@ -81,8 +81,8 @@ class SharedVectors(VectorSync):
         if not self._shared:
             return self.store.load_messages(self.key), None
         assert self.embedder is not None
-        page, vectors = self.store.batch(
-            [LoadAfter(self.key, 0), LoadVectors(self.key, self.embedder.name, 0)]
+        vectors, page = self.store.batch(  # vectors first: see _catch_up
+            [LoadVectors(self.key, self.embedder.name, 0), LoadAfter(self.key, 0)]
         )
         self._msg_cursor, self._vec_cursor = page.cursor, vectors.cursor
         if not self._usable(vectors):
@@ -117,10 +117,13 @@ class SharedVectors(VectorSync):
         assert self.store is not None
         assert self.embedder is not None
         with self._lock:  # adds and removes hold it over their store write: one view
-            page, vectors = self.store.batch(
+            # Vectors before messages: even where a batch is not one snapshot (a store
+            # reading each op at its own moment), every vector read has its message
+            # committed before it, so the message read next includes it.
+            vectors, page = self.store.batch(
                 [
-                    LoadAfter(self.key, self._msg_cursor),
                     LoadVectors(self.key, self.embedder.name, self._vec_cursor),
+                    LoadAfter(self.key, self._msg_cursor),
                 ]
             )
             new = [m for m in page.messages if m.message_id not in self._messages]
