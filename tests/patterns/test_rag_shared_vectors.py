@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from marsys_mem.exceptions import EmbeddingError
 from marsys_mem.model.messages import Message
 from marsys_mem.patterns import RAGMemory
 from marsys_mem.retrieval.embeddings import HashingEmbedder
@@ -219,3 +220,30 @@ def test_vectors_of_another_dimension_under_the_same_name_are_logged_not_used(
     assert "64-D vectors under the name of this 8-D embedder" in caplog.text
     assert "could not store" in caplog.text
     assert len(store.load_vectors(KEY, emb.name)) == 1  # only the first, 64-D
+
+
+class BoomEmbedder(CountingEmbedder):
+    """Fails on texts containing 'boom' (a model that cannot embed them, here)."""
+
+    def embed(self, texts):  # type: ignore[no-untyped-def]
+        if any("boom" in t for t in texts):
+            raise RuntimeError("model crashed")
+        return super().embed(texts)
+
+
+def test_a_vector_another_memory_stored_heals_a_local_failure() -> None:
+    """A message this memory failed to embed gets the vector another memory stored."""
+    store = InMemoryStore()
+    with (
+        RAGMemory(BoomEmbedder(), store=store, key=KEY) as a,
+        RAGMemory(CountingEmbedder(), store=store, key=KEY) as b,
+    ):
+        mid = a.add("the boom box is in the attic")
+        with pytest.raises(EmbeddingError, match="model crashed"):
+            a.flush()
+        assert mid in a.failed
+        assert b.search("attic", k=1, mode="dense")[0].id == mid  # b embeds and stores it
+        hits = a.search("where is the box?", k=1, mode="dense")
+        assert hits[0].id == mid  # found by its (adopted) vector
+        assert a.failed == {}
+        a.flush()  # nothing left to report
