@@ -40,6 +40,7 @@ from typing import Any
 
 from marsys_mem.patterns import RAGMemory
 from marsys_mem.retrieval.embeddings import Embedder, HashingEmbedder
+from marsys_mem.retrieval.embeddings import _feature_hash as _feature_hash
 from marsys_mem.store import SQLiteStore
 
 KEY = ("bench", "rag", "main")
@@ -81,15 +82,22 @@ def chat(n: int, seed: int) -> list[str]:
 
 
 def sample(
-    store_cls: type[SQLiteStore], embedder: Embedder, n: int, late: int
+    store_cls: type[SQLiteStore], make_embedder: Callable[[], Embedder], n: int, late: int
 ) -> tuple[float, float, float, int]:
-    """One run: (open s, catch-up s, search s, texts host B embedded)."""
+    """One run: (open s, catch-up s, search s, texts host B embedded).
+
+    Each host has its own embedder (a cold content cache, as on another machine).
+    """
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "shared.db"
-        with store_cls(db) as store_a, RAGMemory(embedder, store=store_a, key=KEY) as a:
+        a_emb = make_embedder()
+        with store_cls(db) as store_a, RAGMemory(a_emb, store=store_a, key=KEY) as a:
             a.add_many(chat(n, 1))
             a.flush()
-            b_emb = Counting(embedder)
+            b_emb = Counting(make_embedder())
+            b_emb.embed(["load the model before the clock starts"])
+            b_emb.count = 0
+            _feature_hash.cache_clear()  # HashingEmbedder's process-wide cache: host B's is cold
             with store_cls(db) as store_b:
                 gc.collect()
                 t0 = time.perf_counter()
@@ -122,17 +130,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--minilm", action="store_true")
     args = parser.parse_args(argv)
-    embedder: Embedder
+    make: Callable[[], Embedder]
     if args.minilm:
         from marsys_mem.retrieval.embeddings import SentenceTransformerEmbedder
 
-        embedder = SentenceTransformerEmbedder()
+        make = SentenceTransformerEmbedder
     else:
-        embedder = HashingEmbedder()
+        make = HashingEmbedder
+    embedder = make()
     results: dict[str, list[tuple[float, float, float, int]]] = {"shared": [], "peer": []}
     runs: list[tuple[str, Callable[[], tuple[float, float, float, int]]]] = [
-        ("shared", lambda: sample(SQLiteStore, embedder, args.messages, args.late)),
-        ("peer", lambda: sample(PeerStore, embedder, args.messages, args.late)),
+        ("shared", lambda: sample(SQLiteStore, make, args.messages, args.late)),
+        ("peer", lambda: sample(PeerStore, make, args.messages, args.late)),
     ]
     for _ in range(args.repeats):  # interleaved, so load on the machine hits both alike
         for name, run in runs:
