@@ -69,6 +69,7 @@ from marsys_mem.model.names import NAME_PATTERN
 __all__ = [
     "DATA_DIR_ENV",
     "AgentConfig",
+    "CrossThreadConfig",
     "Duration",
     "EpisodicPatternConfig",
     "FactsPatternConfig",
@@ -286,6 +287,41 @@ class FactsPatternConfig(BaseModel):
     maintain: bool = False
 
 
+def _on_off(value: object) -> object:
+    """``true`` / ``false`` for a setting that is on by default."""
+    if isinstance(value, bool):
+        return {"enabled": value}
+    return value
+
+
+class CrossThreadConfig(BaseModel):
+    """Recall from the subject's other conversations (``patterns.threads``).
+
+    Used by ``MemoryManager.context_for(agent, query, subject=...)``: messages of the
+    subject's other threads (conversations with them, any agent or branch) scoring
+    ``min_score`` or more for ``query`` (hybrid score, see
+    :class:`~marsys_mem.patterns.threads.CrossThreadRecall`), at most ``k``, in a block
+    under ``budget.threads``. On by default; ``threads: false`` turns it off.
+
+    Example:
+        >>> CrossThreadConfig.model_validate(False).enabled
+        False
+        >>> CrossThreadConfig(k=3).min_score
+        0.45
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = True
+    k: int = Field(default=4, ge=1, le=100)
+    min_score: float = Field(default=0.45, ge=-1.0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bool(cls, value: object) -> object:
+        return _on_off(value)
+
+
 class PatternsConfig(BaseModel):
     """Which memory patterns an agent uses, their parameters, and the budget split.
 
@@ -308,6 +344,7 @@ class PatternsConfig(BaseModel):
         HierarchicalPatternConfig | None, BeforeValidator(_enabled), _OR_BOOL
     ] = None
     facts: Annotated[FactsPatternConfig | None, BeforeValidator(_enabled), _OR_BOOL] = None
+    threads: Annotated[CrossThreadConfig, _OR_BOOL] = Field(default_factory=CrossThreadConfig)
     budget: BudgetSplit = Field(default_factory=BudgetSplit)
 
     @property
