@@ -535,6 +535,12 @@ def peer_mem0(args: argparse.Namespace, embedder: Embedder) -> None:
             "apart, batches less: the debounce 0 row is the no-batching bound). spaCy is not "
             "installed, so mem0's entity linking is off (it would add time)."
         )
+        print(
+            "    facts stored: ours counts valid facts (a restatement reinforces, a changed "
+            "value supersedes the old fact, which stays queryable as history); mem0 2.x "
+            "extraction only adds (exact-text dedup), so every changed value is one more "
+            "memory."
+        )
 
 
 def _us(value: float) -> str:

@@ -31,7 +31,8 @@ def _config(tmp_path: Path, retention: str = "persistent", **patterns: Any) -> P
         "defaults": {
             "retention": retention,
             "context": {"max_messages": 8, "max_tokens": 600},
-            "patterns": {"embedder": "hashing", **patterns},
+            # hashing vectors are not semantic: word overlap only, so lower cosines
+            "patterns": {"embedder": "hashing", "threads": {"min_score": 0.15}, **patterns},
         },
     }
     path = tmp_path / "policy.yaml"
@@ -133,7 +134,7 @@ def test_links_and_messages_survive_a_restart(tmp_path: Path) -> None:
 
 
 def test_never_repeats_the_current_thread_or_the_window(tmp_path: Path) -> None:
-    with MemoryManager.from_config(_config(tmp_path, threads={"min_score": 0.2})) as manager:
+    with MemoryManager.from_config(_config(tmp_path)) as manager:
         _say(manager, "support", "old", DOG, "Rex eats fish food then.")
         manager.link_thread("alice", "support", "old")
         mem = manager.memory("support", "new")
@@ -180,7 +181,7 @@ def test_budget_share_default_and_config_errors(tmp_path: Path) -> None:
         BudgetSplit(retrieval=0.5, threads=0.1)
     cfg = load_config(_config(tmp_path, threads={"k": 2}, budget={"threads": 0.05}))
     patterns = cfg.policy_for("x").patterns
-    assert patterns.threads == CrossThreadConfig(k=2)
+    assert patterns.threads == CrossThreadConfig(k=2, min_score=0.3)
     assert patterns.budget.threads_share == 0.05
     assert not load_config(_config(tmp_path, threads=False)).defaults.patterns.threads.enabled
     for bad, field, shown in [
@@ -276,7 +277,9 @@ def test_recall_unit_sync_unlink_and_forget(tmp_path: Path) -> None:
         assert recall.subjects() == []
         recall.close()
         with pytest.raises(ValueError, match="k must"):
-            CrossThreadRecall(None).search("alice", "q", source, k=0)
+            CrossThreadRecall(HashingEmbedder()).search("alice", "q", source, k=0)
+        with pytest.raises(TypeError, match="embedder must be an Embedder"):
+            CrossThreadRecall(None)  # type: ignore[arg-type]
         again = CrossThreadRecall(HashingEmbedder(), store=store, namespace="ns")
         assert again.subjects() == []  # forget_subject deleted the stored links
         again.close()
@@ -286,6 +289,7 @@ def test_config_default_is_on(tmp_path: Path) -> None:
     cfg = MemoryConfig()
     assert cfg.defaults.patterns.threads.enabled
     assert cfg.defaults.patterns.threads.k == 4
+    assert cfg.defaults.patterns.threads.min_score == 0.3
 
 
 def test_mcp_context_tool_passes_the_subject(tmp_path: Path) -> None:
@@ -318,3 +322,16 @@ def test_mcp_context_tool_passes_the_subject(tmp_path: Path) -> None:
     assert first.startswith("From other conversations with alice:")
     assert bad.is_error
     assert "subject" in bad.content[0].text
+
+
+def test_inspect_lists_thread_links_as_internal_keys(tmp_path: Path) -> None:
+    from marsys_mem.cli.inspect import inspect_store
+
+    with MemoryManager.from_config(_config(tmp_path)) as manager:
+        _say(manager, "support", "a1", DOG)
+        manager.link_thread("alice", "support", "a1")
+    summary = inspect_store(tmp_path / "m.db")
+    dumped = summary.model_dump()
+    internal = [(k["agent"], k["branch"], k["kind"]) for k in dumped["internal"]]
+    assert ("#threads", "alice", "threads") in internal
+    assert all(c["agent"] != "#threads" for c in dumped["conversations"])

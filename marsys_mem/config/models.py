@@ -298,23 +298,24 @@ class CrossThreadConfig(BaseModel):
     """Recall from the subject's other conversations (``patterns.threads``).
 
     Used by ``MemoryManager.context_for(agent, query, subject=...)``: messages of the
-    subject's other threads (conversations with them, any agent or branch) scoring
-    ``min_score`` or more for ``query`` (hybrid score, see
-    :class:`~marsys_mem.patterns.threads.CrossThreadRecall`), at most ``k``, in a block
-    under ``budget.threads``. On by default; ``threads: false`` turns it off.
+    subject's other threads (conversations with them, any agent or branch), ranked by
+    hybrid retrieval, whose cosine to ``query`` is ``min_score`` or more (see
+    :class:`~marsys_mem.patterns.threads.CrossThreadRecall` for how 0.3 was chosen), at
+    most ``k``, in a block under ``budget.threads``. On by default; ``threads: false``
+    turns it off.
 
     Example:
         >>> CrossThreadConfig.model_validate(False).enabled
         False
         >>> CrossThreadConfig(k=3).min_score
-        0.45
+        0.3
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     enabled: bool = True
     k: int = Field(default=4, ge=1, le=100)
-    min_score: float = Field(default=0.45, ge=-1.0)
+    min_score: float = Field(default=0.3, ge=-1.0, le=1.0)
 
     @model_validator(mode="before")
     @classmethod
