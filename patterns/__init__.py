@@ -1,4 +1,6 @@
-"""Memory patterns: episodic, shared, hierarchical, RAG and fact memory (see DESIGN.md).
+"""Memory patterns: episodic, shared, hierarchical, RAG, fact memory, cross-thread recall.
+
+See DESIGN.md.
 
 Every pattern works with no arguments and composes on top of the conversation memory;
 ``MemoryManager`` builds them per agent from the ``patterns:`` section of a config file.
@@ -16,6 +18,7 @@ from marsys_mem.patterns.hierarchical import HierarchicalMemory, Tier
 from marsys_mem.patterns.importance import default_importance
 from marsys_mem.patterns.rag import Fusion, RAGMemory, ScoredMessage, SearchMode
 from marsys_mem.patterns.shared import ConflictRule, SharedMemoryPool, member_key
+from marsys_mem.patterns.threads import CrossThreadRecall, ThreadHit
 from marsys_mem.patterns.user_facts import (
     Fact,
     FactCandidate,
@@ -30,6 +33,7 @@ from marsys_mem.retrieval.bm25 import BM25Index
 __all__ = [
     "BM25Index",
     "ConflictRule",
+    "CrossThreadRecall",
     "Episode",
     "EpisodeMatch",
     "EpisodicMemory",
@@ -49,6 +53,7 @@ __all__ = [
     "ScoredMessage",
     "SearchMode",
     "SharedMemoryPool",
+    "ThreadHit",
     "Tier",
     "default_importance",
     "extract_facts_offline",

@@ -9,7 +9,8 @@ when there is one and the embeddings extra is installed; the facts a workflow ru
 are searched the same way beside them, and their hits say ``kind="fact"``.
 
 Keys other than conversations are internal (:func:`marsys_mem.store.keys.parse_key`): pattern
-data (``rag``, ``episodes``, ``tiers``) and the facts of workflow runs (agent ``#facts``).
+data (``rag``, ``episodes``, ``tiers``), the facts of workflow runs (agent ``#facts``), the
+facts learned about subjects (``user-facts``) and the threads held with them (``threads``).
 Keys whose names break the naming rule (written before it existed) are listed as
 ``invalid``; they stay readable but are not searched.
 """
@@ -214,7 +215,14 @@ def _open(path: str | Path) -> SQLiteStore:
         raise StoreError(f"{file}: not a marsys-mem store ({exc})") from exc
 
 
-_KINDS = {"rag": "rag", "episodes": "episodic", "tiers": "hierarchical", "facts": "facts"}
+_KINDS = {
+    "rag": "rag",
+    "episodes": "episodic",
+    "tiers": "hierarchical",
+    "facts": "facts",
+    "user_facts": "user-facts",
+    "threads": "threads",
+}
 
 
 def _info(key: Key) -> KeyInfo | None:

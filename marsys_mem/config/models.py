@@ -70,6 +70,7 @@ from marsys_mem.model.names import NAME_PATTERN
 __all__ = [
     "DATA_DIR_ENV",
     "AgentConfig",
+    "CrossThreadConfig",
     "Duration",
     "EpisodicPatternConfig",
     "FactsPatternConfig",
@@ -289,6 +290,42 @@ class FactsPatternConfig(BaseModel):
     maintain: bool = False
 
 
+def _on_off(value: object) -> object:
+    """``true`` / ``false`` for a setting that is on by default."""
+    if isinstance(value, bool):
+        return {"enabled": value}
+    return value
+
+
+class CrossThreadConfig(BaseModel):
+    """Recall from the subject's other conversations (``patterns.threads``).
+
+    Used by ``MemoryManager.context_for(agent, query, subject=...)``: messages of the
+    subject's other threads (conversations with them, any agent or branch), ranked by
+    hybrid retrieval, whose cosine to ``query`` is ``min_score`` or more (see
+    :class:`~marsys_mem.patterns.threads.CrossThreadRecall` for how 0.3 was chosen), at
+    most ``k``, in a block under ``budget.threads``. On by default; ``threads: false``
+    turns it off.
+
+    Example:
+        >>> CrossThreadConfig.model_validate(False).enabled
+        False
+        >>> CrossThreadConfig(k=3).min_score
+        0.3
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = True
+    k: int = Field(default=4, ge=1, le=100)
+    min_score: float = Field(default=0.3, ge=-1.0, le=1.0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bool(cls, value: object) -> object:
+        return _on_off(value)
+
+
 class PatternsConfig(BaseModel):
     """Which memory patterns an agent uses, their parameters, and the budget split.
 
@@ -311,6 +348,7 @@ class PatternsConfig(BaseModel):
         HierarchicalPatternConfig | None, BeforeValidator(_enabled), _OR_BOOL
     ] = None
     facts: Annotated[FactsPatternConfig | None, BeforeValidator(_enabled), _OR_BOOL] = None
+    threads: Annotated[CrossThreadConfig, _OR_BOOL] = Field(default_factory=CrossThreadConfig)
     budget: BudgetSplit = Field(default_factory=BudgetSplit)
 
     @property

@@ -61,14 +61,23 @@ class ContextSource(Protocol):
         ...
 
 
+_THREADS_DEFAULT = 0.1
+
+
 class BudgetSplit(BaseModel):
     """Most of ``max_tokens`` each block may take (fractions, summing to at most 0.9).
 
-    ``facts`` is the "user facts" block's share (facts learned about the subject).
+    ``facts`` is the "user facts" block's share (facts learned about the subject);
+    ``threads`` the share of messages recalled from the subject's other conversations
+    (cross-thread recall). Left unset, ``threads`` is 0.1, or what the other shares leave
+    under 0.9 when that is less (so budgets written before it existed stay valid):
+    :attr:`threads_share` is the share used.
 
     Example:
         >>> BudgetSplit(shared=0.1, core=0.2, retrieval=0.3).retrieval
         0.3
+        >>> BudgetSplit().threads_share, BudgetSplit(retrieval=0.5).threads_share
+        (0.1, 0.0)
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -77,15 +86,24 @@ class BudgetSplit(BaseModel):
     core: float = Field(default=0.15, ge=0.0, le=0.9)
     retrieval: float = Field(default=0.25, ge=0.0, le=0.9)
     facts: float = Field(default=0.1, ge=0.0, le=0.9)
+    threads: float | None = Field(default=None, ge=0.0, le=0.9)
 
     @model_validator(mode="after")
     def _sum(self) -> BudgetSplit:
-        total = self.shared + self.core + self.retrieval + self.facts
+        total = self.shared + self.core + self.retrieval + self.facts + (self.threads or 0.0)
         if total > 0.9 + 1e-9:
             raise ValueError(
                 f"budget fractions sum to {total:.2f}; keep at least 10% for the conversation"
             )
         return self
+
+    @property
+    def threads_share(self) -> float:
+        """The cross-thread recall block's share: ``threads``, else ``min(0.1, what is left)``."""
+        if self.threads is not None:
+            return self.threads
+        left = 0.9 - (self.shared + self.core + self.retrieval + self.facts)
+        return round(max(0.0, min(_THREADS_DEFAULT, left)), 6)
 
 
 @dataclass(slots=True)

@@ -93,6 +93,10 @@ def _branch(value: str) -> str:
     return validate_name("branch", value)
 
 
+def _subject(value: str) -> str:
+    return validate_name("subject", value)
+
+
 def _not_blank(value: str) -> str:
     if not value.strip():
         raise ValueError("must not be empty or only whitespace")
@@ -106,6 +110,11 @@ BranchName = Annotated[
     str,
     AfterValidator(_branch),
     Field(pattern=NAME_PATTERN, description="the branch (default main)"),
+]
+SubjectName = Annotated[
+    str,
+    AfterValidator(_subject),
+    Field(pattern=NAME_PATTERN, description="whom the conversation is with (the user)"),
 ]
 Text = Annotated[str, Field(min_length=1, max_length=_MAX_TEXT), AfterValidator(_not_blank)]
 FactText = Annotated[str, Field(min_length=1, max_length=_MAX_FACT), AfterValidator(_not_blank)]
@@ -369,20 +378,34 @@ class MemoryServer:
         }
 
     def context(
-        self, agent: str, query: str | None = None, *, branch: str = "main"
+        self,
+        agent: str,
+        query: str | None = None,
+        *,
+        branch: str = "main",
+        subject: str | None = None,
     ) -> dict[str, Any]:
-        """The window ``agent`` would send to its LLM under its policy (OpenAI format)."""
+        """The window ``agent`` would send to its LLM under its policy (OpenAI format).
+
+        ``subject``: whom the conversation is with; recalls from their other threads
+        (``MemoryManager.context_for``).
+        """
         validate_name("agent", agent)
         validate_name("branch", branch)
         if query is not None:
             _not_blank(query)
         self.manager.memory(agent, branch)
         self._join(agent, branch)
-        win = self.manager.context_for(agent, query, branch=branch)
+        win = self.manager.context_for(agent, query, branch=branch, subject=subject)
         return self._window(agent, win, branch)
 
     async def acontext(
-        self, agent: str, query: str | None = None, *, branch: str = "main"
+        self,
+        agent: str,
+        query: str | None = None,
+        *,
+        branch: str = "main",
+        subject: str | None = None,
     ) -> dict[str, Any]:
         """Async twin of :meth:`context` (async summarisers allowed)."""
         validate_name("agent", agent)
@@ -391,7 +414,7 @@ class MemoryServer:
             _not_blank(query)
         self.manager.memory(agent, branch)
         self._join(agent, branch)
-        win = await self.manager.acontext_for(agent, query, branch=branch)
+        win = await self.manager.acontext_for(agent, query, branch=branch, subject=subject)
         return self._window(agent, win, branch)
 
     def forget(
@@ -567,9 +590,10 @@ class MemoryServer:
                 Text | None, Field(description="retrieve snippets for this question")
             ] = None,
             branch: BranchName = "main",
+            subject: SubjectName | None = None,
         ) -> dict[str, Any]:
             """The messages the agent would send to its LLM now, under its policy (OpenAI)."""
-            return await self.acontext(agent, query, branch=branch)
+            return await self.acontext(agent, query, branch=branch, subject=subject)
 
         @app.tool(name="forget")
         @_tool_errors

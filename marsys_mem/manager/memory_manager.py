@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 from marsys_mem.config.load import load_config
 from marsys_mem.config.models import MemoryConfig, RetentionPolicy
@@ -62,6 +62,7 @@ from marsys_mem.model.runs import RunContext, RunSnapshot, history
 from marsys_mem.model.traces import TraceStep
 from marsys_mem.patterns.agent import AgentPatterns, resolve_embedder
 from marsys_mem.patterns.shared import SharedMemoryPool, member_key
+from marsys_mem.patterns.threads import CrossThreadRecall
 from marsys_mem.patterns.user_facts import FactMemory
 from marsys_mem.retrieval.embeddings import Embedder, HashingEmbedder, default_embedder
 from marsys_mem.store.base import Key, MemoryStore
@@ -188,6 +189,8 @@ class MemoryManager(Closing):
         self.llm = llm
         self._facts = facts
         self._own_facts = facts is None
+        self._recall: CrossThreadRecall | None = None
+        self._read_from_store: set[tuple[str, str]] = set()  # threads recall loaded once
         self.events = EventBus()
         self.shared = SharedMemoryPool()
         if store is None:
@@ -372,6 +375,64 @@ class MemoryManager(Closing):
                 namespace=self.namespace,
             )
         return self._facts
+
+    def thread_recall(
+        self, embedder: Literal["default", "hashing", "none"] | None = None
+    ) -> CrossThreadRecall:
+        """The subjects' threads and cross-thread search (made on first use, links loaded).
+
+        ``embedder``: the config spelling of the embedder, used only when it is made
+        (default: the ``defaults.patterns.embedder`` of the config; ``none``, or
+        ``default`` without the ``embeddings`` extra: a ``HashingEmbedder``, so scores
+        keep one scale).
+        """
+        self._check_open()
+        if self._recall is None:
+            emb = self._embedder(embedder or self.config.defaults.patterns.embedder)
+            self._recall = CrossThreadRecall(
+                emb if emb is not None else HashingEmbedder(),
+                store=self.store,
+                namespace=self.namespace,
+            )
+        return self._recall
+
+    def link_thread(self, subject: str, agent: str, branch: str = "main") -> bool:
+        """Record that ``agent``'s conversation on ``branch`` is held with ``subject``.
+
+        ``context_for(..., subject=...)`` does it for the thread it assembles; call this to
+        link threads before that (say, sessions imported from elsewhere). Persisted in the
+        store: a restarted manager knows the link.
+
+        Returns:
+            ``True`` if the link is new.
+
+        Raises:
+            InvalidNameError: a name breaks the naming rule.
+            ValueError: the thread already belongs to another subject.
+        """
+        _check_name("subject", subject)
+        _check_name("agent", agent)
+        _check_name("branch", branch)
+        return self.thread_recall(self.config.policy_for(agent).patterns.embedder).link(
+            subject, agent, branch
+        )
+
+    def _thread_messages(self, agent: str, branch: str) -> Sequence[Message] | None:
+        """A thread's current messages for cross-thread recall (see ``ThreadSource``).
+
+        A memory in use: its messages. Otherwise a persistent agent's thread is read from
+        the store once per process (no one here appends to it); any other is gone.
+        """
+        slot = (agent, branch)
+        mem = self._memories.get(slot)
+        if mem is not None:
+            return mem.read()
+        if not self.config.policy_for(agent).is_persistent:
+            return []  # a session / single_run memory that ended
+        if slot in self._read_from_store:
+            return None
+        self._read_from_store.add(slot)
+        return self.store.load_messages(self.key(agent, branch))
 
     def patterns(self, agent: str, branch: str = "main") -> AgentPatterns | None:
         """The agent's memory patterns on ``branch`` (``None`` if its policy enables none)."""
@@ -560,24 +621,40 @@ class MemoryManager(Closing):
         *,
         branch: str = "main",
         provider: Provider | None = None,
+        subject: str | None = None,
     ) -> Any:
         """What ``agent`` would send to its LLM, under its policy.
 
         Returns a :class:`ContextWindow`, or the provider's message format when
         ``provider`` is given. Blocks, each under its share of ``max_tokens``: shared
         facts, user facts (``patterns.facts``: the subject's valid facts, those matching
-        ``query`` first, else the most confident), core memory, then snippets retrieved
-        for ``query``.
+        ``query`` first, else the most confident), core memory, snippets retrieved
+        for ``query``, then cross-thread recall.
+
+        ``subject``: whom this conversation is with (the user). The thread ``(agent,
+        branch)`` is linked to the subject (:meth:`link_thread`), and with a ``query`` the
+        messages of the subject's *other* threads scoring ``patterns.threads.min_score``
+        or more come as a block "From other conversations with <subject>", each labelled
+        ``[agent@branch, date]``, under ``budget.threads``, never repeating a message of
+        this thread or a text already in the window (``patterns.threads: false``: link
+        only). Other subjects' threads are never searched.
+
+        Raises:
+            InvalidNameError: ``agent``, ``branch`` or ``subject`` is not a name.
+            TypeError: ``query`` is not a non-empty string.
+            ValueError: the thread already belongs to another subject.
         """
-        mem, policy, blocks, counter = self._context_parts(agent, query, branch)
+        mem, policy, blocks, counter = self._context_parts(agent, query, branch, subject)
         win = assemble(mem, policy, blocks, counter)
         return win if provider is None else to_llm_format(win.messages, provider)
 
     def _context_parts(
-        self, agent: str, query: str | None, branch: str
+        self, agent: str, query: str | None, branch: str, subject: str | None = None
     ) -> tuple[ConversationMemory, ContextPolicy, list[Block], TokenCounter]:
         if query is not None and (not isinstance(query, str) or not query.strip()):
             raise TypeError(f"query must be a non-empty string, got {query!r}")
+        if subject is not None:
+            _check_name("subject", subject)
         mem = self.memory(agent, branch)
         policy = mem.policy
         counter = get_counter(policy.token_counter) if policy.token_counter else mem.counter
@@ -598,18 +675,68 @@ class MemoryManager(Closing):
                 )
             )
         patterns = self._patterns.get((agent, branch))
+        window: list[Message] | None = None
         if patterns is not None:
-            probe = ContextPolicy(
-                max_messages=policy.max_messages,
-                max_tokens=policy.max_tokens,
-                token_counter=policy.token_counter,
-            )
-            try:
-                in_window = {m.message_id for m in mem.context(probe, counter=counter)}
-            except ContextOverflowError:
-                in_window = set()
-            blocks.extend(patterns.blocks(query, in_window))
+            window = self._probe_window(mem, policy, counter)
+            blocks.extend(patterns.blocks(query, {m.message_id for m in window}))
+        if subject is not None:
+            self.link_thread(subject, agent, branch)
+            cfg = self.config.policy_for(agent).patterns
+            if query is not None and cfg.threads.enabled:
+                if window is None:
+                    window = self._probe_window(mem, policy, counter)
+                block = self._thread_block(agent, branch, subject, query, mem, window, blocks)
+                if block is not None:
+                    blocks.append(block)
         return mem, policy, blocks, counter
+
+    @staticmethod
+    def _probe_window(
+        mem: ConversationMemory, policy: ContextPolicy, counter: TokenCounter
+    ) -> list[Message]:
+        """The conversation window without blocks (what the blocks must not repeat)."""
+        probe = ContextPolicy(
+            max_messages=policy.max_messages,
+            max_tokens=policy.max_tokens,
+            token_counter=policy.token_counter,
+        )
+        try:
+            return list(mem.context(probe, counter=counter).messages)
+        except ContextOverflowError:
+            return []
+
+    def _thread_block(
+        self,
+        agent: str,
+        branch: str,
+        subject: str,
+        query: str,
+        mem: ConversationMemory,
+        window: list[Message],
+        blocks: list[Block],
+    ) -> Block | None:
+        """The cross-thread recall block for ``subject`` (``None``: nothing relevant)."""
+        cfg = self.config.policy_for(agent).patterns
+        recall = self.thread_recall(cfg.embedder)
+        hits = recall.search(
+            subject,
+            query,
+            self._thread_messages,
+            exclude=(agent, branch),
+            exclude_ids=[m.message_id for m in mem.read()],
+            exclude_texts=[m.text for m in window if m.text.strip()],
+            k=cfg.threads.k,
+            min_score=cfg.threads.min_score,
+        )
+        if not hits:
+            return None
+        return Block(
+            "thread_recall",
+            f"From other conversations with {subject}:",
+            [h.render() for h in hits],
+            cfg.budget.threads_share,
+            2,
+        )
 
     async def acontext_for(
         self,
@@ -618,9 +745,10 @@ class MemoryManager(Closing):
         *,
         branch: str = "main",
         provider: Provider | None = None,
+        subject: str | None = None,
     ) -> Any:
         """Async twin of :meth:`context_for` (async summarisers allowed)."""
-        mem, policy, blocks, counter = self._context_parts(agent, query, branch)
+        mem, policy, blocks, counter = self._context_parts(agent, query, branch, subject)
         win = await aassemble(mem, policy, blocks, counter)
         return win if provider is None else to_llm_format(win.messages, provider)
 
@@ -636,6 +764,8 @@ class MemoryManager(Closing):
                 patterns.close()
             if self._facts is not None and self._own_facts:
                 self._facts.close()
+            if self._recall is not None:
+                self._recall.close()
             close_llm = getattr(self.llm, "close", None)
             if self._own_llm and close_llm is not None:
                 close_llm()

@@ -11,7 +11,9 @@ builds (:func:`internal_key`, :func:`facts_key`) and reads back (:func:`parse_ke
   ``core``, ``working`` or ``archive``);
 * ``facts``: ``(ns, "#facts", branch)``, the facts a workflow run recorded;
 * ``user_facts``: ``(ns, "#user-facts", subject)``, what a FactMemory learned about a subject
-  (:func:`subject_facts_key`).
+  (:func:`subject_facts_key`);
+* ``threads``: ``(ns, "#threads", subject)``, the conversations held with a subject
+  (:func:`subject_threads_key`, for cross-thread recall).
 
 The spellings are those of earlier versions, so existing stores read as before. They
 cannot be forged from names: every internal spelling contains ``#``, which no name may
@@ -37,6 +39,7 @@ from marsys_mem.model.names import MAX_NAME_LENGTH, is_name, shown, validate_nam
 __all__ = [
     "FACTS_AGENT",
     "SUBJECT_FACTS_AGENT",
+    "SUBJECT_THREADS_AGENT",
     "TIERS",
     "InternalKind",
     "Key",
@@ -47,6 +50,7 @@ __all__ = [
     "parse_key",
     "stored_key",
     "subject_facts_key",
+    "subject_threads_key",
     "validate_key",
 ]
 
@@ -62,7 +66,10 @@ InternalKind = Literal["rag", "episodes", "tiers"]
 SUBJECT_FACTS_AGENT: Final = "#user-facts"
 """The agent part of the keys holding facts about a subject (:func:`subject_facts_key`)."""
 
-KeyKind = Literal["conversation", "rag", "episodes", "tiers", "facts", "user_facts"]
+SUBJECT_THREADS_AGENT: Final = "#threads"
+"""The agent part of the keys listing a subject's conversations (:func:`subject_threads_key`)."""
+
+KeyKind = Literal["conversation", "rag", "episodes", "tiers", "facts", "user_facts", "threads"]
 """What a store key holds (:attr:`KeyInfo.kind`)."""
 
 TIERS: Final = ("core", "working", "archive")
@@ -150,16 +157,30 @@ def subject_facts_key(namespace: str, subject: str) -> Key:
     return (namespace, _Internal(SUBJECT_FACTS_AGENT), subject)
 
 
+def subject_threads_key(namespace: str, subject: str) -> Key:
+    """The store key listing the conversations (threads) held with ``subject``.
+
+    Example:
+        >>> subject_threads_key("d", "alice")
+        ('d', '#threads', 'alice')
+    """
+    validate_name("namespace", namespace)
+    validate_name("subject", subject)
+    return (namespace, _Internal(SUBJECT_THREADS_AGENT), subject)
+
+
 @dataclass(frozen=True, slots=True)
 class KeyInfo:
     """What a store key holds and whose it is (:func:`parse_key`).
 
     Attributes:
         key: the key, usable with any store (internal parts accepted).
-        kind: ``conversation``, ``rag``, ``episodes``, ``tiers``, ``facts`` or ``user_facts``.
+        kind: ``conversation``, ``rag``, ``episodes``, ``tiers``, ``facts``, ``user_facts``
+            or ``threads``.
         namespace: the namespace.
-        agent: whose data it is (``None`` for ``facts`` and ``user_facts``).
-        branch: the branch of the conversation it belongs to (the subject for ``user_facts``).
+        agent: whose data it is (``None`` for ``facts``, ``user_facts`` and ``threads``).
+        branch: the branch of the conversation it belongs to (the subject for
+            ``user_facts`` and ``threads``).
         part: the tier of a ``tiers`` key (else ``None``).
 
     Example:
@@ -209,6 +230,9 @@ def parse_key(key: object) -> KeyInfo:
     if agent == SUBJECT_FACTS_AGENT and is_name(branch):
         built = subject_facts_key(namespace, branch)
         return KeyInfo(built, "user_facts", namespace, None, branch)
+    if agent == SUBJECT_THREADS_AGENT and is_name(branch):
+        built = subject_threads_key(namespace, branch)
+        return KeyInfo(built, "threads", namespace, None, branch)
     if is_name(agent) and branch.endswith(f"{_MARK}rag") and is_name(branch[:-4]):
         base = (namespace, agent, branch[:-4])
         return KeyInfo(internal_key(base, "rag"), "rag", namespace, agent, branch[:-4])
