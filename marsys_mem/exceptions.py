@@ -19,7 +19,10 @@ parent, the builtins it also subclasses in parentheses)::
     │   └── WorkflowError                        a workflow file that cannot run (file:line: field)
     ├── WorkflowRunError (RuntimeError)          a workflow step failed while running
     ├── StoreError (RuntimeError)                a storage backend failed
-    │   └── IndexCorruptError                    a vector index file is missing, stale or corrupt
+    │   ├── IndexCorruptError                    a vector index file is missing, stale or corrupt
+    │   ├── InvalidDSNError (ValueError)         a database URL / conninfo that cannot be parsed
+    │   └── StoreConnectionError (ConnectionError)  the database server cannot be reached or used
+    │       └── DatabaseNotFoundError            the server has no database of that name
     ├── StoreNotFoundError (FileNotFoundError)   no store file at a path given to the CLI
     ├── EmbeddingError (ValueError)              bad vectors (NaN, wrong dimension) or texts
     ├── MissingDependencyError (ImportError)     an optional extra is not installed
@@ -48,10 +51,12 @@ __all__ = [
     "ConfigError",
     "ContextOverflowError",
     "CoordinationError",
+    "DatabaseNotFoundError",
     "DuplicateMessageError",
     "DuplicateToolCallError",
     "EmbeddingError",
     "IndexCorruptError",
+    "InvalidDSNError",
     "InvalidNameError",
     "LLMError",
     "MarsysMemError",
@@ -62,6 +67,7 @@ __all__ = [
     "OrphanToolResultError",
     "SignatureError",
     "SignatureReason",
+    "StoreConnectionError",
     "StoreError",
     "StoreNotFoundError",
     "SummarizerError",
@@ -153,6 +159,22 @@ class StoreError(MarsysMemError, RuntimeError):
 
 class IndexCorruptError(StoreError):
     """A saved vector index cannot be used (missing, stale or failing its checksum)."""
+
+
+class InvalidDSNError(StoreError, ValueError):
+    """A database URL or conninfo string that cannot be parsed (the password is never shown)."""
+
+
+class StoreConnectionError(StoreError, ConnectionError):
+    """The database server cannot be reached, refuses the login, or stayed away too long.
+
+    The message names the server (host, port, database, user; never the password) and
+    what failed: a refused connection, a timeout, an authentication failure.
+    """
+
+
+class DatabaseNotFoundError(StoreConnectionError):
+    """The server answered, but has no database of the name the DSN gives."""
 
 
 class EmbeddingError(MarsysMemError, ValueError):
