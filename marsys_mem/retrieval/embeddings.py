@@ -603,6 +603,7 @@ class SentenceTransformerEmbedder:
                 onnx = self._load_onnx()
                 if onnx is not None:
                     self._onnx = onnx
+                    self._model = None  # loaded only to export: not needed any more
                     self._active = "onnx"
                     return
             if self._model is None:
