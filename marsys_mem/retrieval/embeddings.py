@@ -644,7 +644,11 @@ class SentenceTransformerEmbedder:
                 return None
             if self._model is None:
                 self._model = self._load_torch()
-            record = export_model(self._model, folder, num_threads=self._num_threads)
+            try:
+                record = export_model(self._model, folder, num_threads=self._num_threads)
+            except OSError as exc:  # e.g. a read-only cache folder
+                refuse(EmbeddingError(f"cannot write the ONNX export to {folder}: {exc}"))
+                return None
             self.onnx_exported = True
             log.info("exported %s to ONNX in %s (%s)", self._model_id, folder, record)
         self._record = record

@@ -321,3 +321,14 @@ def test_close_does_not_wait_for_a_lingering_batch():
 def test_queue_rejects_bad_linger(linger):
     with pytest.raises(ValueError, match="linger"):
         EmbeddingQueue(HashingEmbedder(8), lambda k, v: None, linger=linger)
+
+
+def test_unwritable_cache_dir_falls_back_to_torch(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")  # the cache folder cannot be made, even as root
+    emb = SentenceTransformerEmbedder(num_threads=1, onnx_cache_dir=blocker / "onnx")
+    assert emb.embed(["hello"]).shape == (1, 384)
+    assert emb.active_backend == "torch"
+    strict = SentenceTransformerEmbedder(backend="onnx", onnx_cache_dir=blocker / "onnx")
+    with pytest.raises(EmbeddingError, match="cannot write the ONNX export"):
+        strict.load()
