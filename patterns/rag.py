@@ -71,7 +71,7 @@ from marsys_mem.lifecycle import Closing
 from marsys_mem.model.messages import Message
 from marsys_mem.patterns.shared_vectors import SharedVectors
 from marsys_mem.retrieval.bm25 import BM25Index
-from marsys_mem.retrieval.embeddings import Embedder, default_embedder
+from marsys_mem.retrieval.embeddings import Embedder, default_embedder, embed_query
 from marsys_mem.retrieval.index import FaissIndex
 from marsys_mem.retrieval.ingest import EmbeddingQueue
 from marsys_mem.retrieval.scoring import (
@@ -557,9 +557,20 @@ class RAGMemory(SharedVectors, Closing):
         if self._shared:
             self._catch_up()
         self._wait()
-        qvec = self._embed([query]) if resolved != "bm25" else None
+        qvec = self._embed_query(query) if resolved != "bm25" else None
         with self._lock:
             return self._search_locked(query, qvec, k, min_score, resolved, keep)
+
+    def _embed_query(self, query: str) -> npt.NDArray[np.float32]:
+        """The query's vector, through the embedder's query cache when it has one."""
+        assert self.embedder is not None
+        try:
+            vectors = embed_query(self.embedder, query)
+        except EmbeddingError:
+            raise
+        except Exception as exc:
+            raise EmbeddingError(f"embedder {self.embedder.name!r} failed: {exc}") from exc
+        return self._check(vectors, 1)
 
     async def asearch(
         self,

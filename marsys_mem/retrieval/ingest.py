@@ -82,6 +82,12 @@ class EmbeddingQueue:
     re-raises the first error of the embedder or callback. :meth:`close` delivers what is
     pending and stops the thread.
 
+    Batching: texts often arrive one at a time (a conversation, ``RAGMemory.add`` in a loop).
+    A worker that embedded whatever was there would run the model on batches of one or two,
+    at a fraction of its batch throughput. So when fewer than ``batch_size`` texts are
+    waiting, the worker lingers up to ``linger`` seconds for more, unless a :meth:`flush`
+    (or :meth:`close`) is waiting: nobody waits on a lingering batch.
+
     An error drops its batch (those keys get no vectors) and the worker carries on.
     When ``max_pending`` items are waiting, :meth:`submit` blocks until the worker catches
     up (back-pressure; not from inside the callback, which never blocks).
@@ -96,12 +102,13 @@ class EmbeddingQueue:
             (len(keys), embedder.dim)``.
         batch_size: most texts per ``embed`` call.
         max_pending: most items waiting before :meth:`submit` blocks.
+        linger: seconds the worker waits for a batch to fill up (0: never waits).
         at_exit: called with no arguments if the queue is still open at interpreter exit,
             after its worker stopped (e.g. to save what ``on_vectors`` built); an error it
             raises is logged.
 
     Raises:
-        ValueError: a bad ``batch_size`` or ``max_pending``.
+        ValueError: a bad ``batch_size``, ``max_pending`` or ``linger``.
 
     Example:
         >>> from marsys_mem.retrieval.embeddings import HashingEmbedder
@@ -120,11 +127,14 @@ class EmbeddingQueue:
         *,
         batch_size: int = 64,
         max_pending: int = 100_000,
+        linger: float = 0.05,
         at_exit: Callable[[], object] | None = None,
     ) -> None:
         for arg, value in (("batch_size", batch_size), ("max_pending", max_pending)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{arg} must be an int >= 1, got {value!r}")
+        if not isinstance(linger, int | float) or isinstance(linger, bool) or not 0 <= linger <= 10:
+            raise ValueError(f"linger must be a number of seconds in [0, 10], got {linger!r}")
         if not callable(on_vectors):
             raise ValueError(f"on_vectors must be callable, got {on_vectors!r}")
         if at_exit is not None and not callable(at_exit):
@@ -134,6 +144,8 @@ class EmbeddingQueue:
         self._at_exit = at_exit
         self._batch_size = batch_size
         self._max_pending = max_pending
+        self._linger = float(linger)
+        self._flushers = 0  # flush() calls waiting: the worker does not linger for them
         lock = threading.Lock()
         self._has_items = threading.Condition(lock)  # the worker waits on it
         self._progress = threading.Condition(lock)  # flush() and a blocked submit() wait on it
@@ -233,10 +245,23 @@ class EmbeddingQueue:
                     self._has_items.wait()
                 if not self._items:
                     return
+                self._linger_locked()
                 n = min(self._batch_size, len(self._items))
                 batch = [self._items.popitem(last=False) for _ in range(n)]
                 self._progress.notify_all()  # room for blocked submitters
             self._deliver(batch)
+
+    def _linger_locked(self) -> None:
+        """Wait (lock held, released while waiting) up to ``linger`` s for a full batch."""
+        full = min(self._batch_size, self._max_pending)
+        if len(self._items) >= full or self._linger <= 0:
+            return
+        deadline = time.monotonic() + self._linger
+        while len(self._items) < full and not self._closing and not self._flushers:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._has_items.wait(remaining)
 
     def _deliver(self, batch: list[tuple[str, str]]) -> None:
         """Embed one batch and hand it to ``on_vectors``; an error is kept for flush()."""
@@ -283,17 +308,22 @@ class EmbeddingQueue:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._progress:
             target = self._submitted
-            while self._done < target:
-                if deadline is None:
-                    self._progress.wait()
-                    continue
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(
-                        f"flush timed out after {timeout}s with {target - self._done} "
-                        "texts still pending"
-                    )
-                self._progress.wait(remaining)
+            self._flushers += 1
+            self._has_items.notify()  # a lingering worker goes now
+            try:
+                while self._done < target:
+                    if deadline is None:
+                        self._progress.wait()
+                        continue
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise TimeoutError(
+                            f"flush timed out after {timeout}s with {target - self._done} "
+                            "texts still pending"
+                        )
+                    self._progress.wait(remaining)
+            finally:
+                self._flushers -= 1
         self._raise_error()
 
     async def aflush(self, timeout: float | None = None) -> None:

@@ -168,12 +168,15 @@ def test_hashing_is_deterministic_across_processes():
 # ------------------------------------------------------- SentenceTransformerEmbedder
 
 
-@pytest.fixture(scope="module")
-def minilm() -> SentenceTransformerEmbedder:
+@pytest.fixture(scope="module", params=["torch", "onnx"])
+def minilm(request, tmp_path_factory) -> SentenceTransformerEmbedder:
     torch = pytest.importorskip("torch")
     torch.set_num_threads(1)
-    emb = SentenceTransformerEmbedder(num_threads=1)
+    emb = SentenceTransformerEmbedder(
+        num_threads=1, backend=request.param, onnx_cache_dir=tmp_path_factory.mktemp("onnx")
+    )
     emb.load()
+    assert emb.active_backend == request.param
     return emb
 
 
@@ -296,7 +299,8 @@ def test_missing_extra_names_the_extra_and_cpu_torch(monkeypatch):
 
 
 def test_missing_extra_at_load_time(monkeypatch):
-    emb = SentenceTransformerEmbedder()
+    # torch: a cached ONNX export would run without sentence-transformers
+    emb = SentenceTransformerEmbedder(backend="torch")
     monkeypatch.setitem(sys.modules, "sentence_transformers", None)
     with pytest.raises(MissingDependencyError, match=r"torch==2\.13\.0\+cpu"):
         emb.embed(["x"])
