@@ -77,8 +77,11 @@ class VectorCache:
         self.new = 0
         if self.path.exists():
             data = np.load(self.path)
-            for key, row in zip(data["keys"], data["vectors"], strict=True):
-                self.table[bytes(key)] = row
+            keys = data["keys"]
+            for key, row in zip(keys, data["vectors"], strict=True):
+                # (older files: byte strings, which lose trailing NUL bytes)
+                raw = bytes(key).ljust(16, b"\0") if keys.dtype.kind == "S" else key.tobytes()
+                self.table[raw] = row
 
     @staticmethod
     def key(text: str) -> bytes:
@@ -111,7 +114,7 @@ class VectorCache:
         if not self.new:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        keys = np.array(list(self.table), dtype="S16")
+        keys = np.frombuffer(b"".join(self.table), dtype=np.uint8).reshape(-1, 16)
         vectors = np.stack(list(self.table.values())).astype(np.float32)
         tmp = self.path.with_suffix(".tmp.npz")
         np.savez(tmp, keys=keys, vectors=vectors)
@@ -203,31 +206,106 @@ def objective(s: Scores) -> float:
 
 
 # ---------------------------------------------------------------------- tuning
-TUNE_GRID: dict[str, list[Any]] = {}
+TUNE_GRID: dict[str, list[Any]] = {
+    "fusion": ["rrf", "convex", "minmax"],
+    "dense_weight": [0.5, 1.0, 1.5, 2.0, 3.0],
+    "rrf_k": [2, 5, 20, 60],
+    "context_turns": [0, 1, 2, 3],
+    "context_weight": [0.0, 0.25, 0.5, 0.75, 1.0],
+    "reply_weight": [0.0, 0.25, 0.5],
+    "candidates": [30, 50, 100],
+    "diversity": [0.0, 0.02, 0.05, 0.1, 0.2],
+    "time_weight": [0.0, 0.05, 0.1, 0.2, 0.5],
+    "when_weight": [0.0, 0.02, 0.05, 0.1, 0.2],
+}
 
 
-def tune(emb: VectorCache, corpora: Sequence[Corpus], grid: dict[str, list[Any]],
-         base: dict[str, Any]) -> dict[str, Any]:
-    """The setting of ``grid`` (over ``base``) with the best mean objective on train."""
-    best: tuple[float, dict[str, Any]] = (-1.0, base)
-    mems = [fill(emb, c, base) for c in corpora]
-    keys = list(grid)
-    for values in itertools.product(*(grid[k] for k in keys)):
-        setting = dict(base, **dict(zip(keys, values, strict=True)))
+def tune(mems: Sequence[tuple[RAGMemory, Corpus]], start: dict[str, Any],
+         grid: dict[str, list[Any]], rounds: int = 2) -> dict[str, Any]:
+    """Coordinate ascent over ``grid`` on the train questions (mean over sizes)."""
+
+    def score(setting: dict[str, Any]) -> float:
         total = 0.0
-        for mem, corpus in zip(mems, corpora, strict=True):
-            for k, v in setting.items():
-                if hasattr(mem, k) and k not in ("k1", "b"):
-                    setattr(mem, k, v)
+        for mem, corpus in mems:
+            for name, value in setting.items():
+                setattr(mem, name, value)
             train = [q for q in corpus.questions if q.split == "train"]
             total += objective(evaluate(mem, train, "hybrid"))
-        total /= len(mems)
-        print(f"    {total:.4f}  {values}", flush=True)
-        if total > best[0]:
-            best = (total, setting)
-    for mem in mems:
-        mem.close()
-    return best[1]
+        return total / len(mems)
+
+    best = dict(start)
+    best_score = score(best)
+    print(f"  start {best_score:.4f} {best}", flush=True)
+    for r in range(rounds):
+        changed = False
+        for name, values in grid.items():
+            for value in values:
+                if value == best[name]:
+                    continue
+                trial = dict(best, **{name: value})
+                s = score(trial)
+                if s > best_score + 1e-9:
+                    best, best_score, changed = trial, s, True
+                    print(f"  round {r}: {name}={value!r} -> {s:.4f}", flush=True)
+        if not changed:
+            break
+    print(f"  best {best_score:.4f} {best}", flush=True)
+    return best
+
+
+# ---------------------------------------------------------------------- ablation
+OLD_DEFAULTS: dict[str, Any] = {
+    "fusion": "rrf", "dense_weight": 1.5, "rrf_k": 5, "candidates": 50, "context_turns": 0,
+    "time_weight": 0.0, "when_weight": 0.0, "diversity": 0.0,
+}
+STEPS: list[tuple[str, bool, dict[str, Any]]] = [
+    ("0.x defaults (RRF of the messages' own ranks)", False, {}),
+    ("+ speaker names in BM25", True, {}),
+    ("+ min-max score fusion, tuned weights", True,
+     {"fusion": "minmax", "dense_weight": 2.0, "candidates": 100}),
+    ("+ 3 context turns and the reply", True,
+     {"fusion": "minmax", "dense_weight": 2.0, "candidates": 100, "context_turns": 3,
+      "context_weight": 0.5, "reply_weight": 0.5}),
+    ("+ time cues (= new defaults)", True, {}),
+    ("  (new defaults + session diversity 0.05)", True, {"diversity": 0.05}),
+]
+
+
+def ablation(emb: VectorCache, corpora: dict[int, Corpus], split: str) -> None:
+    """Hybrid recall as each improvement is switched on (the README's step table)."""
+    print(f"\nHybrid, step by step ({split} split): all R@1 / R@10 / MRR, then R@10 per kind\n")
+    print(f"| size | step | R@1 | R@10 | MRR | {' | '.join(KINDS)} |")
+    print("|---:|---|---:|---:|---:|" + "---:|" * len(KINDS))
+    for size, corpus in corpora.items():
+        questions = [q for q in corpus.questions if split in ("all", q.split)]
+        plain = fill(emb, corpus, {"index_names": False})
+        named = fill(emb, corpus, {})
+        defaults = {name: getattr(named, name) for name in (*OLD_DEFAULTS, "context_weight",
+                                                            "reply_weight")}
+        for label, names, setting in STEPS:
+            mem = named if names else plain
+            if label.startswith("+ time") or label.startswith("  (new"):
+                options = dict(defaults, **setting)
+            else:
+                options = dict(OLD_DEFAULTS, **setting)
+            for name, value in options.items():
+                setattr(mem, name, value)
+            s = evaluate(mem, questions, "hybrid")
+            _, r1, _, r10, mrr = s.summary()
+            cells = " | ".join(f"{s.summary(k)[3]:.3f}" for k in KINDS)
+            print(f"| {size:,} | {label} | {r1:.3f} | {r10:.3f} | {mrr:.3f} | {cells} |",
+                  flush=True)
+        for mode in ("dense", "bm25"):
+            for mem, label in ((plain, "without names"), (named, "with names")):
+                if mode == "dense" and mem is named:
+                    continue
+                s = evaluate(mem, questions, mode)
+                _, r1, _, r10, mrr = s.summary()
+                cells = " | ".join(f"{s.summary(k)[3]:.3f}" for k in KINDS)
+                print(f"| {size:,} | ({mode} only{', ' + label if mode == 'bm25' else ''}) | "
+                      f"{r1:.3f} | {r10:.3f} | {mrr:.3f} | {cells} |", flush=True)
+        plain.close()
+        named.close()
 
 
 # ---------------------------------------------------------------------- report
@@ -274,6 +352,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--option", action="append", default=[],
                         help="RAGMemory keyword option NAME=PYTHON_VALUE (repeatable)")
     parser.add_argument("--full", action="store_true", help="also print R@1/5/10 per kind")
+    parser.add_argument("--tune", action="store_true",
+                        help="tune the hybrid options on the train split (at every size)")
+    parser.add_argument("--ablation", action="store_true",
+                        help="hybrid recall as each improvement is switched on")
+    parser.add_argument("--grid", action="append", default=[],
+                        help="with --tune: NAME=PYTHON_LIST replaces that option's values")
     parser.add_argument("--cache-dir", type=Path,
                         default=Path(tempfile.gettempdir()) / "marsys-mem-bench")
     args = parser.parse_args(argv)
@@ -303,6 +387,23 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{sum(q.split == 'test' for q in qs)} test): {kinds}")
     emb.warm((t.text for t in big.turns), f"{len(big.turns):,} messages")
     emb.warm((q.text for q in qs), "questions")
+
+    if args.tune:
+        grid = dict(TUNE_GRID)
+        if args.grid:
+            grid = {}
+            for item in args.grid:
+                name, _, value = item.partition("=")
+                grid[name] = eval(value, {})  # noqa: S307 (a benchmark's command line)
+        mems = [(fill(emb, corpora[size], options), corpora[size]) for size in sizes]
+        probe = mems[0][0]
+        start = {name: getattr(probe, name) for name in grid}
+        tune(mems, start, grid)
+        return 0
+
+    if args.ablation:
+        ablation(emb, corpora, args.split)
+        return 0
 
     results: dict[tuple[int, str], Scores] = {}
     for size in sizes:
