@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import itertools
 import os
 import platform
 import statistics
@@ -52,8 +51,9 @@ try:
 
     from marsys_mem.retrieval.embeddings import SentenceTransformerEmbedder, embeddings_available
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    sys.exit(f"This benchmark needs the embeddings extra ({exc}): "
-             "pip install 'marsys-mem[embeddings]'")
+    sys.exit(
+        f"This benchmark needs the embeddings extra ({exc}): pip install 'marsys-mem[embeddings]'"
+    )
 
 from dialogues import KINDS, Corpus, Question, generate
 
@@ -85,6 +85,7 @@ class VectorCache:
 
     @staticmethod
     def key(text: str) -> bytes:
+        """The cache key of ``text``."""
         return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
     def warm(self, texts: Iterable[str], label: str) -> None:
@@ -101,16 +102,24 @@ class VectorCache:
                 self.table[self.key(t)] = v
             done = i + len(chunk)
             rate = done / (time.perf_counter() - start)
-            print(f"\r  {label}: {done}/{len(todo)} embedded ({rate:.0f}/s, "
-                  f"~{(len(todo) - done) / rate:.0f}s left)   ", end="", flush=True)
+            print(
+                f"\r  {label}: {done}/{len(todo)} embedded ({rate:.0f}/s, "
+                f"~{(len(todo) - done) / rate:.0f}s left)   ",
+                end="",
+                flush=True,
+            )
             self.new += len(chunk)
             if self.new >= 8192:
                 self.save()
-        print(f"\n  {label}: {len(todo)} texts in {time.perf_counter() - start:.0f}s "
-              f"({len(todo) / (time.perf_counter() - start):.1f} texts/s)", flush=True)
+        print(
+            f"\n  {label}: {len(todo)} texts in {time.perf_counter() - start:.0f}s "
+            f"({len(todo) / (time.perf_counter() - start):.1f} texts/s)",
+            flush=True,
+        )
         self.save()
 
     def save(self) -> None:
+        """Write the table to disk (atomically) if it has new vectors."""
         if not self.new:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -140,6 +149,7 @@ class VectorCache:
         return out
 
     async def aembed(self, texts: Sequence[str]) -> np.ndarray:
+        """Async twin of :meth:`embed`."""
         return self.embed(texts)
 
 
@@ -174,12 +184,14 @@ class Scores:
         self.rows: list[tuple[str, float, float, float, float, float]] = []
 
     def add(self, q: Question, ranked: list[str], ms: float) -> None:
+        """Score one question's ranked hit ids."""
         ev = set(q.evidence)
         r = [len(ev.intersection(ranked[:k])) / len(ev) for k in (1, 5, 10)]
         rr = next((1.0 / (i + 1) for i, mid in enumerate(ranked[:10]) if mid in ev), 0.0)
         self.rows.append((q.kind, r[0], r[1], r[2], rr, ms))
 
     def summary(self, kind: str | None = None) -> tuple[int, float, float, float, float]:
+        """``(n, R@1, R@5, R@10, MRR)`` over the questions of ``kind`` (all: ``None``)."""
         rows = [r for r in self.rows if kind is None or r[0] == kind]
         if not rows:
             return 0, float("nan"), float("nan"), float("nan"), float("nan")
@@ -187,6 +199,7 @@ class Scores:
         return (n, *(sum(r[i] for r in rows) / n for i in (1, 2, 3, 4)))  # type: ignore[return-value]
 
     def p50(self) -> float:
+        """Median search latency in ms."""
         return statistics.median(r[5] for r in self.rows) if self.rows else float("nan")
 
 
@@ -210,7 +223,7 @@ TUNE_GRID: dict[str, list[Any]] = {
     "fusion": ["rrf", "convex", "minmax"],
     "dense_weight": [0.5, 1.0, 1.5, 2.0, 3.0],
     "rrf_k": [2, 5, 20, 60],
-    "context_turns": [0, 1, 2, 3],
+    "context_turns": [0, 1, 2, 3, 4, 5],
     "context_weight": [0.0, 0.25, 0.5, 0.75, 1.0],
     "reply_weight": [0.0, 0.25, 0.5],
     "candidates": [30, 50, 100],
@@ -220,8 +233,12 @@ TUNE_GRID: dict[str, list[Any]] = {
 }
 
 
-def tune(mems: Sequence[tuple[RAGMemory, Corpus]], start: dict[str, Any],
-         grid: dict[str, list[Any]], rounds: int = 2) -> dict[str, Any]:
+def tune(
+    mems: Sequence[tuple[RAGMemory, Corpus]],
+    start: dict[str, Any],
+    grid: dict[str, list[Any]],
+    rounds: int = 2,
+) -> dict[str, Any]:
     """Coordinate ascent over ``grid`` on the train questions (mean over sizes)."""
 
     def score(setting: dict[str, Any]) -> float:
@@ -255,17 +272,35 @@ def tune(mems: Sequence[tuple[RAGMemory, Corpus]], start: dict[str, Any],
 
 # ---------------------------------------------------------------------- ablation
 OLD_DEFAULTS: dict[str, Any] = {
-    "fusion": "rrf", "dense_weight": 1.5, "rrf_k": 5, "candidates": 50, "context_turns": 0,
-    "time_weight": 0.0, "when_weight": 0.0, "diversity": 0.0,
+    "fusion": "rrf",
+    "dense_weight": 1.5,
+    "rrf_k": 5,
+    "candidates": 50,
+    "context_turns": 0,
+    "time_weight": 0.0,
+    "when_weight": 0.0,
+    "diversity": 0.0,
 }
 STEPS: list[tuple[str, bool, dict[str, Any]]] = [
     ("0.x defaults (RRF of the messages' own ranks)", False, {}),
     ("+ speaker names in BM25", True, {}),
-    ("+ min-max score fusion, tuned weights", True,
-     {"fusion": "minmax", "dense_weight": 2.0, "candidates": 100}),
-    ("+ 3 context turns and the reply", True,
-     {"fusion": "minmax", "dense_weight": 2.0, "candidates": 100, "context_turns": 3,
-      "context_weight": 0.5, "reply_weight": 0.5}),
+    (
+        "+ min-max score fusion, tuned weights",
+        True,
+        {"fusion": "minmax", "dense_weight": 2.5, "candidates": 100},
+    ),
+    (
+        "+ 5 context turns and the reply",
+        True,
+        {
+            "fusion": "minmax",
+            "dense_weight": 2.5,
+            "candidates": 100,
+            "context_turns": 5,
+            "context_weight": 0.5,
+            "reply_weight": 0.5,
+        },
+    ),
     ("+ time cues (= new defaults)", True, {}),
     ("  (new defaults + session diversity 0.05)", True, {"diversity": 0.05}),
 ]
@@ -280,8 +315,9 @@ def ablation(emb: VectorCache, corpora: dict[int, Corpus], split: str) -> None:
         questions = [q for q in corpus.questions if split in ("all", q.split)]
         plain = fill(emb, corpus, {"index_names": False})
         named = fill(emb, corpus, {})
-        defaults = {name: getattr(named, name) for name in (*OLD_DEFAULTS, "context_weight",
-                                                            "reply_weight")}
+        defaults = {
+            name: getattr(named, name) for name in (*OLD_DEFAULTS, "context_weight", "reply_weight")
+        }
         for label, names, setting in STEPS:
             mem = named if names else plain
             if label.startswith("+ time") or label.startswith("  (new"):
@@ -293,8 +329,9 @@ def ablation(emb: VectorCache, corpora: dict[int, Corpus], split: str) -> None:
             s = evaluate(mem, questions, "hybrid")
             _, r1, _, r10, mrr = s.summary()
             cells = " | ".join(f"{s.summary(k)[3]:.3f}" for k in KINDS)
-            print(f"| {size:,} | {label} | {r1:.3f} | {r10:.3f} | {mrr:.3f} | {cells} |",
-                  flush=True)
+            print(
+                f"| {size:,} | {label} | {r1:.3f} | {r10:.3f} | {mrr:.3f} | {cells} |", flush=True
+            )
         for mode in ("dense", "bm25"):
             for mem, label in ((plain, "without names"), (named, "with names")):
                 if mode == "dense" and mem is named:
@@ -302,8 +339,11 @@ def ablation(emb: VectorCache, corpora: dict[int, Corpus], split: str) -> None:
                 s = evaluate(mem, questions, mode)
                 _, r1, _, r10, mrr = s.summary()
                 cells = " | ".join(f"{s.summary(k)[3]:.3f}" for k in KINDS)
-                print(f"| {size:,} | ({mode} only{', ' + label if mode == 'bm25' else ''}) | "
-                      f"{r1:.3f} | {r10:.3f} | {mrr:.3f} | {cells} |", flush=True)
+                print(
+                    f"| {size:,} | ({mode} only{', ' + label if mode == 'bm25' else ''}) | "
+                    f"{r1:.3f} | {r10:.3f} | {mrr:.3f} | {cells} |",
+                    flush=True,
+                )
         plain.close()
         named.close()
 
@@ -323,13 +363,16 @@ def table(title: str, results: dict[tuple[int, str], Scores], sizes: Sequence[in
                 if not n:
                     continue
                 label = kind or "**all**"
-                print(f"| {size:,} | {mode} | {label} | {n} | {r1:.3f} | {r5:.3f} | "
-                      f"{r10:.3f} | {mrr:.3f} |")
+                print(
+                    f"| {size:,} | {mode} | {label} | {n} | {r1:.3f} | {r5:.3f} | "
+                    f"{r10:.3f} | {mrr:.3f} |"
+                )
 
 
 def compact(results: dict[tuple[int, str], Scores], sizes: Sequence[int]) -> None:
-    print("\nR@10 per kind (and all: R@1 / R@10 / MRR), search p50 without the query's "
-          "forward pass\n")
+    print(
+        "\nR@10 per kind (and all: R@1 / R@10 / MRR), search p50 without the query's forward pass\n"
+    )
     head = " | ".join(KINDS)
     print(f"| size | mode | {head} | all R@1 | all R@10 | MRR | p50 ms |")
     print("|---:|---|" + "---:|" * (len(KINDS) + 4))
@@ -340,8 +383,10 @@ def compact(results: dict[tuple[int, str], Scores], sizes: Sequence[int]) -> Non
                 continue
             cells = " | ".join(f"{s.summary(k)[3]:.3f}" for k in KINDS)
             _, r1, _, r10, mrr = s.summary()
-            print(f"| {size:,} | {mode} | {cells} | {r1:.3f} | {r10:.3f} | {mrr:.3f} | "
-                  f"{s.p50():.1f} |")
+            print(
+                f"| {size:,} | {mode} | {cells} | {r1:.3f} | {r10:.3f} | {mrr:.3f} | "
+                f"{s.p50():.1f} |"
+            )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -349,17 +394,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sizes", default="1000,10000", help="comma-separated corpus sizes")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--split", default="test", choices=["test", "train", "all"])
-    parser.add_argument("--option", action="append", default=[],
-                        help="RAGMemory keyword option NAME=PYTHON_VALUE (repeatable)")
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        help="RAGMemory keyword option NAME=PYTHON_VALUE (repeatable)",
+    )
     parser.add_argument("--full", action="store_true", help="also print R@1/5/10 per kind")
-    parser.add_argument("--tune", action="store_true",
-                        help="tune the hybrid options on the train split (at every size)")
-    parser.add_argument("--ablation", action="store_true",
-                        help="hybrid recall as each improvement is switched on")
-    parser.add_argument("--grid", action="append", default=[],
-                        help="with --tune: NAME=PYTHON_LIST replaces that option's values")
-    parser.add_argument("--cache-dir", type=Path,
-                        default=Path(tempfile.gettempdir()) / "marsys-mem-bench")
+    parser.add_argument(
+        "--tune",
+        action="store_true",
+        help="tune the hybrid options on the train split (at every size)",
+    )
+    parser.add_argument(
+        "--ablation", action="store_true", help="hybrid recall as each improvement is switched on"
+    )
+    parser.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        help="with --tune: NAME=PYTHON_LIST replaces that option's values",
+    )
+    parser.add_argument(
+        "--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "marsys-mem-bench"
+    )
     args = parser.parse_args(argv)
     if not embeddings_available():
         sys.exit("the embeddings extra is not installed: pip install 'marsys-mem[embeddings]'")
@@ -367,7 +425,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     options: dict[str, Any] = {}
     for item in args.option:
         name, _, value = item.partition("=")
-        options[name] = eval(value, {})  # noqa: S307 (a benchmark's command line)
+        options[name] = eval(value, {})
 
     torch.set_num_threads(1)
     faiss.omp_set_num_threads(1)
@@ -375,16 +433,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     model.load()
     emb = VectorCache(model, args.cache_dir)
     print(f"# marsys-mem recall benchmark (seed {args.seed}, split {args.split})\n")
-    print(f"python {platform.python_version()}, {os.cpu_count()} CPUs, torch "
-          f"{torch.__version__} (1 thread), faiss {faiss.__version__} (1 thread), "
-          f"model {model.name}; RAGMemory options {options or 'defaults'}")
+    print(
+        f"python {platform.python_version()}, {os.cpu_count()} CPUs, torch "
+        f"{torch.__version__} (1 thread), faiss {faiss.__version__} (1 thread), "
+        f"model {model.name}; RAGMemory options {options or 'defaults'}"
+    )
 
     corpora = {size: generate(size, args.seed) for size in sizes}
     big = corpora[max(sizes)]
     qs = big.questions
     kinds = {k: sum(q.kind == k for q in qs) for k in KINDS}
-    print(f"{len(qs)} questions ({sum(q.split == 'train' for q in qs)} train, "
-          f"{sum(q.split == 'test' for q in qs)} test): {kinds}")
+    print(
+        f"{len(qs)} questions ({sum(q.split == 'train' for q in qs)} train, "
+        f"{sum(q.split == 'test' for q in qs)} test): {kinds}"
+    )
     emb.warm((t.text for t in big.turns), f"{len(big.turns):,} messages")
     emb.warm((q.text for q in qs), "questions")
 
@@ -394,7 +456,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             grid = {}
             for item in args.grid:
                 name, _, value = item.partition("=")
-                grid[name] = eval(value, {})  # noqa: S307 (a benchmark's command line)
+                grid[name] = eval(value, {})
         mems = [(fill(emb, corpora[size], options), corpora[size]) for size in sizes]
         probe = mems[0][0]
         start = {name: getattr(probe, name) for name in grid}
@@ -411,8 +473,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         questions = [q for q in corpus.questions if args.split in ("all", q.split)]
         start = time.perf_counter()
         mem = fill(emb, corpus, options)
-        print(f"size {size:,}: {len(mem):,} messages in {corpus.dialogues} dialogues, filled "
-              f"in {time.perf_counter() - start:.1f}s", flush=True)
+        print(
+            f"size {size:,}: {len(mem):,} messages in {corpus.dialogues} dialogues, filled "
+            f"in {time.perf_counter() - start:.1f}s",
+            flush=True,
+        )
         for mode in MODES:
             evaluate(mem, questions[:5], mode)  # warm up
             results[(size, mode)] = evaluate(mem, questions, mode)

@@ -98,66 +98,243 @@ CITIES = """Lisbon Oslo Nairobi Kyoto Toronto Lima Tallinn Porto Krakow Seville 
 Montreal Hanoi Cordoba Bergen Adelaide Valparaiso Ljubljana Tbilisi Marrakesh Quito Gdansk
 Bilbao Zagreb Riga Vilnius Accra Bologna Lyon Leipzig Gothenburg Aarhus Cusco Medellin
 Penang Busan Hobart Tromso Salzburg Bruges Ghent Graz Turin Naples Malaga Split""".split()
-BREEDS = ["beagle", "corgi", "greyhound", "border collie", "dachshund", "husky", "poodle mix",
-          "whippet", "shiba inu", "labrador"]
+BREEDS = [
+    "beagle",
+    "corgi",
+    "greyhound",
+    "border collie",
+    "dachshund",
+    "husky",
+    "poodle mix",
+    "whippet",
+    "shiba inu",
+    "labrador",
+]
 PETS = """Biscuit Pickles Mochi Pepper Noodle Waffles Clover Ziggy Tofu Maple Pumpkin Bean
 Sprout Nacho Olive Gizmo Pretzel Juniper Rolo Miso""".split()
 CATS = """Luna Socks Smokey Tiger Ginger Shadow Mittens Figaro Salem Willow""".split()
-FOODS = ["peanuts", "shellfish", "sesame", "kiwi", "strawberries", "walnuts", "mango",
-         "cashews", "shrimp", "hazelnuts"]
-JOBS = ["pharmacist", "architect", "paramedic", "translator", "geologist", "data analyst",
-        "veterinary nurse", "project manager", "sound engineer", "landscape designer"]
-COMPANIES = ["Northwind", "Brightline", "Kestrel Labs", "Harbor & Co", "Bluefin Health",
-             "Verdant", "Lumen Studios", "Oakridge", "Pioneer Freight", "Solstice Games"]
-LANGUAGES = ["Portuguese", "Japanese", "Swahili", "Finnish", "Turkish", "Korean", "Polish",
-             "Dutch", "Greek", "Hindi"]
-BANDS = ["Radiohead", "Fleetwood Mac", "Daft Punk", "Khruangbin", "The Cure", "Massive Attack",
-         "Arctic Monkeys", "Bon Iver", "Florence and the Machine", "Tame Impala"]
-AUTHORS = ["Ursula Le Guin", "Toni Morrison", "Kazuo Ishiguro", "Octavia Butler",
-           "Haruki Murakami", "Zadie Smith", "Cormac McCarthy", "Elena Ferrante",
-           "Chimamanda Adichie", "Italo Calvino"]
+FOODS = [
+    "peanuts",
+    "shellfish",
+    "sesame",
+    "kiwi",
+    "strawberries",
+    "walnuts",
+    "mango",
+    "cashews",
+    "shrimp",
+    "hazelnuts",
+]
+JOBS = [
+    "pharmacist",
+    "architect",
+    "paramedic",
+    "translator",
+    "geologist",
+    "data analyst",
+    "veterinary nurse",
+    "project manager",
+    "sound engineer",
+    "landscape designer",
+]
+COMPANIES = [
+    "Northwind",
+    "Brightline",
+    "Kestrel Labs",
+    "Harbor & Co",
+    "Bluefin Health",
+    "Verdant",
+    "Lumen Studios",
+    "Oakridge",
+    "Pioneer Freight",
+    "Solstice Games",
+]
+LANGUAGES = [
+    "Portuguese",
+    "Japanese",
+    "Swahili",
+    "Finnish",
+    "Turkish",
+    "Korean",
+    "Polish",
+    "Dutch",
+    "Greek",
+    "Hindi",
+]
+BANDS = [
+    "Radiohead",
+    "Fleetwood Mac",
+    "Daft Punk",
+    "Khruangbin",
+    "The Cure",
+    "Massive Attack",
+    "Arctic Monkeys",
+    "Bon Iver",
+    "Florence and the Machine",
+    "Tame Impala",
+]
+AUTHORS = [
+    "Ursula Le Guin",
+    "Toni Morrison",
+    "Kazuo Ishiguro",
+    "Octavia Butler",
+    "Haruki Murakami",
+    "Zadie Smith",
+    "Cormac McCarthy",
+    "Elena Ferrante",
+    "Chimamanda Adichie",
+    "Italo Calvino",
+]
 INSTRUMENTS = ["cello", "violin", "piano", "clarinet", "flute", "trumpet", "harp", "drums"]
-CAR_PARTS = [("alternator", "the battery light kept flickering"),
-             ("timing belt", "it made a horrible screeching noise"),
-             ("radiator", "steam was pouring out of the hood"),
-             ("starter motor", "it just clicked when I turned the key"),
-             ("fuel pump", "it sputtered and died at a red light"),
-             ("clutch", "the pedal went straight to the floor")]
+CAR_PARTS = [
+    ("alternator", "the battery light kept flickering"),
+    ("timing belt", "it made a horrible screeching noise"),
+    ("radiator", "steam was pouring out of the hood"),
+    ("starter motor", "it just clicked when I turned the key"),
+    ("fuel pump", "it sputtered and died at a red light"),
+    ("clutch", "the pedal went straight to the floor"),
+]
 CARS = ["old Volvo", "Corolla", "little Fiat", "van", "Golf", "Subaru", "hatchback"]
-GIFTS = ["a pottery class for two", "a vintage record player", "a weekend in a treehouse",
-         "a telescope", "a hand-made quilt", "a cast iron pan", "a hot air balloon ride"]
-HOBBIES = [("bouldering", "climbing gym", "chalk and new climbing shoes"),
-           ("trail running", "hills", "trail shoes and a running vest"),
-           ("sea kayaking", "bay", "a paddle and a dry bag"),
-           ("birdwatching", "marshes", "binoculars and a field guide"),
-           ("woodworking", "garage", "chisels and clamps"),
-           ("open water swimming", "lake", "a wetsuit and goggles")]
-VOLUNTEER = ["food bank", "animal shelter", "community garden", "library reading club",
-             "soup kitchen", "youth football club"]
-NEIGHBOURHOODS = ["Riverside", "Old Town", "the harbour district", "Hillcrest", "Northgate",
-                  "Eastfield", "the university quarter", "Greenhill"]
+GIFTS = [
+    "a pottery class for two",
+    "a vintage record player",
+    "a weekend in a treehouse",
+    "a telescope",
+    "a hand-made quilt",
+    "a cast iron pan",
+    "a hot air balloon ride",
+]
+HOBBIES = [
+    ("bouldering", "climbing gym", "chalk and new climbing shoes"),
+    ("trail running", "hills", "trail shoes and a running vest"),
+    ("sea kayaking", "bay", "a paddle and a dry bag"),
+    ("birdwatching", "marshes", "binoculars and a field guide"),
+    ("woodworking", "garage", "chisels and clamps"),
+    ("open water swimming", "lake", "a wetsuit and goggles"),
+]
+VOLUNTEER = [
+    "food bank",
+    "animal shelter",
+    "community garden",
+    "library reading club",
+    "soup kitchen",
+    "youth football club",
+]
+NEIGHBOURHOODS = [
+    "Riverside",
+    "Old Town",
+    "the harbour district",
+    "Hillcrest",
+    "Northgate",
+    "Eastfield",
+    "the university quarter",
+    "Greenhill",
+]
 WEEKDAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
-MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August",
-          "September", "October", "November", "December"]
+MONTHS = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+]
 # chit-chat vocabulary
-DISHES = ["lentil soup", "pad thai", "a mushroom risotto", "tacos", "a big pot of chili",
-          "banana bread", "dumplings", "shakshuka", "lasagna", "ramen", "a curry", "pancakes"]
-SHOWS = ["that baking competition", "the new detective series", "a documentary about octopuses",
-         "an old sitcom", "the cooking show with the grumpy chef", "a nature series",
-         "that Korean drama", "the football highlights", "a true crime podcast"]
-CHORES = ["laundry", "the dishes", "fixing the leaky tap", "cleaning out the fridge",
-          "sorting the recycling", "vacuuming", "ironing shirts", "repotting plants"]
-WEATHER = ["raining nonstop", "weirdly warm", "freezing", "grey and windy", "sunny but cold",
-           "so humid", "foggy all morning", "stormy"]
-PLACES = ["the farmers market", "the bakery on the corner", "the park", "the library",
-          "my aunt's place", "the hardware store", "the new cafe downtown", "the gym",
-          "the dentist", "the post office", "the cinema", "the swimming pool"]
-FEELINGS = ["exhausted", "pretty good actually", "a bit scattered", "weirdly energetic",
-            "sleepy", "stressed but okay", "relaxed for once", "restless"]
-THINGS = ["phone charger", "umbrella", "reading glasses", "keys", "water bottle",
-          "headphones", "wallet", "library card"]
-COLLEAGUES = ["my manager", "a coworker", "the new intern", "our team lead", "the client",
-              "someone from accounting", "my neighbour", "my cousin"]
+DISHES = [
+    "lentil soup",
+    "pad thai",
+    "a mushroom risotto",
+    "tacos",
+    "a big pot of chili",
+    "banana bread",
+    "dumplings",
+    "shakshuka",
+    "lasagna",
+    "ramen",
+    "a curry",
+    "pancakes",
+]
+SHOWS = [
+    "that baking competition",
+    "the new detective series",
+    "a documentary about octopuses",
+    "an old sitcom",
+    "the cooking show with the grumpy chef",
+    "a nature series",
+    "that Korean drama",
+    "the football highlights",
+    "a true crime podcast",
+]
+CHORES = [
+    "laundry",
+    "the dishes",
+    "fixing the leaky tap",
+    "cleaning out the fridge",
+    "sorting the recycling",
+    "vacuuming",
+    "ironing shirts",
+    "repotting plants",
+]
+WEATHER = [
+    "raining nonstop",
+    "weirdly warm",
+    "freezing",
+    "grey and windy",
+    "sunny but cold",
+    "so humid",
+    "foggy all morning",
+    "stormy",
+]
+PLACES = [
+    "the farmers market",
+    "the bakery on the corner",
+    "the park",
+    "the library",
+    "my aunt's place",
+    "the hardware store",
+    "the new cafe downtown",
+    "the gym",
+    "the dentist",
+    "the post office",
+    "the cinema",
+    "the swimming pool",
+]
+FEELINGS = [
+    "exhausted",
+    "pretty good actually",
+    "a bit scattered",
+    "weirdly energetic",
+    "sleepy",
+    "stressed but okay",
+    "relaxed for once",
+    "restless",
+]
+THINGS = [
+    "phone charger",
+    "umbrella",
+    "reading glasses",
+    "keys",
+    "water bottle",
+    "headphones",
+    "wallet",
+    "library card",
+]
+COLLEAGUES = [
+    "my manager",
+    "a coworker",
+    "the new intern",
+    "our team lead",
+    "the client",
+    "someone from accounting",
+    "my neighbour",
+    "my cousin",
+]
 
 FILLER_A = [
     "Work has been hectic this week, {colleague} moved every deadline forward and I "
@@ -312,12 +489,21 @@ def _pet(rng: random.Random, o: str, p: str) -> Fact:
     day = rng.choice(WEEKDAYS)
     s = Scene(
         [
-            (0, f"Guess where we went on {day}! The shelter out by the ring road. I think "
-                "I'm in love, we filled in all the forms on the spot."),
-            (1, f"Wait, was it the {breed} with the floppy ears from the photo you sent me? "
-                "Tell me you didn't leave without him."),
-            (0, f"Yes! That's the one I told you about. We named him {pet}, and he's "
-                "already asleep on my favourite jumper."),
+            (
+                0,
+                f"Guess where we went on {day}! The shelter out by the ring road. I think "
+                "I'm in love, we filled in all the forms on the spot.",
+            ),
+            (
+                1,
+                f"Wait, was it the {breed} with the floppy ears from the photo you sent me? "
+                "Tell me you didn't leave without him.",
+            ),
+            (
+                0,
+                f"Yes! That's the one I told you about. We named him {pet}, and he's "
+                "already asleep on my favourite jumper.",
+            ),
         ],
         {"trip": 0, "breed": 1, "name": 2},
     )
@@ -337,8 +523,11 @@ def _sibling(rng: random.Random, o: str, p: str) -> Fact:
     role = rng.choice(["brother", "sister"])
     s = Scene(
         [
-            (0, f"Big family news: my {role} {sib} packed up everything and relocated to "
-                f"{city} for a job at the port. Mum is not coping."),
+            (
+                0,
+                f"Big family news: my {role} {sib} packed up everything and relocated to "
+                f"{city} for a job at the port. Mum is not coping.",
+            ),
             (1, f"{city}? That's so far! Good for {sib} though, that's brave."),
         ],
         {"fact": 0, "echo": 1},
@@ -354,8 +543,11 @@ def _job(rng: random.Random, o: str, p: str) -> Fact:
     company, job = rng.choice(COMPANIES), rng.choice(JOBS)
     s1 = Scene(
         [
-            (0, f"Had my second interview at {company} this morning. Three people on the "
-                "panel, one of them didn't smile once. Fingers crossed."),
+            (
+                0,
+                f"Had my second interview at {company} this morning. Three people on the "
+                "panel, one of them didn't smile once. Fingers crossed.",
+            ),
             (1, "You'll be fine, you always undersell yourself. When do they decide?"),
         ],
         {"interview": 0},
@@ -363,8 +555,11 @@ def _job(rng: random.Random, o: str, p: str) -> Fact:
     s2 = Scene(
         [
             (1, "Any news from that interview? I've been dying to ask."),
-            (0, f"I got it!! Starting as their new {job} on the first of next month. "
-                "Still can't quite believe it."),
+            (
+                0,
+                f"I got it!! Starting as their new {job} on the first of next month. "
+                "Still can't quite believe it.",
+            ),
         ],
         {"ask": 0, "offer": 1},
     )
@@ -372,11 +567,14 @@ def _job(rng: random.Random, o: str, p: str) -> Fact:
         "job",
         [s1, s2],
         [
-            ("multi", f"Which company hired {o}, and for what position?",
-             ("0.interview", "1.offer"), f"{company}, {job}"),
+            (
+                "multi",
+                f"Which company hired {o}, and for what position?",
+                ("0.interview", "1.offer"),
+                f"{company}, {job}",
+            ),
             ("temporal", f"When was {o}'s job interview?", ("0.interview",), "date"),
-            ("temporal", f"What career news did {o} share in {{month2}}?", ("1.offer",),
-             job),
+            ("temporal", f"What career news did {o} share in {{month2}}?", ("1.offer",), job),
         ],
     )
 
@@ -386,8 +584,11 @@ def _allergy(rng: random.Random, o: str, p: str) -> Fact:
     s = Scene(
         [
             (1, f"I'm making {dish} for the potluck, anything I should leave out for you?"),
-            (0, f"Just keep the {food} away from me, please. Last time my throat swelled up "
-                "and I spent the night in the emergency room."),
+            (
+                0,
+                f"Just keep the {food} away from me, please. Last time my throat swelled up "
+                "and I spent the night in the emergency room.",
+            ),
         ],
         {"ask": 0, "fact": 1},
     )
@@ -401,15 +602,23 @@ def _allergy(rng: random.Random, o: str, p: str) -> Fact:
 def _hobby(rng: random.Random, o: str, p: str) -> Fact:
     hobby, where, gear = rng.choice(HOBBIES)
     s1 = Scene(
-        [(0, f"I've been {hobby} every weekend since spring. My arms are sore all the "
-             "time but I'm weirdly obsessed.")],
+        [
+            (
+                0,
+                f"I've been {hobby} every weekend since spring. My arms are sore all the "
+                "time but I'm weirdly obsessed.",
+            )
+        ],
         {"fact": 0},
     )
     s2 = Scene(
         [
             (1, "What do you want for your birthday this year? And don't say nothing."),
-            (0, f"Honestly? My {gear.split(' and ')[0]} is falling apart, so anything for "
-                f"the {where} would make me happy."),
+            (
+                0,
+                f"Honestly? My {gear.split(' and ')[0]} is falling apart, so anything for "
+                f"the {where} would make me happy.",
+            ),
         ],
         {"ask": 0, "gear": 1},
     )
@@ -417,8 +626,12 @@ def _hobby(rng: random.Random, o: str, p: str) -> Fact:
         "hobby",
         [s1, s2],
         [
-            ("inference", f"What sort of present would {o} appreciate most?",
-             ("0.fact", "1.gear"), gear),
+            (
+                "inference",
+                f"What sort of present would {o} appreciate most?",
+                ("0.fact", "1.gear"),
+                gear,
+            ),
         ],
     )
 
@@ -426,15 +639,23 @@ def _hobby(rng: random.Random, o: str, p: str) -> Fact:
 def _trip(rng: random.Random, o: str, p: str) -> Fact:
     city = rng.choice(CITIES)
     s1 = Scene(
-        [(0, f"We booked the flights to {city}! Ten days, no laptop, I've already made a "
-             "list of every bakery I want to try.")],
+        [
+            (
+                0,
+                f"We booked the flights to {city}! Ten days, no laptop, I've already made a "
+                "list of every bakery I want to try.",
+            )
+        ],
         {"plan": 0},
     )
     s2 = Scene(
         [
             (1, f"You're back! How was {city}?"),
-            (0, "Amazing food, terrible sunburn. I fell asleep on the beach on day two and "
-                "looked like a lobster for the rest of the week."),
+            (
+                0,
+                "Amazing food, terrible sunburn. I fell asleep on the beach on day two and "
+                "looked like a lobster for the rest of the week.",
+            ),
         ],
         {"ask": 0, "report": 1},
     )
@@ -442,8 +663,12 @@ def _trip(rng: random.Random, o: str, p: str) -> Fact:
         "trip",
         [s1, s2],
         [
-            ("reference", f"What went wrong for {o} on the holiday in {city}?",
-             ("1.ask", "1.report"), "sunburn"),
+            (
+                "reference",
+                f"What went wrong for {o} on the holiday in {city}?",
+                ("1.ask", "1.report"),
+                "sunburn",
+            ),
             ("temporal", f"When did {o} book the holiday to {city}?", ("0.plan",), "date"),
         ],
     )
@@ -453,10 +678,16 @@ def _book(rng: random.Random, o: str, p: str) -> Fact:
     author = rng.choice(AUTHORS)
     s = Scene(
         [
-            (1, f"Did you ever finish that {author} novel I lent you? No pressure, I just "
-                "miss it a little."),
-            (0, "Finally, last night! The ending completely wrecked me, I was crying on the "
-                "sofa at one in the morning."),
+            (
+                1,
+                f"Did you ever finish that {author} novel I lent you? No pressure, I just "
+                "miss it a little.",
+            ),
+            (
+                0,
+                "Finally, last night! The ending completely wrecked me, I was crying on the "
+                "sofa at one in the morning.",
+            ),
         ],
         {"ask": 0, "done": 1},
     )
@@ -472,23 +703,35 @@ def _car(rng: random.Random, o: str, p: str) -> Fact:
     car = rng.choice(CARS)
     s1 = Scene(
         [
-            (0, f"The {car} died on the motorway again, {sign1}. Mechanic says it's the "
-                f"{part1}, which is apparently not cheap."),
+            (
+                0,
+                f"The {car} died on the motorway again, {sign1}. Mechanic says it's the "
+                f"{part1}, which is apparently not cheap.",
+            ),
             (1, "Oh no, not again! Were you stuck there for long?"),
         ],
         {"first": 0},
     )
     s2 = Scene(
-        [(0, f"You won't believe it, the {car} is back in the garage. This time {sign2}, "
-             f"and now it's the {part2}. I'm naming it the money pit.")],
+        [
+            (
+                0,
+                f"You won't believe it, the {car} is back in the garage. This time {sign2}, "
+                f"and now it's the {part2}. I'm naming it the money pit.",
+            )
+        ],
         {"second": 0},
     )
     return Fact(
         "car",
         [s1, s2],
         [
-            ("multi", f"Which repairs has {o}'s vehicle needed?", ("0.first", "1.second"),
-             f"{part1}, {part2}"),
+            (
+                "multi",
+                f"Which repairs has {o}'s vehicle needed?",
+                ("0.first", "1.second"),
+                f"{part1}, {part2}",
+            ),
             ("temporal", f"What broke on {o}'s vehicle in {{month1}}?", ("0.first",), part1),
         ],
     )
@@ -499,8 +742,11 @@ def _recital(rng: random.Random, o: str, p: str) -> Fact:
     day = rng.choice(WEEKDAYS)
     s = Scene(
         [
-            (0, f"{kid}'s first {inst} recital was on {day}, and not one wrong note from "
-                "start to finish. I cried, obviously. So did grandma."),
+            (
+                0,
+                f"{kid}'s first {inst} recital was on {day}, and not one wrong note from "
+                "start to finish. I cried, obviously. So did grandma.",
+            ),
             (1, f"Aww, tell {kid} I said congratulations! That's a huge deal."),
         ],
         {"fact": 0},
@@ -510,8 +756,12 @@ def _recital(rng: random.Random, o: str, p: str) -> Fact:
         [s],
         [
             ("single", f"Which instrument does {o}'s daughter play?", ("0.fact",), inst),
-            ("temporal", f"When did {kid} perform on stage for the first time?", ("0.fact",),
-             "date"),
+            (
+                "temporal",
+                f"When did {kid} perform on stage for the first time?",
+                ("0.fact",),
+                "date",
+            ),
         ],
     )
 
@@ -519,15 +769,23 @@ def _recital(rng: random.Random, o: str, p: str) -> Fact:
 def _move(rng: random.Random, o: str, p: str) -> Fact:
     hood = rng.choice(NEIGHBOURHOODS)
     s1 = Scene(
-        [(0, f"We've been viewing flats in {hood} all week. Rent is brutal, and one "
-             "place had a bathtub in the kitchen, I'm not joking.")],
+        [
+            (
+                0,
+                f"We've been viewing flats in {hood} all week. Rent is brutal, and one "
+                "place had a bathtub in the kitchen, I'm not joking.",
+            )
+        ],
         {"search": 0},
     )
     s2 = Scene(
         [
             (1, "So? Did the landlord call back about the one with the balcony?"),
-            (0, "He did! Signed everything this afternoon, we get the keys on Friday. Tiny "
-                "balcony, but the light is gorgeous."),
+            (
+                0,
+                "He did! Signed everything this afternoon, we get the keys on Friday. Tiny "
+                "balcony, but the light is gorgeous.",
+            ),
         ],
         {"ask": 0, "signed": 1},
     )
@@ -535,8 +793,12 @@ def _move(rng: random.Random, o: str, p: str) -> Fact:
         "move",
         [s1, s2],
         [
-            ("multi", f"Where did {o}'s apartment hunt end, and what is the new home like?",
-             ("0.search", "1.signed"), hood),
+            (
+                "multi",
+                f"Where did {o}'s apartment hunt end, and what is the new home like?",
+                ("0.search", "1.signed"),
+                hood,
+            ),
         ],
     )
 
@@ -544,15 +806,23 @@ def _move(rng: random.Random, o: str, p: str) -> Fact:
 def _race(rng: random.Random, o: str, p: str) -> Fact:
     city = rng.choice(CITIES)
     s1 = Scene(
-        [(0, f"Signed up for the {city} half marathon! Training plan starts Monday, "
-             "four runs a week. Somebody stop me.")],
+        [
+            (
+                0,
+                f"Signed up for the {city} half marathon! Training plan starts Monday, "
+                "four runs a week. Somebody stop me.",
+            )
+        ],
         {"signup": 0},
     )
     s2 = Scene(
         [
             (1, "How's the training going? Still up at dawn?"),
-            (0, "Not anymore. Shin splints, and the physio says no running at all for "
-                "the next two months. I'm gutted."),
+            (
+                0,
+                "Not anymore. Shin splints, and the physio says no running at all for "
+                "the next two months. I'm gutted.",
+            ),
         ],
         {"ask": 0, "injury": 1},
     )
@@ -560,8 +830,12 @@ def _race(rng: random.Random, o: str, p: str) -> Fact:
         "race",
         [s1, s2],
         [
-            ("inference", f"Will {o} be able to take part in the {city} race?",
-             ("0.signup", "1.injury"), "probably not"),
+            (
+                "inference",
+                f"Will {o} be able to take part in the {city} race?",
+                ("0.signup", "1.injury"),
+                "probably not",
+            ),
         ],
     )
 
@@ -569,8 +843,13 @@ def _race(rng: random.Random, o: str, p: str) -> Fact:
 def _language(rng: random.Random, o: str, p: str) -> Fact:
     lang = rng.choice(LANGUAGES)
     s = Scene(
-        [(0, f"Three months of {lang} lessons and today I ordered a coffee without "
-             "panicking. The waiter still answered me in English, but still.")],
+        [
+            (
+                0,
+                f"Three months of {lang} lessons and today I ordered a coffee without "
+                "panicking. The waiter still answered me in English, but still.",
+            )
+        ],
         {"fact": 0},
     )
     return Fact(
@@ -585,16 +864,18 @@ def _concert(rng: random.Random, o: str, p: str) -> Fact:
     s = Scene(
         [
             (1, f"Are you still going to see {band} at the arena next month?"),
-            (0, "Wouldn't miss it for the world! I've had the tickets on my fridge since "
-                "March, right next to the shopping list."),
+            (
+                0,
+                "Wouldn't miss it for the world! I've had the tickets on my fridge since "
+                "March, right next to the shopping list.",
+            ),
         ],
         {"ask": 0, "yes": 1},
     )
     return Fact(
         "concert",
         [s],
-        [("reference", f"Which band does {o} have gig tickets for?", ("0.ask", "0.yes"),
-          band)],
+        [("reference", f"Which band does {o} have gig tickets for?", ("0.ask", "0.yes"), band)],
     )
 
 
@@ -602,8 +883,11 @@ def _gift(rng: random.Random, o: str, p: str) -> Fact:
     partner, gift = rng.choice(FIRST), rng.choice(GIFTS)
     s = Scene(
         [
-            (0, f"It was {partner}'s birthday yesterday. I got {gift} and she actually "
-                "teared up a little when she opened it."),
+            (
+                0,
+                f"It was {partner}'s birthday yesterday. I got {gift} and she actually "
+                "teared up a little when she opened it.",
+            ),
             (1, "That is adorable. You're setting the bar way too high for the rest of us."),
         ],
         {"fact": 0},
@@ -623,31 +907,51 @@ def _volunteer(rng: random.Random, o: str, p: str) -> Fact:
     s = Scene(
         [
             (1, f"I tried to call you on {day} evening, where were you?"),
-            (0, f"At the {place}! I help out there every week now on that night, it's the "
-                "best part of my week to be honest."),
+            (
+                0,
+                f"At the {place}! I help out there every week now on that night, it's the "
+                "best part of my week to be honest.",
+            ),
         ],
         {"ask": 0, "fact": 1},
     )
     return Fact(
         "volunteer",
         [s],
-        [("reference", f"On which evening does {o} do unpaid work, and where?",
-          ("0.ask", "0.fact"), f"{day}, {place}")],
+        [
+            (
+                "reference",
+                f"On which evening does {o} do unpaid work, and where?",
+                ("0.ask", "0.fact"),
+                f"{day}, {place}",
+            )
+        ],
     )
 
 
 def _cat(rng: random.Random, o: str, p: str) -> Fact:
     cat = rng.choice(CATS)
     s = Scene(
-        [(0, f"{cat} knocked a full glass of juice onto my laptop this morning and then "
-             "just stared at me. Cats are tiny criminals.")],
+        [
+            (
+                0,
+                f"{cat} knocked a full glass of juice onto my laptop this morning and then "
+                "just stared at me. Cats are tiny criminals.",
+            )
+        ],
         {"fact": 0},
     )
     return Fact(
         "cat",
         [s],
-        [("inference", f"Which animal caused the damage to {o}'s computer?", ("0.fact",),
-          f"the cat {cat}")],
+        [
+            (
+                "inference",
+                f"Which animal caused the damage to {o}'s computer?",
+                ("0.fact",),
+                f"the cat {cat}",
+            )
+        ],
     )
 
 
@@ -656,36 +960,74 @@ def _fear(rng: random.Random, o: str, p: str) -> Fact:
     s = Scene(
         [
             (1, "We're renting a sailboat for a week in August, want to come along?"),
-            (0, f"You know I can't. Ever since the storm in {year} I won't set foot on "
-                "anything smaller than a ferry. Have fun for me though!"),
+            (
+                0,
+                f"You know I can't. Ever since the storm in {year} I won't set foot on "
+                "anything smaller than a ferry. Have fun for me though!",
+            ),
         ],
         {"ask": 0, "fact": 1},
     )
     return Fact(
         "fear",
         [s],
-        [("inference", f"Would {o} enjoy a holiday out at sea on a small yacht?",
-          ("0.ask", "0.fact"), "no")],
+        [
+            (
+                "inference",
+                f"Would {o} enjoy a holiday out at sea on a small yacht?",
+                ("0.ask", "0.fact"),
+                "no",
+            )
+        ],
     )
 
 
-MAKERS: list[Maker] = [_pet, _sibling, _job, _allergy, _hobby, _trip, _book, _car,
-                       _recital, _move, _race, _language, _concert, _gift, _volunteer,
-                       _cat, _fear]
+MAKERS: list[Maker] = [
+    _pet,
+    _sibling,
+    _job,
+    _allergy,
+    _hobby,
+    _trip,
+    _book,
+    _car,
+    _recital,
+    _move,
+    _race,
+    _language,
+    _concert,
+    _gift,
+    _volunteer,
+    _cat,
+    _fear,
+]
 
 # every template's questions belong to one split; kinds alternate between the splits
 SPLIT: dict[str, str] = {
-    "pet": "train", "sibling": "test", "job": "test", "allergy": "test", "hobby": "train",
-    "trip": "test", "book": "train", "car": "train", "recital": "train", "move": "test",
-    "race": "test", "language": "train", "concert": "test", "gift": "test",
-    "volunteer": "train", "cat": "train", "fear": "test",
+    "pet": "train",
+    "sibling": "test",
+    "job": "test",
+    "allergy": "test",
+    "hobby": "train",
+    "trip": "test",
+    "book": "train",
+    "car": "train",
+    "recital": "train",
+    "move": "test",
+    "race": "test",
+    "language": "train",
+    "concert": "test",
+    "gift": "test",
+    "volunteer": "train",
+    "cat": "train",
+    "fear": "test",
 }
 
 
 # ---------------------------------------------------------------------- dialogues
-def _dialogue(index: int, seed: int, n_turns: int, people: list[str]) -> tuple[
-    list[Turn], list[Question]
-]:
+def _dialogue(
+    index: int, seed: int, n_turns: int, people: list[str]
+) -> tuple[list[Turn], list[Question]]:
     """One dialogue of about ``n_turns`` turns, with every fact template planted once."""
     rng = random.Random(f"{seed}:{index}")
     speakers = people
@@ -773,15 +1115,23 @@ def _dialogue(index: int, seed: int, n_turns: int, people: list[str]) -> tuple[
             if answer == "date":
                 d = session_dates[(fi, int(marks[0].split(".")[0]))]
                 answer = d.date().isoformat()
-            questions.append(Question(
-                f"q{index}-{fact.template}-{qi}", text, kind, tuple(evidence),
-                SPLIT[fact.template], fact.template, answer,
-            ))
+            questions.append(
+                Question(
+                    f"q{index}-{fact.template}-{qi}",
+                    text,
+                    kind,
+                    tuple(evidence),
+                    SPLIT[fact.template],
+                    fact.template,
+                    answer,
+                )
+            )
     return turns, questions
 
 
-def generate(n_messages: int, seed: int = 7, *, question_dialogues: int = 5,
-             turns_per_dialogue: int = 200) -> Corpus:
+def generate(
+    n_messages: int, seed: int = 7, *, question_dialogues: int = 5, turns_per_dialogue: int = 200
+) -> Corpus:
     """A corpus of about ``n_messages`` turns (exactly, after trimming) and its questions.
 
     Dialogues are made one after another (each from its own seeded generator, so a larger
@@ -801,9 +1151,9 @@ def generate(n_messages: int, seed: int = 7, *, question_dialogues: int = 5,
     while len(turns) < n_messages:
         # owners of the question dialogues are unique; later dialogues reuse names
         if index < question_dialogues:
-            pick = names[3 * index: 3 * index + 3]
+            pick = names[3 * index : 3 * index + 3]
         else:
-            pick = pool_rng.sample(names[3 * question_dialogues:], 3)
+            pick = pool_rng.sample(names[3 * question_dialogues :], 3)
         people = pick if index % 3 == 2 else pick[:2]
         size = min(turns_per_dialogue, n_messages - len(turns))
         if size < 40:
@@ -832,7 +1182,7 @@ def generate(n_messages: int, seed: int = 7, *, question_dialogues: int = 5,
 
 
 def _main(argv: Sequence[str] | None = None) -> None:
-    import argparse  # noqa: PLC0415
+    import argparse
 
     parser = argparse.ArgumentParser(description="print a sample of the generated dialogues")
     parser.add_argument("--messages", type=int, default=1000)
@@ -844,9 +1194,11 @@ def _main(argv: Sequence[str] | None = None) -> None:
     for t in first:
         print(f"[{t.timestamp:%Y-%m-%d %H:%M} s{t.session}] {t.speaker}: {t.text}")
     lengths = sorted(len(t.text) for t in corpus.turns)
-    print(f"\n{len(corpus.turns)} turns in {corpus.dialogues} dialogues; text length median "
-          f"{lengths[len(lengths) // 2]}, p10 {lengths[len(lengths) // 10]}, p90 "
-          f"{lengths[9 * len(lengths) // 10]}")
+    print(
+        f"\n{len(corpus.turns)} turns in {corpus.dialogues} dialogues; text length median "
+        f"{lengths[len(lengths) // 2]}, p10 {lengths[len(lengths) // 10]}, p90 "
+        f"{lengths[9 * len(lengths) // 10]}"
+    )
     by_id = {t.id: t for t in corpus.turns}
     for q in corpus.questions[:12]:
         print(f"\n{q.kind:9} {q.split:5} {q.text}  -> {q.answer}")

@@ -30,8 +30,11 @@ _MONTHS = {
 _MONTH_ABBR = {name[:3]: num for name, num in _MONTHS.items() if name != "may"} | {"sept": 9}
 _MONTH_RE = "|".join([*_MONTHS, *(f"{a}\\.?" for a in sorted(_MONTH_ABBR, key=len)[::-1])])
 _ISO = re.compile(r"\b(\d{4})-(\d{2})-(\d{2})\b")
-_MONTH_YEAR = re.compile(rf"\b(?:in|during|of|from|around|early|late|mid)[- ]+(?:({_MONTH_RE})"
-                         rf"(?:,? +(\d{{4}}))?|(\d{{4}}))\b", re.IGNORECASE)
+_MONTH_YEAR = re.compile(
+    rf"\b(?:in|during|of|from|around|early|late|mid)[- ]+(?:({_MONTH_RE})"
+    rf"(?:,? +(\d{{4}}))?|(\d{{4}}))\b",
+    re.IGNORECASE,
+)
 _WHEN = re.compile(
     r"^\s*(?:when\b|what (?:date|day|time|year|month)\b|how long ago\b|on what (?:date|day)\b)"
     r"|\bwhen (?:did|was|were|is|will|does|do)\b",
@@ -96,7 +99,7 @@ def query_period(query: str) -> Period | None:
         year = int(year_only)
         return Period(year, None) if 1900 <= year <= 2100 else None
     key = month_name.lower().rstrip(".")
-    month = _MONTHS.get(key) or _MONTH_ABBR.get(key) or _MONTH_ABBR.get(key[:3])
+    month = _MONTHS.get(key) or _MONTH_ABBR.get(key) or _MONTH_ABBR[key[:3]]
     return Period(int(year_text) if year_text else None, month)
 
 

@@ -386,7 +386,9 @@ class FaissIndex:
                 raise KeyError(f"{len(missing)} ids not in the index (first: {missing[0]!r})")
             if not items:
                 return np.empty((0, self._dim), dtype=np.float32)
-            labels = np.fromiter((self._label_of[i] for i in items), dtype=np.int64, count=len(items))
+            labels = np.fromiter(
+                (self._label_of[i] for i in items), dtype=np.int64, count=len(items)
+            )
             out: FloatArray = self._index.reconstruct_batch(labels)
             return out.reshape(len(items), self._dim)
 

@@ -25,8 +25,8 @@ from typing import Any, Literal
 from marsys_mem.model.messages import Message
 
 __all__ = [
-    "MODES",
     "FUSIONS",
+    "MODES",
     "Candidate",
     "Fusion",
     "MessageFilter",

@@ -242,8 +242,9 @@ def test_fusions_rank_the_exact_match_first(emb, fusion):
 
 
 def test_convex_fusion_is_the_weighted_mean_of_cosine_and_relative_bm25(emb):
-    with RAGMemory(emb, fusion="convex", dense_weight=3, bm25_weight=1, context_weight=0,
-                   reply_weight=0) as mem:
+    with RAGMemory(
+        emb, fusion="convex", dense_weight=3, bm25_weight=1, context_weight=0, reply_weight=0
+    ) as mem:
         mem.add_many(CHITCHAT)
         hits = mem.search("coffee machine broken", k=5)
         top_bm25 = max(h.bm25_score for h in hits)

@@ -1,5 +1,6 @@
 """RAGMemory's hybrid ranking in context: threads, replies, time cues, sessions."""
 
+import itertools
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -44,15 +45,16 @@ def test_a_reply_is_found_through_the_turn_it_answers():
         assert hits[1].bm25_score == 0.0
         assert hits[1].text == REPLY
         assert all(0.0 <= h.score <= 1.0 for h in hits)
-    with RAGMemory(HashingEmbedder(), background=False, context_weight=0.0,
-                   reply_weight=0.0) as mem:
+    with RAGMemory(
+        HashingEmbedder(), background=False, context_weight=0.0, reply_weight=0.0
+    ) as mem:
         ask, reply = _fill(mem)
         assert reply not in [h.id for h in mem.search("beagle floppy ears", k=2)]
 
 
 def test_context_follows_the_thread_not_the_insertion_order():
     with RAGMemory(HashingEmbedder(), background=False, thread_key=None) as mem:
-        ask, reply = _fill(mem)  # one shared thread: the reply's previous turn is filler
+        _ask, reply = _fill(mem)  # one shared thread: the reply's previous turn is filler
         assert reply not in [h.id for h in mem.search("beagle floppy ears", k=2)]
 
 
@@ -102,10 +104,17 @@ def test_a_period_in_the_query_prefers_messages_sent_then():
 
 
 def test_a_when_question_prefers_turns_that_say_when():
-    for weight, expected in ((0.0, "we got the puppy from the shelter"),
-                             (1.0, "on Saturday we got the puppy")):
-        with RAGMemory(HashingEmbedder(), background=False, when_weight=weight,
-                       context_weight=0.0, reply_weight=0.0) as mem:
+    for weight, expected in (
+        (0.0, "we got the puppy from the shelter"),
+        (1.0, "on Saturday we got the puppy"),
+    ):
+        with RAGMemory(
+            HashingEmbedder(),
+            background=False,
+            when_weight=weight,
+            context_weight=0.0,
+            reply_weight=0.0,
+        ) as mem:
             mem.add_many([_msg(t, "other") for t in FILLER])
             mem.add(_msg("we got the puppy from the shelter, so cute", "a"))
             mem.add(_msg("on Saturday we got the puppy, the shelter was busy", "b"))
@@ -138,9 +147,15 @@ def test_thread_key_must_be_a_string():
 
 
 def test_minmax_fusion_scales_both_sides_to_the_candidates():
-    fused = fuse_scores([("a", 0.9), ("b", 0.5), ("c", 0.1)], [("c", 4.0), ("b", 2.0)],
-                        {"a": 0.9, "b": 0.5, "c": 0.1}, {"a": 0.0, "b": 2.0, "c": 4.0},
-                        fusion="minmax", dense_weight=1.0, bm25_weight=1.0)
+    fused = fuse_scores(
+        [("a", 0.9), ("b", 0.5), ("c", 0.1)],
+        [("c", 4.0), ("b", 2.0)],
+        {"a": 0.9, "b": 0.5, "c": 0.1},
+        {"a": 0.0, "b": 2.0, "c": 4.0},
+        fusion="minmax",
+        dense_weight=1.0,
+        bm25_weight=1.0,
+    )
     scores = {mid: s for mid, s, _, _ in fused}
     assert scores == pytest.approx({"a": 0.5, "b": 0.5, "c": 0.5})
     fused = fuse_scores([("a", 0.9)], [], {"a": 0.9}, {"a": 0.0}, fusion="minmax")
@@ -153,5 +168,5 @@ def test_diversify_spreads_groups_and_keeps_scores_sorted():
     out = diversify(ranked, lambda mid: mid[:2], 0.1)
     assert [c[0] for c in out][:3] == ["s1-0", "s2-0", "s1-1"]
     assert sorted(c[0] for c in out) == sorted(c[0] for c in ranked)
-    assert all(a[1] >= b[1] for a, b in zip(out, out[1:], strict=False))
+    assert all(a[1] >= b[1] for a, b in itertools.pairwise(out))
     assert diversify(ranked, lambda mid: mid[:2], 0.0) == ranked

@@ -15,8 +15,11 @@ def test_neighbours_follow_insertion_order_per_thread():
     assert links.before("a", 3) == []
     assert links.after("c", 3) == []
     assert links.before("zzz", 2) == []
-    assert len(links) == 5 and "y" in links and "zzz" not in links
-    assert links.thread_of("y") == "t2" and links.thread_of("zzz") is None
+    assert len(links) == 5
+    assert "y" in links
+    assert "zzz" not in links
+    assert links.thread_of("y") == "t2"
+    assert links.thread_of("zzz") is None
 
 
 def test_around_collects_neighbours_once_in_order():
@@ -32,7 +35,8 @@ def test_duplicate_add_is_rejected_and_changes_nothing():
     links.add("a", "t")
     with pytest.raises(ValueError, match="'a'"):
         links.add("a", "u")
-    assert links.thread_of("a") == "t" and len(links) == 1
+    assert links.thread_of("a") == "t"
+    assert len(links) == 1
 
 
 def test_removal_relinks_the_neighbours_and_the_tail():
@@ -40,7 +44,8 @@ def test_removal_relinks_the_neighbours_and_the_tail():
     for mid in "abc":
         links.add(mid, "t")
     links.remove("b")
-    assert links.before("c", 2) == ["a"] and links.after("a", 2) == ["c"]
+    assert links.before("c", 2) == ["a"]
+    assert links.after("a", 2) == ["c"]
     links.remove("c")  # the tail: the next message follows a
     links.add("d", "t")
     assert links.before("d", 3) == ["a"]
@@ -51,7 +56,8 @@ def test_removal_relinks_the_neighbours_and_the_tail():
     links.add("e", "t")  # the emptied thread starts again
     assert links.before("e", 1) == []
     links.clear()
-    assert len(links) == 0 and links.before("e", 1) == []
+    assert len(links) == 0
+    assert links.before("e", 1) == []
 
 
 def test_random_adds_and_removes_match_a_list_model():
