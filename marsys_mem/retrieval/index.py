@@ -384,10 +384,13 @@ class FaissIndex:
             missing = [i for i in items if i not in self._label_of]
             if missing:
                 raise KeyError(f"{len(missing)} ids not in the index (first: {missing[0]!r})")
-            out = np.empty((len(items), self._dim), dtype=np.float32)
-            for row, id_ in enumerate(items):
-                out[row] = self._index.reconstruct(self._label_of[id_])
-            return out
+            if not items:
+                return np.empty((0, self._dim), dtype=np.float32)
+            labels = np.fromiter(
+                (self._label_of[i] for i in items), dtype=np.int64, count=len(items)
+            )
+            out: FloatArray = self._index.reconstruct_batch(labels)
+            return out.reshape(len(items), self._dim)
 
     # --------------------------------------------------------------------- search
 

@@ -5,16 +5,19 @@
 * :class:`ScoredMessage`: one hit, with the score it is ranked by and both retrievers'.
 * :func:`make_filter`: the agent / role / time / metadata predicate of a search.
 * :func:`fuse_scores`: the hybrid ranking of a dense and a BM25 candidate list, by weighted
-  reciprocal rank fusion (``"rrf"``) or a convex blend of the scores (``"convex"``).
+  reciprocal rank fusion (``"rrf"``), a convex blend of the scores (``"convex"``) or of
+  the min-max normalised scores (``"minmax"``).
+* :func:`diversify`: a ranking that spreads the top hits over conversation sessions.
 * :func:`check_query`, :func:`positive_int`, :func:`finite_number`: argument checks that
   name the argument and the value.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -22,6 +25,7 @@ from typing import Any, Literal
 from marsys_mem.model.messages import Message
 
 __all__ = [
+    "FUSIONS",
     "MODES",
     "Candidate",
     "Fusion",
@@ -29,6 +33,7 @@ __all__ = [
     "ScoredMessage",
     "SearchMode",
     "check_query",
+    "diversify",
     "finite_number",
     "fuse_scores",
     "make_filter",
@@ -37,7 +42,8 @@ __all__ = [
 
 SearchMode = Literal["hybrid", "dense", "bm25"]
 MODES: frozenset[str] = frozenset(("hybrid", "dense", "bm25"))
-Fusion = Literal["rrf", "convex"]
+Fusion = Literal["rrf", "convex", "minmax"]
+FUSIONS: frozenset[str] = frozenset(("rrf", "convex", "minmax"))
 
 Candidate = tuple[str, float, float | None, float | None]
 """A ranked candidate: ``(message_id, score, dense_score, bm25_score)``."""
@@ -167,7 +173,8 @@ def fuse_scores(
         fusion: ``"rrf"``: ``sum(weight / (rrf_k + rank))`` over the lists a candidate is
             in, divided by its maximum (1.0: ranked first by both); ``"convex"``:
             ``(dense_weight * cosine + bm25_weight * bm25 / best_bm25) / (dense_weight +
-            bm25_weight)``.
+            bm25_weight)``; ``"minmax"``: the same blend of both scores min-max normalised
+            over the candidates (best 1.0, worst 0.0 on each side).
         dense_weight: weight of the dense retriever.
         bm25_weight: weight of BM25.
         rrf_k: the RRF rank offset.
@@ -190,11 +197,65 @@ def fuse_scores(
             fused[mid] = dw / (rrf_k + rank) / norm
         for rank, (mid, _) in enumerate(bm25, 1):
             fused[mid] = fused.get(mid, 0.0) + bw / (rrf_k + rank) / norm
-    else:
+    elif fusion == "convex":
         top = bm25[0][1] if bm25 else 0.0
         scale = 1.0 / top if top > 0 else 0.0
         total = dw + bw
         for mid in ids:
             fused[mid] = (dw * dense_of.get(mid, 0.0) + bw * bm25_of.get(mid, 0.0) * scale) / total
+    else:
+        d = _minmax([dense_of.get(mid, 0.0) for mid in ids])
+        b = _minmax([bm25_of.get(mid, 0.0) for mid in ids])
+        total = dw + bw
+        for mid, ds, bs in zip(ids, d, b, strict=True):
+            fused[mid] = (dw * ds + bw * bs) / total
     ranked = sorted(ids, key=lambda mid: -fused[mid])
     return [(mid, fused[mid], dense_of.get(mid), bm25_of.get(mid)) for mid in ranked]
+
+
+def _minmax(values: list[float]) -> list[float]:
+    """``values`` scaled to [0, 1] (all 0.0 when they are all equal)."""
+    if not values:
+        return []
+    lo, hi = min(values), max(values)
+    if hi <= lo:
+        return [0.0] * len(values)
+    scale = 1.0 / (hi - lo)
+    return [(v - lo) * scale for v in values]
+
+
+def diversify(
+    ranked: Sequence[Candidate],
+    group_of: Callable[[str], Hashable],
+    penalty: float,
+) -> list[Candidate]:
+    """Re-rank so the top hits spread over groups (conversation sessions).
+
+    Greedy: a candidate's score is lowered by ``penalty`` times the best score for every
+    better hit already taken from its group; the list stays sorted by the lowered score,
+    which is what each returned candidate carries.
+
+    Example:
+        >>> ranked = [("a1", 1.0, None, None), ("a2", 0.9, None, None),
+        ...           ("b1", 0.8, None, None)]
+        >>> [c[0] for c in diversify(ranked, lambda mid: mid[0], 0.2)]
+        ['a1', 'b1', 'a2']
+    """
+    if penalty <= 0 or len(ranked) < 2:
+        return list(ranked)
+    step = penalty * max(abs(ranked[0][1]), 1e-12)
+    taken: dict[Hashable, int] = {}
+    heap = [(-c[1], i, 0) for i, c in enumerate(ranked)]
+    groups = [group_of(c[0]) for c in ranked]
+    heapq.heapify(heap)
+    out: list[Candidate] = []
+    while heap:
+        neg, i, seen = heapq.heappop(heap)
+        count = taken.get(groups[i], 0)
+        if count != seen:  # its group gained hits since it was scored: score it again
+            heapq.heappush(heap, (-(ranked[i][1] - step * count), i, count))
+            continue
+        mid, _, dense, bm25 = ranked[i]
+        out.append((mid, -neg, dense, bm25))
+        taken[groups[i]] = count + 1
+    return out

@@ -229,9 +229,10 @@ def test_hybrid_hits_carry_both_scores(corpus):
     assert 0.0 in scores.values()
 
 
-@pytest.mark.parametrize("fusion", ["rrf", "convex"])
+@pytest.mark.parametrize("fusion", ["rrf", "convex", "minmax"])
 def test_fusions_rank_the_exact_match_first(emb, fusion):
-    with RAGMemory(emb, fusion=fusion) as mem:
+    # the fusion formula alone: no context turns (which would add the neighbours' scores)
+    with RAGMemory(emb, fusion=fusion, context_weight=0, reply_weight=0) as mem:
         mem.add_many(CHITCHAT)
         target = mem.add("I parked the car on level 4 of the garage")
         hits = mem.search("I parked the car on level 4 of the garage", k=3)
@@ -241,7 +242,9 @@ def test_fusions_rank_the_exact_match_first(emb, fusion):
 
 
 def test_convex_fusion_is_the_weighted_mean_of_cosine_and_relative_bm25(emb):
-    with RAGMemory(emb, fusion="convex", dense_weight=3, bm25_weight=1) as mem:
+    with RAGMemory(
+        emb, fusion="convex", dense_weight=3, bm25_weight=1, context_weight=0, reply_weight=0
+    ) as mem:
         mem.add_many(CHITCHAT)
         hits = mem.search("coffee machine broken", k=5)
         top_bm25 = max(h.bm25_score for h in hits)

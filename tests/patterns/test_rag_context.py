@@ -1,0 +1,172 @@
+"""RAGMemory's hybrid ranking in context: threads, replies, time cues, sessions."""
+
+import itertools
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from marsys_mem.model.messages import Message
+from marsys_mem.patterns import RAGMemory
+from marsys_mem.retrieval.embeddings import HashingEmbedder
+from marsys_mem.retrieval.scoring import diversify, fuse_scores
+from marsys_mem.store import SQLiteStore
+
+FILLER = [
+    "Good morning! How was your weekend?",
+    "The coffee machine on the third floor is broken again.",
+    "It rained all day, so I stayed home and read a novel.",
+    "Let's grab lunch at the new ramen place downtown.",
+    "My laptop battery drains really fast these days.",
+    "We should plan the team offsite for next quarter.",
+]
+ASK = "Was it the beagle with the floppy ears from the photo?"
+REPLY = "Yes! That's the one I told you about, asleep on my jumper now."
+
+
+def _msg(text: str, thread: str, **fields) -> Message:
+    return Message.user(text, metadata={"thread": thread}, **fields)
+
+
+def _fill(mem: RAGMemory) -> tuple[str, str]:
+    mem.add_many([_msg(t, "other") for t in FILLER[:3]])
+    ask = mem.add(_msg(ASK, "t1", name="jonas"))
+    mem.add(_msg(FILLER[3], "other"))  # another thread's turn comes in between
+    reply = mem.add(_msg(REPLY, "t1", name="maya"))
+    mem.add_many([_msg(t, "other") for t in FILLER[4:]])
+    return ask, reply
+
+
+def test_a_reply_is_found_through_the_turn_it_answers():
+    with RAGMemory(HashingEmbedder(), background=False) as mem:
+        ask, reply = _fill(mem)
+        hits = mem.search("beagle floppy ears", k=2)
+        assert [h.id for h in hits] == [ask, reply]
+        # each hit still carries its own scores: the reply shares no word with the query
+        assert hits[1].bm25_score == 0.0
+        assert hits[1].text == REPLY
+        assert all(0.0 <= h.score <= 1.0 for h in hits)
+    with RAGMemory(
+        HashingEmbedder(), background=False, context_weight=0.0, reply_weight=0.0
+    ) as mem:
+        ask, reply = _fill(mem)
+        assert reply not in [h.id for h in mem.search("beagle floppy ears", k=2)]
+
+
+def test_context_follows_the_thread_not_the_insertion_order():
+    with RAGMemory(HashingEmbedder(), background=False, thread_key=None) as mem:
+        _ask, reply = _fill(mem)  # one shared thread: the reply's previous turn is filler
+        assert reply not in [h.id for h in mem.search("beagle floppy ears", k=2)]
+
+
+def test_removing_the_context_turn_relinks_the_thread():
+    with RAGMemory(HashingEmbedder(), background=False) as mem:
+        ask, reply = _fill(mem)
+
+        def score_of_reply() -> float:
+            hits = mem.search("beagle floppy ears", k=len(mem))
+            return next(h.score for h in hits if h.id == reply)
+
+        before = score_of_reply()
+        mem.remove(ask)
+        other = mem.add(_msg("the beagle with the floppy ears", "elsewhere"))  # to match
+        assert score_of_reply() < before / 2
+        again = mem.add(_msg("The beagle with floppy ears, remember?", "t1"))
+        later = mem.add(_msg("Of course I do!", "t1"))
+        ids = [h.id for h in mem.search("beagle floppy ears", k=4)]
+        assert set(ids[:2]) == {again, other}
+        # t1 is now reply -> again -> later: both neighbours of `again` come next
+        assert set(ids[2:]) == {reply, later}
+
+
+def test_threads_are_rebuilt_from_the_store(tmp_path):
+    store = SQLiteStore(tmp_path / "mem.db")
+    try:
+        with RAGMemory(HashingEmbedder(), store=store, background=False) as mem:
+            ask, reply = _fill(mem)
+        with RAGMemory(HashingEmbedder(), store=store, background=False) as mem:
+            assert [h.id for h in mem.search("beagle floppy ears", k=2)] == [ask, reply]
+    finally:
+        store.close()
+
+
+def test_a_period_in_the_query_prefers_messages_sent_then():
+    march = datetime(2023, 3, 14, 10, tzinfo=UTC)
+    july = march + timedelta(days=120)
+    text = "The car broke down again, this time it was the {}."
+    for weight, first in ((0.0, "alternator"), (1.0, "clutch")):
+        with RAGMemory(HashingEmbedder(), background=False, time_weight=weight) as mem:
+            mem.add_many([_msg(t, "other") for t in FILLER])
+            mem.add(_msg(text.format("alternator"), "a", timestamp=march))
+            mem.add(_msg(text.format("clutch"), "b", timestamp=july))
+            hits = mem.search("Did the alternator of the car break down in July 2023?", k=2)
+            assert first in hits[0].text
+            assert all(h.score <= 1.0 + 1e-9 for h in hits)
+
+
+def test_a_when_question_prefers_turns_that_say_when():
+    for weight, expected in (
+        (0.0, "we got the puppy from the shelter"),
+        (1.0, "on Saturday we got the puppy"),
+    ):
+        with RAGMemory(
+            HashingEmbedder(),
+            background=False,
+            when_weight=weight,
+            context_weight=0.0,
+            reply_weight=0.0,
+        ) as mem:
+            mem.add_many([_msg(t, "other") for t in FILLER])
+            mem.add(_msg("we got the puppy from the shelter, so cute", "a"))
+            mem.add(_msg("on Saturday we got the puppy, the shelter was busy", "b"))
+            hit = mem.search("When did they get the puppy from the shelter?", k=1)[0]
+            assert hit.text.startswith(expected)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("context_turns", -1),
+        ("context_turns", 9),
+        ("context_turns", 1.5),
+        ("context_weight", -0.1),
+        ("reply_weight", float("nan")),
+        ("diversity", -1),
+        ("time_weight", "high"),
+        ("when_weight", -2),
+        ("fusion", "max"),
+    ],
+)
+def test_bad_options_name_the_field(option, value):
+    with pytest.raises(ValueError, match=option if option != "fusion" else "fusion"):
+        RAGMemory(HashingEmbedder(), background=False, **{option: value})
+
+
+def test_thread_key_must_be_a_string():
+    with pytest.raises(TypeError, match="thread_key"):
+        RAGMemory(HashingEmbedder(), background=False, thread_key=3)  # type: ignore[arg-type]
+
+
+def test_minmax_fusion_scales_both_sides_to_the_candidates():
+    fused = fuse_scores(
+        [("a", 0.9), ("b", 0.5), ("c", 0.1)],
+        [("c", 4.0), ("b", 2.0)],
+        {"a": 0.9, "b": 0.5, "c": 0.1},
+        {"a": 0.0, "b": 2.0, "c": 4.0},
+        fusion="minmax",
+        dense_weight=1.0,
+        bm25_weight=1.0,
+    )
+    scores = {mid: s for mid, s, _, _ in fused}
+    assert scores == pytest.approx({"a": 0.5, "b": 0.5, "c": 0.5})
+    fused = fuse_scores([("a", 0.9)], [], {"a": 0.9}, {"a": 0.0}, fusion="minmax")
+    assert fused[0][1] == 0.0  # one candidate: nothing to scale against
+
+
+def test_diversify_spreads_groups_and_keeps_scores_sorted():
+    ranked = [(f"s1-{i}", 1.0 - i / 100, None, None) for i in range(5)]
+    ranked.append(("s2-0", 0.9, None, None))
+    out = diversify(ranked, lambda mid: mid[:2], 0.1)
+    assert [c[0] for c in out][:3] == ["s1-0", "s2-0", "s1-1"]
+    assert sorted(c[0] for c in out) == sorted(c[0] for c in ranked)
+    assert all(a[1] >= b[1] for a, b in itertools.pairwise(out))
+    assert diversify(ranked, lambda mid: mid[:2], 0.0) == ranked

@@ -1,0 +1,83 @@
+import random
+
+import pytest
+
+from marsys_mem.retrieval.threads import ThreadLinks
+
+
+def test_neighbours_follow_insertion_order_per_thread():
+    links = ThreadLinks()
+    for mid, thread in [("a", "t1"), ("x", "t2"), ("b", "t1"), ("y", "t2"), ("c", "t1")]:
+        links.add(mid, thread)
+    assert links.before("c", 5) == ["b", "a"]
+    assert links.after("a", 5) == ["b", "c"]
+    assert links.after("x", 1) == ["y"]
+    assert links.before("a", 3) == []
+    assert links.after("c", 3) == []
+    assert links.before("zzz", 2) == []
+    assert len(links) == 5
+    assert "y" in links
+    assert "zzz" not in links
+    assert links.thread_of("y") == "t2"
+    assert links.thread_of("zzz") is None
+
+
+def test_around_collects_neighbours_once_in_order():
+    links = ThreadLinks()
+    for mid in "abcde":
+        links.add(mid, "t")
+    assert links.around(["c", "d"], before=1, after=1) == ["c", "b", "d", "e"]
+    assert links.around(["a"], before=0, after=2) == ["a", "b", "c"]
+
+
+def test_duplicate_add_is_rejected_and_changes_nothing():
+    links = ThreadLinks()
+    links.add("a", "t")
+    with pytest.raises(ValueError, match="'a'"):
+        links.add("a", "u")
+    assert links.thread_of("a") == "t"
+    assert len(links) == 1
+
+
+def test_removal_relinks_the_neighbours_and_the_tail():
+    links = ThreadLinks()
+    for mid in "abc":
+        links.add(mid, "t")
+    links.remove("b")
+    assert links.before("c", 2) == ["a"]
+    assert links.after("a", 2) == ["c"]
+    links.remove("c")  # the tail: the next message follows a
+    links.add("d", "t")
+    assert links.before("d", 3) == ["a"]
+    links.remove("a")
+    links.remove("d")
+    links.remove("nope")  # unknown: ignored
+    assert len(links) == 0
+    links.add("e", "t")  # the emptied thread starts again
+    assert links.before("e", 1) == []
+    links.clear()
+    assert len(links) == 0
+    assert links.before("e", 1) == []
+
+
+def test_random_adds_and_removes_match_a_list_model():
+    rng = random.Random(3)
+    links = ThreadLinks()
+    model: dict[str, list[str]] = {"t1": [], "t2": [], "t3": []}
+    for step in range(2000):
+        live = [m for ms in model.values() for m in ms]
+        if live and rng.random() < 0.4:
+            mid = rng.choice(live)
+            links.remove(mid)
+            for ms in model.values():
+                if mid in ms:
+                    ms.remove(mid)
+        else:
+            thread = rng.choice(list(model))
+            mid = f"m{step}"
+            links.add(mid, thread)
+            model[thread].append(mid)
+    for ms in model.values():
+        for i, mid in enumerate(ms):
+            assert links.before(mid, 3) == ms[max(0, i - 3) : i][::-1]
+            assert links.after(mid, 3) == ms[i + 1 : i + 4]
