@@ -62,7 +62,6 @@ from marsys_mem.manager import MemoryManager
 from marsys_mem.model.facts import FactScope, SharedFact, fact_message, fact_of_message
 from marsys_mem.model.messages import Message, to_llm_format
 from marsys_mem.model.names import NAME_PATTERN, validate_name
-from marsys_mem.patterns.agent import AgentPatterns
 from marsys_mem.patterns.rag import RAGMemory, ScoredMessage, SearchMode
 from marsys_mem.retrieval.embeddings import Embedder, HashingEmbedder, default_embedder
 from marsys_mem.store import InMemoryStore
@@ -143,29 +142,6 @@ def _hit(hit: ScoredMessage) -> dict[str, Any]:
         "bm25_score": None if hit.bm25_score is None else round(hit.bm25_score, 6),
         "timestamp": m.timestamp.isoformat(),
     }
-
-
-def _forget_in_patterns(patterns: AgentPatterns, ids: list[str], *, everything: bool) -> None:
-    """Remove ``ids`` from the agent's RAG, episodic and hierarchical memory.
-
-    ``everything``: every message they hold, including those no longer in the conversation.
-    """
-    rag, episodic, hierarchical = patterns.rag, patterns.episodic, patterns.hierarchical
-    wanted = dict.fromkeys(ids)
-    if everything:
-        if rag is not None:
-            wanted.update(dict.fromkeys(m.message_id for m in rag.messages()))
-        if episodic is not None:
-            wanted.update(dict.fromkeys(m.message_id for m in episodic.rag.messages()))
-        if hierarchical is not None:
-            held = [*hierarchical.core(), *hierarchical.working()]
-            held += hierarchical.archive.messages()
-            wanted.update(dict.fromkeys(m.message_id for m in held))
-    if not wanted:
-        return
-    for pattern in (rag, episodic, hierarchical):
-        if pattern is not None:
-            pattern.remove(list(wanted))
 
 
 def _message(m: Message) -> dict[str, Any]:
@@ -423,27 +399,9 @@ class MemoryServer:
         """
         validate_name("agent", agent)
         validate_name("branch", branch)
-        if everything == bool(message_ids):
-            raise ValueError(
-                "forget needs either message_ids (a non-empty list) or everything=true, "
-                f"not both; got message_ids={message_ids!r}, everything={everything!r}"
-            )
+        removed = self.manager.forget(agent, branch, message_ids=message_ids, everything=everything)
+        ids = [m.message_id for m in removed]
         memory = self.manager.memory(agent, branch)
-        if everything:
-            ids = [m.message_id for m in memory]
-            memory.clear()
-        else:
-            assert message_ids is not None
-            missing = [i for i in message_ids if i not in memory]
-            if missing:
-                raise ValueError(
-                    f"message_ids: no message with id {missing[0]!r} in {agent}@{branch} "
-                    "(nothing was removed)"
-                )
-            ids = [m.message_id for m in memory.remove(*dict.fromkeys(message_ids))]
-        patterns = self.manager.patterns(agent, branch)
-        if patterns is not None:
-            _forget_in_patterns(patterns, ids, everything=everything)
         fallback = self._fallback.get((agent, branch))
         if fallback is not None and ids:
             fallback.remove(ids)
