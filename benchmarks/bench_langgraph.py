@@ -133,7 +133,7 @@ def _run(graph: Any, n: int, spent: list[float] | None = None) -> list[float]:
 def bench_marsys_sqlite(folder: Path, n: int, synchronous: str = "FULL") -> tuple[list[float], int]:
     path = folder / f"marsys-{synchronous}.db"
     store = SQLiteStore(path, synchronous=synchronous)  # type: ignore[arg-type]
-    name = "MarsysCheckpointer[SQLiteStore]" + ("" if synchronous == "FULL" else ", NORMAL")
+    name = "MarsysCheckpointer[SQLiteStore" + ("]" if synchronous == "FULL" else ", NORMAL]")
     spent: list[Any] = [0.0, name, 0.0]
     times = _run(_graph(_timed(MarsysCheckpointer(store), spent)), n, spent)
     store.close()
@@ -218,20 +218,20 @@ def main() -> None:
     sqlite_size = results["SqliteSaver"][2] if "SqliteSaver" in results else 0
     print(f"\n{n:,} messages, one per invoke; ms per message, first and last {window}")
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus\n")
-    head = f"{'checkpointer':36} {'first':>8} {'last':>8} {'last/first':>10} {'storage':>12} {'SqliteSaver/this':>17}"  # noqa: E501
+    head = f"{'checkpointer':42} {'first':>8} {'last':>8} {'last/first':>10} {'storage':>12} {'SqliteSaver/this':>17}"  # noqa: E501
     print(head)
     print("-" * len(head))
     for name, (first, last, size, _) in results.items():
         ratio = f"{sqlite_size / size:16.1f}x" if size and sqlite_size else f"{'-':>17}"
         shown = _mb(size) if size else "-"
-        print(f"{name:36} {first:8.2f} {last:8.2f} {last / first:9.2f}x {shown:>12} {ratio}")
+        print(f"{name:42} {first:8.2f} {last:8.2f} {last / first:9.2f}x {shown:>12} {ratio}")
     if OWN:
         print("\ninside the checkpointer (put + put_writes + get_tuple), ms per invoke")
         for name, (own, own_cpu) in OWN.items():
             for label, values in ((" wall", own), (" CPU", own_cpu)):
                 first = 1000 * sum(values[:window]) / window
                 last = 1000 * sum(values[-window:]) / window
-                print(f"{name + label:36} {first:8.2f} {last:8.2f} {last / first:9.2f}x")
+                print(f"{name + label:42} {first:8.2f} {last:8.2f} {last / first:9.2f}x")
     first, last, size, _ = results["MarsysCheckpointer[SQLiteStore]"]
     print("\nTargets (MarsysCheckpointer[SQLiteStore])")
     flat, smaller = last / first, sqlite_size / size
