@@ -27,6 +27,7 @@ summary (a system message), extended incrementally.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, cast
 
@@ -265,16 +266,18 @@ class MarsysSession:
             with memory.lock:
                 if not len(memory):
                     return None
-                last = memory[-1]
-                memory.remove(last.message_id)
+                last = memory[-1]  # forgotten as every message is: memory, store, patterns
+                self.manager.forget(self.agent, self.session_id, message_ids=[last.message_id])
                 return last
 
         popped = await asyncio.to_thread(pop)
         return None if popped is None else _to_items([popped])[0]
 
     async def clear_session(self) -> None:
-        """Delete every item of this session (from the store too, for persistent agents)."""
-        await asyncio.to_thread(self.memory.clear)
+        """Delete every item of this session: memory, store and patterns (``forget``)."""
+        await asyncio.to_thread(
+            functools.partial(self.manager.forget, self.agent, self.session_id, everything=True)
+        )
 
     def __repr__(self) -> str:
         mode = "history" if self.policy is None else f"window:{self.policy.strategy}"

@@ -26,7 +26,12 @@ Resources: ``memory://agents`` (what ``list_agents`` returns) and
 ``memory://agents/{agent}/messages`` (an agent's messages on ``main``, JSON).
 
 Persistent agents live in the policy file's store (SQLite) and survive a restart of the
-server; shared facts live as long as the server process.
+server. So do shared facts (``share_fact``, ``remember`` with ``kind="fact"``) when the
+store is durable (not ``backend: memory``): each is recorded under the store's ``#facts``
+key of its branch (:func:`~marsys_mem.store.keys.facts_key`, as a workflow run records
+its facts; ``marsys-mem search`` finds them), and a new server shares the recorded facts
+again through its coordinator when it starts, so each reaches the agents in its scope as
+they join.
 
 Example:
     >>> server = MemoryServer(MemoryManager())
@@ -52,15 +57,15 @@ from pydantic import AfterValidator, Field, ValidationError
 from marsys_mem.config.models import RetentionPolicy
 from marsys_mem.context.policy import ContextWindow
 from marsys_mem.coordination import BranchGraph, Coordinator, InProcessTransport, inbox_key
-from marsys_mem.exceptions import MarsysMemError, MissingDependencyError
+from marsys_mem.exceptions import DuplicateMessageError, MarsysMemError, MissingDependencyError
 from marsys_mem.manager import MemoryManager
-from marsys_mem.model.facts import FactScope
+from marsys_mem.model.facts import FactScope, SharedFact, fact_message, fact_of_message
 from marsys_mem.model.messages import Message, to_llm_format
 from marsys_mem.model.names import NAME_PATTERN, validate_name
-from marsys_mem.patterns.agent import AgentPatterns
 from marsys_mem.patterns.rag import RAGMemory, ScoredMessage, SearchMode
 from marsys_mem.retrieval.embeddings import Embedder, HashingEmbedder, default_embedder
-from marsys_mem.store.keys import parse_key
+from marsys_mem.store import InMemoryStore
+from marsys_mem.store.keys import facts_key, parse_key
 
 try:
     from mcp.server.mcpserver import MCPServer
@@ -148,29 +153,6 @@ def _hit(hit: ScoredMessage) -> dict[str, Any]:
     }
 
 
-def _forget_in_patterns(patterns: AgentPatterns, ids: list[str], *, everything: bool) -> None:
-    """Remove ``ids`` from the agent's RAG, episodic and hierarchical memory.
-
-    ``everything``: every message they hold, including those no longer in the conversation.
-    """
-    rag, episodic, hierarchical = patterns.rag, patterns.episodic, patterns.hierarchical
-    wanted = dict.fromkeys(ids)
-    if everything:
-        if rag is not None:
-            wanted.update(dict.fromkeys(m.message_id for m in rag.messages()))
-        if episodic is not None:
-            wanted.update(dict.fromkeys(m.message_id for m in episodic.rag.messages()))
-        if hierarchical is not None:
-            held = [*hierarchical.core(), *hierarchical.working()]
-            held += hierarchical.archive.messages()
-            wanted.update(dict.fromkeys(m.message_id for m in held))
-    if not wanted:
-        return
-    for pattern in (rag, episodic, hierarchical):
-        if pattern is not None:
-            pattern.remove(list(wanted))
-
-
 def _message(m: Message) -> dict[str, Any]:
     data: dict[str, Any] = m.model_dump(mode="json", exclude_none=True)
     return data
@@ -212,6 +194,7 @@ class MemoryServer:
         self.graph = BranchGraph()
         self.graph.add_branch("main", agents=list(manager.config.agents))
         self.coordinator: Coordinator | None = None
+        self._recorded: set[tuple[str, str]] | None = None  # (branch, fact id) in the store
         self._fallback: dict[tuple[str, str], RAGMemory] = {}
         self._embedders: dict[str, Embedder | None] = {}
         self.closed = False
@@ -274,6 +257,7 @@ class MemoryServer:
             self.manager.memory(agent, branch)  # a pool member, so it receives facts too
             self._join(agent, branch)
             fact = self.manager.shared.share_insight(agent, content, branch=branch)
+            self._record(fact)
             return {
                 "kind": "fact",
                 "id": fact.id,
@@ -407,11 +391,15 @@ class MemoryServer:
         branch: str = "main",
         subject: str | None = None,
     ) -> dict[str, Any]:
-        """Async twin of :meth:`context` (async summarisers allowed)."""
+        """Async twin of :meth:`context` (async summarisers allowed).
+
+        Starts the coordinator first, so the facts a store recorded reach the agent.
+        """
         validate_name("agent", agent)
         validate_name("branch", branch)
         if query is not None:
             _not_blank(query)
+        await self._coordinator()
         self.manager.memory(agent, branch)
         self._join(agent, branch)
         win = await self.manager.acontext_for(agent, query, branch=branch, subject=subject)
@@ -434,38 +422,66 @@ class MemoryServer:
         """
         validate_name("agent", agent)
         validate_name("branch", branch)
-        if everything == bool(message_ids):
-            raise ValueError(
-                "forget needs either message_ids (a non-empty list) or everything=true, "
-                f"not both; got message_ids={message_ids!r}, everything={everything!r}"
-            )
+        removed = self.manager.forget(agent, branch, message_ids=message_ids, everything=everything)
+        ids = [m.message_id for m in removed]
         memory = self.manager.memory(agent, branch)
-        if everything:
-            ids = [m.message_id for m in memory]
-            memory.clear()
-        else:
-            assert message_ids is not None
-            missing = [i for i in message_ids if i not in memory]
-            if missing:
-                raise ValueError(
-                    f"message_ids: no message with id {missing[0]!r} in {agent}@{branch} "
-                    "(nothing was removed)"
-                )
-            ids = [m.message_id for m in memory.remove(*dict.fromkeys(message_ids))]
-        patterns = self.manager.patterns(agent, branch)
-        if patterns is not None:
-            _forget_in_patterns(patterns, ids, everything=everything)
         fallback = self._fallback.get((agent, branch))
         if fallback is not None and ids:
             fallback.remove(ids)
         return {"agent": agent, "branch": branch, "removed": len(ids), "left": len(memory)}
 
+    # ------------------------------------------------------------------ shared facts
+    @property
+    def durable(self) -> bool:
+        """Whether shared facts are recorded in the store (it outlives the process)."""
+        return not isinstance(self.manager.store, InMemoryStore)
+
+    def _recorded_facts(self) -> list[SharedFact]:
+        """The facts recorded in the store, oldest first (each on the branch it came from)."""
+        facts: list[SharedFact] = []
+        self._recorded = set()
+        if not self.durable:
+            return facts
+        store = self.manager.store
+        for key in store.list_keys(self.manager.namespace):
+            if parse_key(key).kind != "facts":
+                continue
+            for m in store.load_messages(key):
+                fact = fact_of_message(m)
+                # a workflow's merged fact is recorded on another branch too: shared once
+                if fact is not None and fact.source_branch == key[2]:
+                    self._recorded.add((key[2], fact.id))
+                    facts.append(fact)
+        facts.sort(key=lambda f: f.created_at)
+        return facts
+
+    def _record(self, fact: SharedFact) -> None:
+        """Record ``fact`` under its branch's ``#facts`` key (once; durable stores only)."""
+        if not self.durable:
+            return
+        if self._recorded is None:
+            self._recorded_facts()
+        assert self._recorded is not None
+        branch = fact.source_branch
+        if (branch, fact.id) in self._recorded:
+            return
+        key = facts_key(self.manager.namespace, branch)
+        try:
+            self.manager.store.append_messages(key, [fact_message(fact)])
+        except DuplicateMessageError:
+            pass  # recorded meanwhile, by another server on the same store
+        self._recorded.add((branch, fact.id))
+
     async def _coordinator(self) -> Coordinator:
+        """The coordinator (started on first use; it shares the recorded facts again)."""
         if self.coordinator is None:
             transport = InProcessTransport(namespace=self.manager.namespace)
             coordinator = Coordinator(self.graph, self.manager, transport)
             await coordinator.__aenter__()
             self.coordinator = coordinator
+            for fact in self._recorded_facts():
+                self._join(fact.source_agent, fact.source_branch)
+                await coordinator.share(fact.source_agent, fact)
         return self.coordinator
 
     async def share_fact(
@@ -493,6 +509,7 @@ class MemoryServer:
         fact = await coordinator.share(
             agent, text, branch=branch, scope=scope, confidence=confidence, metadata=metadata
         )
+        self._record(fact)
         reached = sorted(
             inbox_key(a, b)
             for a, b in self.graph.agents_in_scope(branch, scope)
@@ -664,6 +681,7 @@ class MemoryServer:
         if transport not in ("stdio", "http"):
             raise ValueError(f"transport must be 'stdio' or 'http', got {transport!r}")
         try:
+            await self._coordinator()  # recorded facts reach their agents before any request
             if transport == "stdio":
                 await self.mcp.run_stdio_async()
             else:

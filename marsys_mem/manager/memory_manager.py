@@ -450,6 +450,66 @@ class MemoryManager(Closing):
         self.memory(agent, branch)
         return self._patterns.get((agent, branch))
 
+    def forget(
+        self,
+        agent: str,
+        branch: str = "main",
+        *,
+        message_ids: Iterable[str] | None = None,
+        everything: bool = False,
+    ) -> list[Message]:
+        """Delete ``agent``'s messages on ``branch``: by id (all or none), or all of them.
+
+        The one way to forget a message: it leaves the conversation, the store (persistent
+        agents) and the agent's memory patterns (RAG index, episodes, hierarchical tiers;
+        durable in their store keys). ``everything`` also empties the patterns of what
+        they kept beyond the conversation (messages a window or the retention bound
+        already dropped from it).
+
+        Returns:
+            The removed messages, oldest first.
+
+        Raises:
+            ValueError: neither or both of ``message_ids`` (non-empty) and
+                ``everything``; an id not in the memory (nothing is removed).
+
+        Example:
+            >>> manager = MemoryManager()
+            >>> mid = manager.memory("planner").add(Message.user("my PIN is 1234"))
+            >>> [m.text for m in manager.forget("planner", message_ids=[mid])]
+            ['my PIN is 1234']
+            >>> len(manager.memory("planner"))
+            0
+            >>> manager.close()
+        """
+        self._check_open()
+        if isinstance(message_ids, str):
+            raise ValueError(f"message_ids must be a list of ids, not one string {message_ids!r}")
+        ids = None if message_ids is None else list(dict.fromkeys(message_ids))
+        if everything == bool(ids):
+            raise ValueError(
+                "forget needs either message_ids (a non-empty list) or everything=true, "
+                f"not both; got message_ids={ids!r}, everything={everything!r}"
+            )
+        memory = self.memory(agent, branch)
+        with memory.lock:
+            if everything:
+                removed = list(memory)
+                memory.clear()
+            else:
+                assert ids is not None
+                missing = [i for i in ids if i not in memory]
+                if missing:
+                    raise ValueError(
+                        f"message_ids: no message with id {missing[0]!r} in {agent}@{branch} "
+                        "(nothing was removed)"
+                    )
+                removed = memory.remove(*ids)
+        patterns = self._patterns.get((agent, branch))
+        if patterns is not None:
+            _forget_in_patterns(patterns, [m.message_id for m in removed], everything=everything)
+        return removed
+
     def memories(self) -> Iterator[tuple[str, str, ConversationMemory]]:
         """``(agent, branch, memory)`` for every memory in use."""
         for (agent, branch), mem in list(self._memories.items()):
@@ -794,3 +854,26 @@ class MemoryManager(Closing):
             f"MemoryManager(store={type(self.store).__name__}, namespace={self.namespace!r}, "
             f"memories={len(self._memories)})"
         )
+
+
+def _forget_in_patterns(patterns: AgentPatterns, ids: list[str], *, everything: bool) -> None:
+    """Remove ``ids`` from the agent's RAG, episodic and hierarchical memory.
+
+    ``everything``: every message they hold, including those no longer in the conversation.
+    """
+    rag, episodic, hierarchical = patterns.rag, patterns.episodic, patterns.hierarchical
+    wanted = dict.fromkeys(ids)
+    if everything:
+        if rag is not None:
+            wanted.update(dict.fromkeys(m.message_id for m in rag.messages()))
+        if episodic is not None:
+            wanted.update(dict.fromkeys(m.message_id for m in episodic.rag.messages()))
+        if hierarchical is not None:
+            held = [*hierarchical.core(), *hierarchical.working()]
+            held += hierarchical.archive.messages()
+            wanted.update(dict.fromkeys(m.message_id for m in held))
+    if not wanted:
+        return
+    for pattern in (rag, episodic, hierarchical):
+        if pattern is not None:
+            pattern.remove(list(wanted))

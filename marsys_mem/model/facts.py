@@ -25,10 +25,10 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue, field_validator
 
-from marsys_mem.model.messages import freeze_json
+from marsys_mem.model.messages import Message, freeze_json
 from marsys_mem.model.names import NAME_PATTERN
 
-__all__ = ["SCOPES", "FactScope", "SharedFact", "fact_id"]
+__all__ = ["SCOPES", "FactScope", "SharedFact", "fact_id", "fact_message", "fact_of_message"]
 
 FactScope = Literal["branch", "subtree", "lineage", "global"]
 SCOPES: tuple[FactScope, ...] = ("branch", "subtree", "lineage", "global")
@@ -98,3 +98,32 @@ class SharedFact(BaseModel):
             confidence=confidence,
             metadata=metadata or {},
         )
+
+
+def fact_message(fact: SharedFact) -> Message:
+    """``fact`` as it is stored under a ``#facts`` key (:func:`~marsys_mem.store.keys.facts_key`).
+
+    A system message with the fact's text, ``message_id`` ``fact_<id>`` (one per fact and
+    key), ``name`` its source agent and ``metadata["fact"]`` the whole fact (JSON): what a
+    workflow run records and ``marsys-mem inspect``/``search`` read.
+
+    Example:
+        >>> fact = SharedFact.create("Budget is 4000 EUR", agent="planner")
+        >>> m = fact_message(fact)
+        >>> m.message_id == "fact_" + fact.id, fact_of_message(m) == fact
+        (True, True)
+    """
+    return Message.system(
+        fact.text,
+        message_id=f"fact_{fact.id}",
+        name=fact.source_agent,
+        metadata={"fact": fact.model_dump(mode="json")},
+    )
+
+
+def fact_of_message(message: Message) -> SharedFact | None:
+    """The fact a :func:`fact_message` holds (``None``: not a stored fact, or not valid)."""
+    try:
+        return SharedFact.model_validate(message.metadata.get("fact"))
+    except ValueError:  # pydantic's ValidationError is a ValueError
+        return None

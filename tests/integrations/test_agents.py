@@ -441,3 +441,49 @@ def test_the_example_runs_offline(tmp_path: Path):
     assert "run 2: You asked about Tokyo" in done.stdout
     assert "function_call(call_1)\n     function_call_output(call_1)" in done.stdout
     assert (tmp_path / "memory.db").exists()
+
+
+async def test_pop_and_clear_forget_from_the_agents_memory_patterns(tmp_path: Path):
+    # one path (MemoryManager.forget): a popped or cleared item leaves the RAG index too
+    config = persistent_config(tmp_path / "m.db", patterns={"embedder": "hashing", "rag": {"k": 5}})
+    with MemoryManager(config) as manager:
+        session = MarsysSession("s", manager)
+        await session.add_items(
+            [
+                {"role": "user", "content": "my passport number is X1234567"},
+                {"role": "user", "content": "the van is blue"},
+            ]
+        )
+        patterns = manager.patterns("assistant", "s")
+        assert patterns is not None
+        assert patterns.rag is not None
+        rag = patterns.rag
+
+        def held() -> list[str]:
+            return sorted(m.text for m in rag.messages())
+
+        assert held() == ["my passport number is X1234567", "the van is blue"]
+        assert await session.pop_item() == {"role": "user", "content": "the van is blue"}
+        assert held() == ["my passport number is X1234567"]
+        await session.clear_session()
+        assert held() == []
+        assert await session.get_items() == []
+    with MemoryManager(config) as manager:  # and from the RAG pattern's store key
+        manager.memory("assistant", "s")
+        patterns = manager.patterns("assistant", "s")
+        assert patterns is not None
+        assert patterns.rag is not None
+        assert patterns.rag.messages() == []
+
+
+def test_manager_forget_checks_its_arguments(manager: MemoryManager):
+    mid = manager.memory("assistant").add(Message.user("keep me"))
+    with pytest.raises(ValueError, match="either message_ids"):
+        manager.forget("assistant")
+    with pytest.raises(ValueError, match="either message_ids"):
+        manager.forget("assistant", message_ids=[mid], everything=True)
+    with pytest.raises(ValueError, match="'nope'"):
+        manager.forget("assistant", message_ids=[mid, "nope"])
+    with pytest.raises(ValueError, match="one string"):
+        manager.forget("assistant", message_ids=mid)
+    assert [m.text for m in manager.memory("assistant")] == ["keep me"]  # nothing removed

@@ -309,3 +309,74 @@ def test_fork_of_a_fork_and_deleting_forks() -> None:
     assert store.list_keys("langgraph") == []
     with pytest.raises(ValueError, match="source"):
         saver.copy_thread(None, "x")  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- records: one per checkpoint
+class _TopicState(MessagesState):
+    topic: str
+
+
+def _topic_graph(saver: MarsysCheckpointer) -> Any:
+    def reply(state: _TopicState) -> dict[str, Any]:
+        return {"messages": [AIMessage(f"on {state['topic']}")]}
+
+    builder = StateGraph(_TopicState)
+    builder.add_node("reply", reply)
+    builder.add_edge(START, "reply")
+    builder.add_edge("reply", END)
+    return builder.compile(checkpointer=saver)
+
+
+@pytest.mark.parametrize("backing", ["memory", "sqlite"])
+def test_pruning_keeps_values_the_latest_checkpoint_reads_from_pruned_ones(
+    backing: str, tmp_path: Path
+) -> None:
+    # `topic` is written once, by the first invoke's checkpoints: pruning those must not
+    # lose it (the value moves to a record of its own, in the same batch)
+    store = InMemoryStore() if backing == "memory" else SQLiteStore(tmp_path / "t.db")
+    saver = MarsysCheckpointer(store)
+    graph = _topic_graph(saver)
+    graph.invoke({"messages": [HumanMessage("q0")], "topic": "bikes"}, _cfg("t"))
+    for i in range(1, 4):
+        graph.invoke({"messages": [HumanMessage(f"q{i}")]}, _cfg("t"))
+    saver.prune(["t"])
+    assert len(list(saver.list(_cfg("t")))) == 1
+    for reader in (saver, MarsysCheckpointer(store)):  # warm cache, then cold from the store
+        values = _topic_graph(reader).get_state(_cfg("t")).values
+        assert values["topic"] == "bikes"
+        assert [m.content for m in values["messages"]][-2:] == ["q3", "on bikes"]
+    out = graph.invoke({"messages": [HumanMessage("q4")]}, _cfg("t"))
+    assert out["messages"][-1].content == "on bikes"
+    store.close()
+
+
+def test_values_read_back_are_fresh_objects() -> None:
+    saver = MarsysCheckpointer(InMemoryStore())
+    graph = _topic_graph(saver)
+    graph.invoke({"messages": [HumanMessage("q")], "topic": "bikes"}, _cfg("t"))
+    first = saver.get_tuple(_cfg("t"))
+    assert first is not None
+    first.checkpoint["channel_versions"].clear()
+    first.checkpoint["channel_values"]["topic"] = "changed"
+    first.metadata["step"] = 99
+    again = saver.get_tuple(_cfg("t"))
+    assert again is not None
+    assert again.checkpoint["channel_values"]["topic"] == "bikes"
+    assert again.checkpoint["channel_versions"]
+    assert again.metadata["step"] != 99
+
+
+def test_bookkeeping_per_turn_is_small() -> None:
+    # a turn of _graph is 3 checkpoints, 2 tasks' writes and 2 messages; LangGraph's input
+    # (the __start__ value and its write) holds the user message twice more
+    store = InMemoryStore()
+    graph = _graph(MarsysCheckpointer(store))
+    for i in range(20):
+        graph.invoke({"messages": [HumanMessage(f"q{i}")]}, _cfg("t"))
+    records = store.load_messages(("langgraph", "t", "checkpoints"))
+    kinds = [(m.structured_data or {}).get("k") for m in records]
+    assert kinds.count("ckpt") == 60
+    assert kinds.count("writes") == 40  # one record per task, not one per write
+    assert "blob" not in kinds  # a checkpoint's values live in its own record
+    per_turn = sum(len(m.model_dump_json()) for m in records) / 20
+    assert per_turn < 4500, per_turn  # was ~8,000 bytes (a record per value and per write)

@@ -24,6 +24,8 @@ from mcp.client.stdio import StdioServerParameters
 
 from marsys_mem.config.load import load_config
 from marsys_mem.integrations.mcp import MemoryServer
+from marsys_mem.manager import MemoryManager
+from marsys_mem.store import SQLiteStore
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -259,6 +261,72 @@ async def test_restart_keeps_persistent_agents(policy: Path, tmp_path: Path) -> 
         assert win["messages"] == []
         found = _data(await client.call_tool("recall", {"agent": "researcher", "query": "tram"}))
         assert found["hits"] == []
+
+
+async def test_restart_keeps_shared_facts(policy: Path, tmp_path: Path) -> None:
+    def facts_in(win: dict[str, Any]) -> str:
+        first = win["messages"][0] if win["messages"] else {}
+        return str(first["content"]) if first.get("role") == "system" else ""
+
+    shares = [
+        {"agent": "planner", "text": "Budget is 4,000 EUR", "scope": "global", "topic": "budget"},
+        {"agent": "researcher", "branch": "pt", "text": "Porto is cheaper", "scope": "branch"},
+    ]
+    async with Client(_params(policy, tmp_path)) as client:
+        for args in shares:
+            _data(await client.call_tool("share_fact", args))
+        _data(await client.call_tool("share_fact", shares[0]))  # again: recorded once
+        _data(
+            await client.call_tool(
+                "remember",
+                {"agent": "writer", "kind": "fact", "content": "The client prefers trains"},
+            )
+        )
+
+    async with Client(_params(policy, tmp_path)) as client:  # a new server process
+        planner = facts_in(_data(await client.call_tool("context", {"agent": "planner"})))
+        assert "Budget is 4,000 EUR" in planner
+        assert "The client prefers trains" in planner
+        assert "Porto" not in planner  # scoped to branch pt, as when it was shared
+        pt = _data(await client.call_tool("context", {"agent": "researcher", "branch": "pt"}))
+        assert "Porto is cheaper" in facts_in(pt)
+        writer = facts_in(_data(await client.call_tool("context", {"agent": "writer"})))
+        assert "Budget is 4,000 EUR" in writer  # a session agent: its facts are shared ones
+        late = facts_in(_data(await client.call_tool("context", {"agent": "newcomer"})))
+        assert "Budget is 4,000 EUR" in late  # joined after the restart: in scope, delivered
+        assert "Porto" not in late
+        more = _data(
+            await client.call_tool(
+                "share_fact", {"agent": "planner", "text": "Launch is on March 3"}
+            )
+        )
+        assert "planner" in more["delivered_to"]
+
+    async with Client(_params(policy, tmp_path)) as client:  # and once more
+        planner = facts_in(_data(await client.call_tool("context", {"agent": "planner"})))
+        assert "Launch is on March 3" in planner
+        assert planner.count("Budget is 4,000 EUR") == 1
+
+    # recorded once each, as a workflow run records facts (what `marsys-mem search` reads)
+    with SQLiteStore(tmp_path / "store" / "memory.db") as store:
+        recorded = {
+            key[2]: sorted(m.text for m in store.load_messages(key))
+            for key in store.list_keys("mcp-test")
+            if key[1] == "#facts"
+        }
+    assert recorded == {
+        "main": ["Budget is 4,000 EUR", "Launch is on March 3", "The client prefers trains"],
+        "pt": ["Porto is cheaper"],
+    }
+
+
+async def test_facts_are_not_recorded_in_a_memory_store() -> None:
+    server = MemoryServer(MemoryManager())
+    assert not server.durable
+    await server.share_fact("planner", "Budget is 4,000 EUR", scope="global")
+    assert "Budget is 4,000 EUR" in str(server.context("planner")["messages"][0]["content"])
+    assert server.manager.store.list_keys() == []
+    await server.aclose()
 
 
 def _free_port() -> int:

@@ -16,10 +16,16 @@ Layout in the :class:`~marsys_mem.store.base.MemoryStore` (``namespace`` default
 * ``(namespace, <thread>, "messages")``: the message log, one stored message per
   LangChain message (``metadata["seq"]`` its position, ``metadata["lc"]`` the message as
   the checkpointer's serde wrote it);
-* ``(namespace, <thread>, "checkpoints")``: one record per thread, checkpoint, channel
-  value and pending write, as system messages whose ``structured_data`` holds the record
-  (serialised values are base64 of ``serde.dumps_typed``). Every ``put`` and
-  ``put_writes`` is one store batch: all of it is written or none.
+* ``(namespace, <thread>, "checkpoints")``: system messages whose ``structured_data`` is a
+  record: one per checkpoint (the checkpoint, its metadata and the channel values it
+  changed), one per task's pending writes for a checkpoint, one for the thread. Values
+  that are plain JSON are stored as such, others as base64 of ``serde.dumps_typed``.
+  Record ids are the checkpoint id (time-ordered) behind a short prefix, so the
+  store's index grows at its end. Pruning a checkpoint whose values later checkpoints
+  still read moves those values to records of their own. Every ``put`` and
+  ``put_writes`` is one store batch: all of it is written or none;
+* ``(namespace, <thread>, "head")``: one message, rewritten by every write (the freshness
+  check below).
 
 The checkpointer caches each thread it has read (decoded messages included), so a turn
 costs what it adds, not what the thread holds. Before each operation it compares the
@@ -144,6 +150,48 @@ def _unb64(text: str) -> bytes:
     return base64.b64decode(text.encode("ascii"))
 
 
+def _plain(value: object) -> bool:
+    """Whether ``value`` survives a JSON round trip exactly (types included)."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return True
+    if kind is float:
+        return cast(float, value) - cast(float, value) == 0  # finite: no nan, no inf
+    if kind is list:
+        return all(_plain(v) for v in cast(list[Any], value))
+    if kind is dict:
+        return all(type(k) is str and _plain(v) for k, v in cast(dict[Any, Any], value).items())
+    return False
+
+
+def _encode(serde: SerializerProtocol, value: Any) -> dict[str, Any]:
+    """A value as record fields: ``{"j": value}`` when plain JSON, else the serde's bytes."""
+    if _plain(value):
+        return {"j": value}
+    t, d = serde.dumps_typed(value)
+    return {"t": t, "d": _b64(d)}
+
+
+def _copy(value: Any) -> Any:
+    """A fresh, mutable copy of a JSON value (callers may change what they read).
+
+    Stored records come back frozen (``FrozenDict``, ``FrozenList``): these become a plain
+    ``dict`` and ``list`` again, as written.
+    """
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    return value
+
+
+def _decode(serde: SerializerProtocol, rec: dict[str, Any]) -> Any:
+    """The value of :func:`_encode`'s fields (a fresh object each time)."""
+    if "j" in rec:
+        return _copy(rec["j"])
+    return serde.loads_typed((str(rec["t"]), _unb64(str(rec["d"]))))
+
+
 def _digest(*parts: object) -> str:
     text = "\x1f".join(str(p) for p in parts)
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
@@ -158,6 +206,9 @@ def _ranges(seqs: Sequence[int]) -> list[list[int]]:
         else:
             out.append([seq, seq + 1])
     return out
+
+
+_Write = tuple[str, str, dict[str, Any], str]  # task, channel, encoded value, task path
 
 
 @dataclass
@@ -178,12 +229,10 @@ class _Thread:
     tip: str | None = None
     ckpts: dict[str, dict[str, _Ckpt]] = field(default_factory=dict)
     latest: dict[str, str] = field(default_factory=dict)
-    writes: dict[tuple[str, str], dict[tuple[str, int], tuple[str, str, str, str, str]]] = field(
-        default_factory=dict
-    )  # (ns, cid) -> (task, idx) -> (task, channel, type, data, path); record id beside
-    write_ids: dict[tuple[str, str, str, int], str] = field(default_factory=dict)
+    writes: dict[tuple[str, str], dict[tuple[str, int], _Write]] = field(default_factory=dict)
+    write_ids: dict[tuple[str, str, str, int], str] = field(default_factory=dict)  # -> record
     blobs: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
-    blob_ids: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    blob_ids: dict[tuple[str, str, str], str] = field(default_factory=dict)  # -> its record
     log: list[Any] = field(default_factory=list)  # index: log position; None: deleted
     by_lc_id: dict[str, int] = field(default_factory=dict)
     next_seq: int = 0
@@ -333,7 +382,7 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
         return thread
 
     def _apply_record(self, thread: _Thread, m: Message) -> None:
-        rec = dict(m.structured_data or {})
+        rec: dict[str, Any] = dict(m.structured_data or {})
         kind = rec.get("k")
         if kind == "thread":
             thread.has_record = True
@@ -341,38 +390,41 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
             thread.fork = (str(rec["source"]), int(cast(int, rec["upto"])))
         elif kind == "child":
             thread.children[str(rec["target"])] = int(cast(int, rec["upto"]))
-        elif kind == "blob":
-            key = (str(rec["ns"]), str(rec["ch"]), str(rec["ver"]))
+        elif kind == "blob":  # a blob whose checkpoint was deleted while others need it
+            key = (str(rec["ns"]), str(rec["ch"]), str(rec["v"]))
             thread.blobs[key] = rec
             thread.blob_ids[key] = m.message_id
         elif kind == "ckpt":
+            ns, cid = str(rec["ns"]), str(rec["id"])
+            checkpoint = _decode(self.serde, rec["c"])
+            checkpoint["id"] = cid
+            for channel, blob in cast(dict[str, dict[str, Any]], rec.get("b", {})).items():
+                key = (ns, channel, str(blob["v"]))
+                thread.blobs[key] = blob
+                thread.blob_ids[key] = m.message_id
             ckpt = _Ckpt(
-                ns=str(rec["ns"]),
-                id=str(rec["id"]),
+                ns=ns,
+                id=cid,
                 parent=cast("str | None", rec.get("parent")),
-                checkpoint=self.serde.loads_typed((str(rec["ct"]), _unb64(str(rec["c"])))),
-                metadata=self.serde.loads_typed((str(rec["mt"]), _unb64(str(rec["m"])))),
+                checkpoint=checkpoint,
+                metadata=_decode(self.serde, rec["m"]),
                 record_id=m.message_id,
             )
             thread.add_ckpt(ckpt)
-        elif kind == "write":
-            ns, cid = str(rec["ns"]), str(rec["cid"])
-            task, idx = str(rec["task"]), int(cast(int, rec["idx"]))
-            thread.writes.setdefault((ns, cid), {})[(task, idx)] = (
-                task,
-                str(rec["ch"]),
-                str(rec["t"]),
-                str(rec["d"]),
-                str(rec.get("path", "")),
-            )
-            thread.write_ids[(ns, cid, task, idx)] = m.message_id
+        elif kind == "writes":
+            ns, cid, task = str(rec["ns"]), str(rec["cid"]), str(rec["task"])
+            path = str(rec.get("path", ""))
+            target = thread.writes.setdefault((ns, cid), {})
+            for idx, channel, value in cast(builtins.list[builtins.list[Any]], rec["w"]):
+                target[(task, int(idx))] = (task, str(channel), value, path)
+                thread.write_ids[(ns, cid, task, int(idx))] = m.message_id
 
     # ------------------------------------------------------------------ reading
     def _values(self, thread: _Thread, ns: str, versions: ChannelVersions) -> dict[str, Any]:
         values: dict[str, Any] = {}
         for channel, version in versions.items():
             rec = thread.blobs.get((ns, channel, _version(version)))
-            if rec is None or rec.get("t") == "empty":
+            if rec is None or "e" in rec:
                 continue
             if "refs" in rec:
                 log = thread.log
@@ -381,15 +433,14 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
                     out += log[start:stop]  # a C-speed slice, not a loop over messages
                 values[channel] = out
             else:
-                values[channel] = self.serde.loads_typed((str(rec["t"]), _unb64(str(rec["d"]))))
+                values[channel] = _decode(self.serde, rec)
         return values
 
     def _tuple(self, thread: _Thread, ckpt: _Ckpt) -> CheckpointTuple:
         writes = thread.writes.get((ckpt.ns, ckpt.id), {})
-        ordered = sorted(writes.items(), key=lambda kv: writes_sort_key(kv[1][4], *kv[0]))
+        ordered = sorted(writes.items(), key=lambda kv: writes_sort_key(kv[1][3], *kv[0]))
         pending: builtins.list[PendingWrite] = [
-            (task, channel, self.serde.loads_typed((t, _unb64(d))))
-            for (_, _), (task, channel, t, d, _) in ordered
+            (task, channel, _decode(self.serde, value)) for _, (task, channel, value, _) in ordered
         ]
         base = ckpt.checkpoint
         checkpoint = cast(
@@ -567,7 +618,7 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
     def _log_message(self, seq: int, m: Any) -> Message:
         type_, data = self.serde.dumps_typed(m)
         meta = {"seq": seq, "lc_id": m.id, "lc_type": type_, "lc": _b64(data)}
-        return _to_marsys(m, f"s{seq}", meta)
+        return _to_marsys(m, _log_id(seq), meta)
 
     def put(
         self,
@@ -576,24 +627,28 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        """Store a checkpoint: new messages once, other changed channels by value."""
+        """Store a checkpoint: new messages once, other changed channels by value.
+
+        One record holds the checkpoint, its metadata and the channel values it changed
+        (``new_versions``); a message channel's value is ranges of log positions.
+        """
         thread_id = self._thread_id(config)
         ns = self._ns(config)
         if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("id"), str):
             raise ValueError(
                 f"checkpoint must be a Checkpoint dict with an id, got {shown(checkpoint)}"
             )
+        cid = checkpoint["id"]
         parent = config["configurable"].get("checkpoint_id")
         records_key, log_key = self._keys(thread_id)
         with self._lock:
             thread = self._thread(thread_id)
             values: dict[str, Any] = dict(checkpoint.get("channel_values", {}))
-            stored = {k: v for k, v in checkpoint.items() if k != "channel_values"}
+            stored = {k: v for k, v in checkpoint.items() if k not in ("channel_values", "id")}
             new_messages: dict[int, Any] = {}
             next_seq = thread.next_seq
             records: builtins.list[Message] = []
-            replaced: builtins.list[str] = []
-            blobs: dict[tuple[str, str, str], tuple[str, dict[str, Any]]] = {}
+            embedded: dict[str, dict[str, Any]] = {}
             last_refs: dict[tuple[str, str], builtins.list[builtins.list[int]]] = {}
             if not thread.has_record:
                 records.append(
@@ -601,12 +656,14 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
                 )
             for channel, version in new_versions.items():
                 ver = _version(version)
-                rec: dict[str, Any] = {"k": "blob", "ns": ns, "ch": channel, "ver": ver}
                 value = values.get(channel, _MISSING)
-                refs = None
                 if value is _MISSING:
-                    rec["t"] = "empty"
-                elif channel in self.settings.message_channels and isinstance(value, list):
+                    # an emptied channel reads as absent: a record only to hide an old value
+                    if (ns, channel, ver) in thread.blobs:
+                        embedded[channel] = {"v": ver, "e": 1}
+                    continue
+                refs = None
+                if channel in self.settings.message_channels and isinstance(value, list):
                     refs = self._message_refs(
                         thread,
                         value,
@@ -615,39 +672,32 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
                         self._bases(thread, ns, parent, channel),
                     )
                 if refs is not None:
-                    rec["refs"], next_seq = refs
-                    last_refs[(ns, channel)] = rec["refs"]
-                elif value is not _MISSING:
-                    t, d = self.serde.dumps_typed(value)
-                    rec["t"], rec["d"] = t, _b64(d)
-                key = (ns, channel, ver)
-                record_id = "b" + _digest(*key)
-                if key in thread.blob_ids:
-                    replaced.append(thread.blob_ids[key])
-                blobs[key] = (record_id, rec)
-                records.append(self._record(record_id, rec, f"{channel} {ver}"))
+                    embedded[channel] = {"v": ver, "refs": refs[0]}
+                    next_seq = refs[1]
+                    last_refs[(ns, channel)] = refs[0]
+                else:
+                    embedded[channel] = {"v": ver, **_encode(self.serde, value)}
             md = get_checkpoint_metadata(config, metadata)
-            ct, c = self.serde.dumps_typed(stored)
-            mt, mdata = self.serde.dumps_typed(md)
-            record_id = "c" + _digest(ns, checkpoint["id"])
-            if checkpoint["id"] in thread.ckpts.get(ns, {}):
-                replaced.append(thread.ckpts[ns][checkpoint["id"]].record_id)
-            ckpt_rec = {
+            record_id = _ckpt_record_id(ns, cid)
+            ckpt_rec: dict[str, Any] = {
                 "k": "ckpt",
                 "ns": ns,
-                "id": checkpoint["id"],
+                "id": cid,
                 "parent": parent,
-                "run_id": md.get("run_id"),
-                "ct": ct,
-                "c": _b64(c),
-                "mt": mt,
-                "m": _b64(mdata),
+                "c": _encode(self.serde, stored),
+                "m": _encode(self.serde, md),
             }
-            records.append(self._record(record_id, ckpt_rec, f"checkpoint {checkpoint['id']}"))
+            if embedded:
+                ckpt_rec["b"] = embedded
+            records.append(self._record(record_id, ckpt_rec, "checkpoint"))
             log = [self._log_message(seq, m) for seq, m in new_messages.items()]
             token, ops = self._new_head(thread_id)
-            if replaced:
-                ops.append(Delete(records_key, tuple(dict.fromkeys(replaced))))
+            old = thread.ckpts.get(ns, {}).get(cid)
+            if old is not None:  # the same checkpoint again: its record is replaced
+                names = checkpoint.get("channel_versions", {}).items()
+                also = {(ns, ch, _version(v)) for ch, v in names}
+                ops += self._rehome(thread, {old.record_id}, also, new_versions=embedded)
+                ops.append(Delete(records_key, (old.record_id,)))
             if log:
                 ops.append(Append(log_key, tuple(log)))
             ops.append(Append(records_key, tuple(records)))
@@ -659,18 +709,56 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
             thread.next_seq = next_seq
             thread.last_refs.update(last_refs)
             thread.has_record = True
-            for key, (rid, rec) in blobs.items():
-                thread.blobs[key] = rec
-                thread.blob_ids[key] = rid
-            thread.add_ckpt(_Ckpt(ns, checkpoint["id"], parent, dict(stored), dict(md), record_id))
+            for channel, blob in embedded.items():
+                key = (ns, channel, blob["v"])
+                thread.blobs[key] = blob
+                thread.blob_ids[key] = record_id
+            stored["id"] = cid
+            thread.add_ckpt(_Ckpt(ns, cid, parent, stored, dict(md), record_id))
             thread.tip = token
         return {
             "configurable": {
                 "thread_id": thread_id,
                 "checkpoint_ns": ns,
-                "checkpoint_id": checkpoint["id"],
+                "checkpoint_id": cid,
             }
         }
+
+    def _rehome(
+        self,
+        thread: _Thread,
+        gone: set[str],
+        also: set[tuple[str, str, str]] | None = None,
+        *,
+        new_versions: dict[str, dict[str, Any]] | None = None,
+    ) -> builtins.list[Op]:
+        """Ops that keep the blobs held by records ``gone`` as records of their own.
+
+        A checkpoint's record holds the values it changed; later checkpoints read them too,
+        so deleting the record (a pruned or replaced checkpoint) re-homes each blob that a
+        checkpoint kept (or ``also``) still names, unless ``new_versions`` (the channels of
+        the record replacing it) holds the same version.
+        """
+        needed: set[tuple[str, str, str]] = set(also or ())
+        for ns, ckpts in thread.ckpts.items():
+            for ckpt in ckpts.values():
+                if ckpt.record_id in gone:
+                    continue
+                for channel, version in ckpt.checkpoint.get("channel_versions", {}).items():
+                    needed.add((ns, channel, _version(version)))
+        records: builtins.list[Message] = []
+        for key, rid in thread.blob_ids.items():
+            ns, channel, ver = key
+            new = (new_versions or {}).get(channel)
+            if rid in gone and key in needed and not (new is not None and new["v"] == ver):
+                rec = {"k": "blob", "ns": ns, "ch": channel, **thread.blobs[key], "v": ver}
+                records.append(self._record(_blob_record_id(*key), rec, "channel value"))
+                thread.blob_ids[key] = _blob_record_id(*key)
+        if not records:
+            return []
+        records_key, _ = self._keys(thread.thread_id)
+        ids = tuple(m.message_id for m in records)
+        return [Delete(records_key, ids), Append(records_key, tuple(records))]
 
     def put_writes(
         self,
@@ -679,7 +767,11 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        """Store a task's pending writes for a checkpoint (idempotent per task and index)."""
+        """Store a task's pending writes for a checkpoint (idempotent per task and index).
+
+        A task's writes for a checkpoint are one record; a second call for the same task
+        rewrites it with what it adds.
+        """
         thread_id = self._thread_id(config)
         ns = self._ns(config)
         cid = config["configurable"].get("checkpoint_id")
@@ -691,40 +783,41 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
         with self._lock:
             thread = self._thread(thread_id)
             existing = thread.writes.get((ns, cid), {})
-            records: builtins.list[Message] = []
-            replaced: builtins.list[str] = []
-            added: dict[tuple[str, int], tuple[str, str, str, str, str]] = {}
-            if not thread.has_record:
-                records.append(
-                    self._record("thread", {"k": "thread", "thread_id": thread_id}, "thread")
-                )
+            added: dict[tuple[str, int], _Write] = {}
             for i, (channel, value) in enumerate(writes):
                 idx = WRITES_IDX_MAP.get(channel, i)
                 if idx >= 0 and (task_id, idx) in existing:
                     continue
-                t, d = self.serde.dumps_typed(value)
-                entry = (task_id, channel, t, _b64(d), task_path)
-                rid = "w" + _digest(ns, cid, task_id, idx)
-                if (ns, cid, task_id, idx) in thread.write_ids:
-                    replaced.append(thread.write_ids[(ns, cid, task_id, idx)])
-                rec = {
-                    "k": "write", "ns": ns, "cid": cid, "task": task_id, "idx": idx,
-                    "ch": channel, "t": t, "d": entry[3], "path": task_path,
-                }  # fmt: skip
-                added[(task_id, idx)] = entry
-                records.append(self._record(rid, rec, f"write {channel}"))
-            if not records:
+                added[(task_id, idx)] = (task_id, channel, _encode(self.serde, value), task_path)
+            if not added:
                 return
+            merged = {k: w for k, w in existing.items() if k[0] == task_id}
+            merged.update(added)
+            old = {
+                rid
+                for task, idx in merged
+                if (rid := thread.write_ids.get((ns, cid, task, idx))) is not None
+            }
+            rid = _writes_record_id(ns, cid, task_id)
+            rec = {
+                "k": "writes", "ns": ns, "cid": cid, "task": task_id, "path": task_path,
+                "w": [[idx, w[1], w[2]] for (_, idx), w in merged.items()],
+            }  # fmt: skip
+            records = [self._record(rid, rec, "writes")]
+            if not thread.has_record:
+                records.insert(
+                    0, self._record("thread", {"k": "thread", "thread_id": thread_id}, "thread")
+                )
             token, ops = self._new_head(thread_id)
-            if replaced:
-                ops.append(Delete(records_key, tuple(dict.fromkeys(replaced))))
+            if old:
+                ops.append(Delete(records_key, tuple(sorted(old))))
             ops.append(Append(records_key, tuple(records)))
             self.store.batch(ops)
             thread.has_record = True
             target = thread.writes.setdefault((ns, cid), {})
-            for (task, idx), entry in added.items():
-                target[(task, idx)] = entry
-                thread.write_ids[(ns, cid, task, idx)] = "w" + _digest(ns, cid, task, idx)
+            for (task, idx), w in merged.items():
+                target[(task, idx)] = (w[0], w[1], w[2], task_path)
+                thread.write_ids[(ns, cid, task, idx)] = rid
             thread.tip = token
 
     # ------------------------------------------------------------------ deleting
@@ -776,9 +869,9 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
         if not gone:
             return
         records_key, log_key = self._keys(thread.thread_id)
-        record_ids: builtins.list[str] = []
+        gone_records = {thread.ckpts[ns][cid].record_id for ns, cid in gone}
+        record_ids: builtins.list[str] = sorted(gone_records)
         for ns, cid in gone:
-            record_ids.append(thread.ckpts[ns][cid].record_id)
             record_ids.extend(
                 thread.write_ids[(ns, cid, task, idx)]
                 for task, idx in thread.writes.get((ns, cid), {})
@@ -793,18 +886,21 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
         kept_seqs: set[int] = set()
         for key, rec in thread.blobs.items():
             if key not in kept_blobs:
-                record_ids.append(thread.blob_ids[key])
+                if thread.blob_ids[key].startswith("b"):  # a blob's own record (else: a ckpt's)
+                    record_ids.append(thread.blob_ids[key])
             elif "refs" in rec:
                 for start, stop in rec["refs"]:
                     kept_seqs.update(range(start, stop))
+        log = thread.log
         log_ids = tuple(
-            f"s{seq}" for seq, m in enumerate(thread.log) if m is not None and seq not in kept_seqs
+            _log_id(seq) for seq, m in enumerate(log) if m is not None and seq not in kept_seqs
         )
         _, ops = self._new_head(thread.thread_id)
         if log_ids and thread.children:  # forks read these messages: they get their copies
             ops += self._detach(_Thread(thread.thread_id, log=thread.log, children=thread.children))
             record_ids += [_child_record_id(c) for c in thread.children]
         ops.append(Delete(records_key, tuple(dict.fromkeys(record_ids))))
+        ops += self._rehome(thread, gone_records)  # what kept checkpoints read from gone ones
         if log_ids:
             ops.append(Delete(log_key, log_ids))
         self.store.batch(ops)
@@ -898,14 +994,18 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
 
     # ------------------------------------------------------------------ versions
     def get_next_version(self, current: str | None, channel: None) -> str:
-        """Monotonic string versions with a random tail, so forks never share a version."""
+        """Monotonic string versions with a random tail, so forks never share a version.
+
+        ``0000000042.1f3a9c07``: 10 zero-padded digits (they order as strings, also after
+        the 32-digit versions LangGraph's own savers write) and 8 random hex digits.
+        """
         if current is None:
             current_v = 0
         elif isinstance(current, int):
             current_v = current
         else:
             current_v = int(current.split(".")[0])
-        return f"{current_v + 1:032}.{random.random():016}"
+        return f"{current_v + 1:010}.{random.getrandbits(32):08x}"
 
     # ------------------------------------------------------------------ async twins
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
@@ -969,6 +1069,24 @@ _MISSING = object()
 
 def _load_op(key: Key) -> Op:
     return Load(key)
+
+
+def _log_id(seq: int) -> str:
+    """The id of log position ``seq`` (zero-padded: the store's index grows at its end)."""
+    return f"s{seq:09d}"
+
+
+def _ckpt_record_id(ns: str, cid: str) -> str:
+    """``c``, the namespace's digest, the checkpoint id (time-ordered ids: appends at the end)."""
+    return "c" + _digest(ns)[:8] + cid
+
+
+def _writes_record_id(ns: str, cid: str, task: str) -> str:
+    return "w" + _digest(ns)[:8] + cid + "/" + _digest(ns, cid, task)[:16]
+
+
+def _blob_record_id(ns: str, channel: str, version: str) -> str:
+    return "b" + _digest(ns, channel, version)
 
 
 def _child_record_id(target: str) -> str:
