@@ -34,6 +34,15 @@ by re-embedding the messages, a stale one (messages added or removed by another 
 is repaired by embedding only what it lacks and dropping what the store no longer has.
 Search results are always checked against the live messages, so a removed message is never returned.
 
+Shared vectors: when the store keeps vectors (``store.supports_vectors``: the in-memory and
+SQLite stores do), each embedding is written once to the store beside its message, and the
+memory catches up from the store when it opens and before each search: messages and
+vectors other processes wrote since are taken as they are, and only messages nobody has
+embedded yet are embedded (see :mod:`marsys_mem.patterns.shared_vectors`). Several
+``RAGMemory`` objects on one store and key, in one process or many, find each other's
+messages and never embed the same message twice (except when two of them reach a new
+message before its writer has stored its vector).
+
 Without the ``embeddings`` extra, ``RAGMemory()`` falls back to BM25 only and logs one
 notice (logger ``marsys_mem.patterns.rag``).
 """
@@ -60,6 +69,7 @@ from marsys_mem.exceptions import (
 )
 from marsys_mem.lifecycle import Closing
 from marsys_mem.model.messages import Message
+from marsys_mem.patterns.shared_vectors import SharedVectors
 from marsys_mem.retrieval.bm25 import BM25Index
 from marsys_mem.retrieval.embeddings import Embedder, default_embedder
 from marsys_mem.retrieval.index import FaissIndex
@@ -77,8 +87,7 @@ from marsys_mem.retrieval.scoring import (
     make_filter,
     positive_int,
 )
-from marsys_mem.retrieval.vector_sync import VectorSync
-from marsys_mem.store.base import Key, MemoryStore, validate_key
+from marsys_mem.store.base import Append, Key, MemoryStore, PutVectors, validate_key
 
 __all__ = ["Fusion", "RAGMemory", "ScoredMessage", "SearchMode"]
 
@@ -100,7 +109,7 @@ def _bm25_only_notice() -> None:
     )
 
 
-class RAGMemory(VectorSync, Closing):
+class RAGMemory(SharedVectors, Closing):
     """Searchable memory of messages: dense + BM25 hybrid retrieval, durable if asked.
 
     Args:
@@ -237,6 +246,9 @@ class RAGMemory(VectorSync, Closing):
         self._unreported: list[str] = []  # failures flush() has not raised yet
         self._dirty = False  # index changed since it was last saved
         self._closed = False
+        self._shared = False  # set by _open: vectors go through the store
+        self._msg_cursor = 0
+        self._vec_cursor = 0
         if embedder is not None:
             self._index = FaissIndex(embedder.dim, kind=index_kind)
             if self.background:
@@ -257,12 +269,13 @@ class RAGMemory(VectorSync, Closing):
     # ------------------------------------------------------------------ opening
     def _open(self) -> None:
         """Load the store's messages and bring the vector index in line with them."""
-        messages = self.store.load_messages(self.key) if self.store is not None else []
+        self._shared = self._share_vectors()
+        messages, stored = self._read_store()
         with self._lock:
             for m in messages:
                 self._index_text_locked(m)
         if self._index is not None:
-            self._load_index()
+            self._load_index(stored)
 
     # ------------------------------------------------------------------ container protocol
     def __len__(self) -> int:
@@ -392,7 +405,17 @@ class RAGMemory(VectorSync, Closing):
             if any(mid in self._messages for mid in ids):  # raced with another writer
                 raise DuplicateMessageError(f"one of {ids!r} is already in this RAGMemory")
             if self.store is not None:
-                self.store.append_messages(self.key, batch)
+                if vectors is not None and self._shared:
+                    assert self.embedder is not None
+                    model = self.embedder.name
+                    self.store.batch(
+                        [
+                            Append(self.key, tuple(batch)),
+                            PutVectors(self.key, model, tuple(ids), vectors),
+                        ]
+                    )
+                else:
+                    self.store.append_messages(self.key, batch)
             for m, text in zip(batch, texts, strict=True):
                 self._messages[m.message_id] = m
                 self._bm25.add(m.message_id, text)
@@ -441,6 +464,8 @@ class RAGMemory(VectorSync, Closing):
         self._check_open()
         if self.store is None:
             return 0, 0
+        if self._shared:
+            return self._catch_up()
         stored = self.store.load_messages(self.key)
         stored_ids = {m.message_id for m in stored}
         with self._lock:
@@ -529,6 +554,8 @@ class RAGMemory(VectorSync, Closing):
             min_score = finite_number("min_score", min_score)
         resolved = self._resolve_mode(mode)
         keep = make_filter(agent, role, since, until, metadata)
+        if self._shared:
+            self._catch_up()
         self._wait()
         qvec = self._embed([query]) if resolved != "bm25" else None
         with self._lock:

@@ -7,6 +7,10 @@ index, retries a failed batch text by text so one bad text does not sink its nei
 and on opening loads the saved index, repairing a stale one or rebuilding a missing or
 corrupt one from the store's messages.
 
+Vectors read from elsewhere (:data:`StoredVectors`, e.g. a shared store's, see
+:mod:`marsys_mem.patterns.shared_vectors`) fill the index without embedding; every vector
+computed here is handed to :meth:`VectorSync._persist_vectors` (a no-op here) once indexed.
+
 Every queued text carries a ticket; a batch that comes back for a message that was
 removed (or removed and added again) since it was queued is ignored, so the index never
 holds a vector of a message that is gone.
@@ -31,7 +35,10 @@ from marsys_mem.retrieval.embeddings import Embedder, check_vectors
 from marsys_mem.retrieval.index import FaissIndex
 from marsys_mem.retrieval.ingest import EmbeddingQueue
 
-__all__ = ["VectorSync"]
+__all__ = ["StoredVectors", "VectorSync"]
+
+StoredVectors = tuple[Sequence[str], npt.NDArray[np.float32]]
+"""Vectors read from somewhere durable: message ids and their rows."""
 
 log = logging.getLogger("marsys_mem.patterns.rag")
 
@@ -65,12 +72,17 @@ class VectorSync:
     _dirty: bool  # index changed since it was last saved
     _batch_size: int
 
-    def _load_index(self) -> None:
-        """Use the saved index if it is sound; repair it if stale; else rebuild it."""
+    def _load_index(self, stored: StoredVectors | None = None) -> None:
+        """Use the saved index if it is sound; repair it if stale; else rebuild it.
+
+        ``stored``: ``(message ids, vectors)`` the store holds for these messages (shared
+        vectors); they fill the index without embedding, only the rest is embedded.
+        """
         assert self.embedder is not None
         path = self.index_path
         want = [mid for mid in self._messages if mid in self._bm25]
         loaded: FaissIndex | None = None
+        n_stored = len(stored[0]) if stored is not None else 0
         if path is not None and path.exists():
             try:
                 loaded = FaissIndex.load(
@@ -81,40 +93,74 @@ class VectorSync:
             except IndexCorruptError as exc:
                 log.warning(
                     "RAGMemory: vector index %s is unusable (%s); rebuilding it from the "
-                    "store's %d messages",
+                    "store's %d messages (%d stored vectors)",
                     path,
                     exc,
                     len(want),
+                    n_stored,
                 )
                 self._dirty = True  # overwrite the bad file even if the store is empty
         elif path is not None and want:
             log.warning(
                 "RAGMemory: vector index %s is missing; rebuilding it from the store's "
-                "%d messages",
+                "%d messages (%d stored vectors)",
                 path,
                 len(want),
+                n_stored,
             )
-        if loaded is None:
-            self._embed_ids(want)
-            return
-        have = set(loaded.ids())
-        wanted = set(want)
-        extra = have - wanted
-        missing = [mid for mid in want if mid not in have]
-        if extra or missing:
-            log.warning(
-                "RAGMemory: vector index %s is stale (%d vectors of messages no longer "
-                "stored, %d messages without vectors); repairing it",
-                path,
-                len(extra),
-                len(missing),
-            )
-            if extra:
-                loaded.remove(sorted(extra))
-            self._dirty = True
+        if loaded is not None:
+            have = set(loaded.ids())
+            wanted = set(want)
+            extra = have - wanted
+            lacking = sum(1 for mid in want if mid not in have)
+            if extra or lacking:
+                log.warning(
+                    "RAGMemory: vector index %s is stale (%d vectors of messages no longer "
+                    "stored, %d messages without vectors); repairing it",
+                    path,
+                    len(extra),
+                    lacking,
+                )
+                if extra:
+                    loaded.remove(sorted(extra))
+                self._dirty = True
         with self._lock:
-            self._index = loaded
+            if loaded is not None:
+                self._index = loaded
+            if stored is not None:
+                self._adopt_locked(*stored)
+            assert self._index is not None
+            index = self._index
+            missing = [mid for mid in want if mid not in index]
         self._embed_ids(missing)
+
+    def _adopt_locked(self, message_ids: Sequence[str], vectors: npt.NDArray[np.float32]) -> int:
+        """Index stored vectors of messages that have none yet (no embedding); the count."""
+        index = self._index
+        assert index is not None
+        rows: list[int] = []
+        ids: list[str] = []
+        for row, mid in enumerate(message_ids):
+            if mid in self._messages and mid in self._bm25 and mid not in index:
+                rows.append(row)
+                ids.append(mid)
+                self._pending.pop(mid, None)  # a queued embedding of it is not needed
+                self._failed.pop(mid, None)
+        if ids:
+            index.add(ids, vectors if len(rows) == len(message_ids) else vectors[rows])
+            self._dirty = True
+        return len(ids)
+
+    def _persist_vectors(self, ids: Sequence[str], vectors: npt.NDArray[np.float32]) -> None:
+        """Hook: keep vectors just computed somewhere durable (the store: shared vectors)."""
+
+    def _index_text_locked(self, m: Message) -> None:
+        """Index a stored message's text (RAGMemory's)."""
+        raise NotImplementedError
+
+    def _forget_locked(self, ids: Sequence[str]) -> None:
+        """Drop messages from every index (RAGMemory's)."""
+        raise NotImplementedError
 
     def _embed_ids(self, ids: Sequence[str]) -> None:
         """Queue (or, without background, compute) the vectors of stored messages."""
@@ -136,9 +182,16 @@ class VectorSync:
                 log.error("RAGMemory: could not embed %d messages: %s", len(chunk), exc)
                 continue
             with self._lock:
-                assert self._index is not None
-                self._index.add(list(chunk), vectors)
-                self._dirty = True
+                index = self._index
+                assert index is not None
+                rows = [
+                    i for i, mid in enumerate(chunk) if mid in self._messages and mid not in index
+                ]
+                fresh = [chunk[i] for i in rows]
+                if fresh:
+                    index.add(fresh, vectors[rows])
+                    self._dirty = True
+            self._persist_vectors(fresh, vectors[rows])
 
     def _embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         """Embed synchronously and validate; raises EmbeddingError."""
@@ -190,6 +243,8 @@ class VectorSync:
                 assert self._index is not None
                 self._index.add(ids, vectors[rows])
                 self._dirty = True
+        if ids:
+            self._persist_vectors(ids, vectors[rows])
 
     def _wait(self, timeout: float | None = None) -> None:
         """Wait for the queue; re-embed one by one what a failed batch dropped."""
@@ -209,6 +264,7 @@ class VectorSync:
     def _retry(self, stuck: Sequence[tuple[str, int]]) -> None:
         """Embed texts of a dropped batch singly: a bad text does not sink its neighbours."""
         failed: list[str] = []
+        stored: list[tuple[str, npt.NDArray[np.float32]]] = []
         for mid, ticket in stuck:
             m = self._messages.get(mid)
             vector: npt.NDArray[np.float32] | None = None
@@ -229,6 +285,7 @@ class VectorSync:
                     try:
                         self._index.add([mid], vector)
                         self._dirty = True
+                        stored.append((mid, vector))
                         continue
                     except Exception as exc:
                         reason = f"{type(exc).__name__}: {exc}"
@@ -236,6 +293,8 @@ class VectorSync:
                     self._failed[mid] = reason
                     self._unreported.append(mid)
                     failed.append(mid)
+        if stored:
+            self._persist_vectors([mid for mid, _ in stored], np.vstack([v for _, v in stored]))
         if failed:
             log.error(
                 "RAGMemory: the embedder failed on %d message(s) %s (%s); they are found by "

@@ -10,6 +10,10 @@ arguments, so every backend behaves the same and passes the one conformance suit
 Keys are ``(namespace, agent, branch)`` tuples of non-empty strings. Within a key,
 messages keep the order they were appended in and ``message_id`` is unique.
 
+Vectors (optional, :attr:`MemoryStore.supports_vectors`): ``put_vectors`` stores a message's
+embedding under a model name, ``load_vectors`` reads what was written after a cursor, and
+``load_messages_after`` what was appended after one; see :mod:`marsys_mem.store.vectors`.
+
 Retention (``enforce_retention``) follows the one rule in :mod:`marsys_mem.store.retention`:
 messages older than ``ttl`` (by their timestamp) are deleted, then the oldest beyond
 ``max_messages`` per key. System and pinned messages are exempt from ``ttl`` and are
@@ -23,15 +27,20 @@ import asyncio
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
 
 from marsys_mem.exceptions import DuplicateMessageError, StoreError
 from marsys_mem.lifecycle import Closing
 from marsys_mem.model.messages import Message
 from marsys_mem.model.runs import RunSnapshot
 from marsys_mem.store.keys import Key, stored_key, validate_key
+from marsys_mem.store.vectors import MAX_MODEL_CHARS, MessagePage, VectorPage
 
 __all__ = [
+    "VECTOR_OPS",
     "Append",
     "CountMessages",
     "Delete",
@@ -40,10 +49,15 @@ __all__ = [
     "ListKeys",
     "ListRuns",
     "Load",
+    "LoadAfter",
     "LoadRun",
+    "LoadVectors",
     "MemoryStore",
+    "MessagePage",
     "Op",
+    "PutVectors",
     "SaveRun",
+    "VectorPage",
     "validate_key",
 ]
 
@@ -147,6 +161,52 @@ class EnforceRetention:
     now: datetime
 
 
+@dataclass(frozen=True, slots=True)
+class LoadAfter:
+    """Messages appended to ``key`` after cursor ``after`` (result: :class:`MessagePage`).
+
+    The page also carries the cursor after them and the key's current message count.
+    """
+
+    key: Key
+    after: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PutVectors:
+    """Store the ``model`` vectors of messages of ``key`` (result: count stored).
+
+    ``vectors[i]`` is the vector of ``message_ids[i]`` (a ``float32`` array of shape
+    ``(len(message_ids), dim)``, finite). Every message must be stored under ``key``
+    (else :class:`~marsys_mem.exceptions.MessageNotFoundError`); a vector a message
+    already has for ``model`` is replaced (and counts as written now). ``dim`` must be the
+    dimension the store holds ``model``'s vectors in, if it holds any (else ValueError).
+    """
+
+    key: Key
+    model: str
+    message_ids: tuple[str, ...]
+    vectors: npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadVectors:
+    """``model`` vectors written after cursor ``after`` (result: :class:`VectorPage`).
+
+    ``key=None``: of every key. Rows come in write order; ``limit``: at most that many
+    (the page's cursor then points after the last row returned).
+    """
+
+    key: Key | None
+    model: str
+    after: int = 0
+    limit: int | None = None
+
+
+VECTOR_OPS = (LoadAfter, PutVectors, LoadVectors)
+"""The operations only a store that :attr:`~MemoryStore.supports_vectors` executes."""
+
+
 Op = (
     Append
     | Load
@@ -157,6 +217,9 @@ Op = (
     | LoadRun
     | ListRuns
     | EnforceRetention
+    | LoadAfter
+    | PutVectors
+    | LoadVectors
 )
 
 
@@ -207,8 +270,65 @@ def _validate(op: Op) -> None:
     elif isinstance(op, ListRuns):
         for name in ("namespace", "agent", "parent_id"):
             _check_str(name, getattr(op, name))
+    elif isinstance(op, LoadAfter):
+        validate_key(op.key)
+        _check_int("after", op.after, 0)
+    elif isinstance(op, PutVectors):
+        _validate_put_vectors(op)
+    elif isinstance(op, LoadVectors):
+        if op.key is not None:
+            validate_key(op.key)
+        _check_model(op.model)
+        _check_int("after", op.after, 0)
+        _check_int("limit", op.limit, 1)
     else:
         raise TypeError(f"unknown store operation {op!r}")
+
+
+def _check_model(model: object) -> None:
+    if not isinstance(model, str) or not model.strip() or len(model) > MAX_MODEL_CHARS:
+        raise ValueError(
+            f"model must be a non-blank string of at most {MAX_MODEL_CHARS} characters, "
+            f"got {model!r:.80}"
+        )
+
+
+def _validate_put_vectors(op: PutVectors) -> None:
+    validate_key(op.key)
+    _check_model(op.model)
+    if not isinstance(op.message_ids, tuple):
+        raise TypeError(
+            f"message_ids must be a tuple of strings, got {type(op.message_ids).__name__}"
+        )
+    seen: set[str] = set()
+    for i, mid in enumerate(op.message_ids):
+        _check_str(f"message_ids[{i}]", mid)
+        if mid in seen:
+            raise ValueError(f"message_ids[{i}] {mid!r} appears twice in one put_vectors")
+        seen.add(mid)
+    v = op.vectors
+    if not isinstance(v, np.ndarray) or v.dtype != np.float32 or v.ndim != 2:
+        shown = f"{v.dtype} array of shape {v.shape}" if isinstance(v, np.ndarray) else type(v)
+        raise TypeError(f"vectors must be a 2-D float32 numpy array, got {shown}")
+    if v.shape[0] != len(op.message_ids) or v.shape[1] < 1:
+        raise ValueError(
+            f"vectors must have shape ({len(op.message_ids)}, dim >= 1) for "
+            f"{len(op.message_ids)} message_ids, got {v.shape}"
+        )
+    finite = np.isfinite(v).all(axis=1)
+    if not finite.all():
+        row = int(np.argmin(finite))
+        raise ValueError(f"vectors[{row}] (message {op.message_ids[row]!r}) holds NaN or infinity")
+
+
+def _as_vectors(vectors: Any) -> npt.NDArray[np.float32]:
+    """The caller's vectors as a private C-contiguous float32 copy (ops are immutable)."""
+    try:
+        array = np.array(vectors, dtype=np.float32, order="C", copy=True)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"vectors must be a numeric 2-D array: {exc}") from exc
+    array.flags.writeable = False
+    return array
 
 
 def _ids(ids: Iterable[str] | None) -> tuple[str, ...] | None:
@@ -240,6 +360,9 @@ class MemoryStore(Closing, abc.ABC):
     """
 
     closed: bool = False
+    supports_vectors: ClassVar[bool] = False
+    """Whether this backend stores vectors and executes :data:`VECTOR_OPS` (else they raise
+    :class:`~marsys_mem.exceptions.StoreError`)."""
 
     @abc.abstractmethod
     def _batch(self, ops: Sequence[Op]) -> list[Any]:
@@ -259,6 +382,11 @@ class MemoryStore(Closing, abc.ABC):
             raise StoreError(f"{type(self).__name__} is closed")
         for op in ops:
             _validate(op)
+            if not self.supports_vectors and isinstance(op, VECTOR_OPS):
+                raise StoreError(
+                    f"{type(self).__name__} does not store vectors ({type(op).__name__}); "
+                    "check supports_vectors first"
+                )
         results = self._batch(ops) if ops else []
         for i, op in enumerate(ops):  # keys a store returns, it accepts back (internal too)
             if isinstance(op, ListKeys):
@@ -335,7 +463,57 @@ class MemoryStore(Closing, abc.ABC):
         result: int = self.batch([EnforceRetention(key, ttl, max_messages, now)])[0]
         return result
 
+    def load_messages_after(self, key: Key, after: int = 0) -> MessagePage:
+        """Messages appended to ``key`` after cursor ``after``, the next cursor, the count.
+
+        Needs :attr:`supports_vectors`. ``after=0``: every message of the key.
+        """
+        result: MessagePage = self.batch([LoadAfter(key, after)])[0]
+        return result
+
+    def put_vectors(self, key: Key, model: str, message_ids: Iterable[str], vectors: Any) -> int:
+        """Store ``model`` vectors of messages of ``key`` (row i: ``message_ids[i]``).
+
+        Needs :attr:`supports_vectors`. A message's earlier vector of ``model`` is
+        replaced. Returns the number stored.
+
+        Raises:
+            MessageNotFoundError: a message id is not stored under ``key`` (nothing stored).
+            ValueError: bad shape, NaN or infinity, or a dimension other than the one the
+                store holds ``model``'s vectors in.
+        """
+        op = PutVectors(key, model, tuple(_ids(message_ids) or ()), _as_vectors(vectors))
+        result: int = self.batch([op])[0]
+        return result
+
+    def load_vectors(
+        self, key: Key | None, model: str, *, after: int = 0, limit: int | None = None
+    ) -> VectorPage:
+        """``model`` vectors written after cursor ``after`` (``key=None``: every key).
+
+        Needs :attr:`supports_vectors`. Returns a :class:`VectorPage` whose ``cursor``
+        is the ``after`` of the next call.
+        """
+        result: VectorPage = self.batch([LoadVectors(key, model, after, limit)])[0]
+        return result
+
     # ------------------------------------------------------------------ async twins
+    async def aload_messages_after(self, key: Key, after: int = 0) -> MessagePage:
+        """Async twin of :meth:`load_messages_after`."""
+        return await asyncio.to_thread(self.load_messages_after, key, after)
+
+    async def aput_vectors(
+        self, key: Key, model: str, message_ids: Iterable[str], vectors: Any
+    ) -> int:
+        """Async twin of :meth:`put_vectors`."""
+        return await asyncio.to_thread(self.put_vectors, key, model, list(message_ids), vectors)
+
+    async def aload_vectors(
+        self, key: Key | None, model: str, *, after: int = 0, limit: int | None = None
+    ) -> VectorPage:
+        """Async twin of :meth:`load_vectors`."""
+        return await asyncio.to_thread(self.load_vectors, key, model, after=after, limit=limit)
+
     async def aappend_messages(self, key: Key, messages: Iterable[Message]) -> None:
         """Async twin of :meth:`append_messages`."""
         await self.abatch([Append(key, tuple(messages))])

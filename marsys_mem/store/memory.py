@@ -8,16 +8,24 @@ batch has succeeded. A failed batch leaves the store exactly as it was.
 
 Messages are immutable, so the store keeps the objects it is given (no copies, no
 serialisation): an append costs O(messages appended), a load O(messages returned).
+
+Vectors (:mod:`marsys_mem.store.vectors`) are written to the committed state as the batch
+runs, with an undo log that a failed batch replays backwards (the store lock keeps every
+reader out meanwhile). Messages and vectors share one store-wide counter, their cursor.
 """
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
 
-from marsys_mem.exceptions import DuplicateMessageError, StoreError
+import numpy as np
+import numpy.typing as npt
+
+from marsys_mem.exceptions import DuplicateMessageError, MessageNotFoundError, StoreError
 from marsys_mem.model.messages import Message
 from marsys_mem.model.runs import RunSnapshot
 from marsys_mem.store.base import (
@@ -29,12 +37,16 @@ from marsys_mem.store.base import (
     ListKeys,
     ListRuns,
     Load,
+    LoadAfter,
     LoadRun,
+    LoadVectors,
     MemoryStore,
     Op,
+    PutVectors,
     SaveRun,
 )
 from marsys_mem.store.retention import evicted
+from marsys_mem.store.vectors import MessagePage, VectorPage, empty_vectors
 
 __all__ = ["InMemoryStore"]
 
@@ -90,15 +102,41 @@ class _Draft:
         self.tail_ids = set()
 
 
+_Row = tuple[Key, str, npt.NDArray[np.float32]]
+
+
+class _ModelVectors:
+    """One model's vectors: rows by cursor (write order) and the cursor of each message.
+
+    ``seqs`` is sorted and may hold cursors of rows since deleted (skipped on reading,
+    dropped by :meth:`compact`), so a deletion costs O(1) and a catch-up O(rows after it).
+    """
+
+    __slots__ = ("dim", "rows", "seqs", "where")
+
+    def __init__(self, dim: int) -> None:
+        self.dim = dim
+        self.seqs: list[int] = []
+        self.rows: dict[int, _Row] = {}
+        self.where: dict[tuple[Key, str], int] = {}
+
+    def compact(self) -> None:
+        if len(self.seqs) > 2 * len(self.rows) + 64:
+            self.seqs = [s for s in self.seqs if s in self.rows]
+
+
 class _State:
     """The committed contents of an :class:`InMemoryStore` (read and swapped by batches)."""
 
-    __slots__ = ("ids", "messages", "runs")
+    __slots__ = ("ids", "messages", "runs", "seq", "seqs", "vectors")
 
     def __init__(self) -> None:
         self.messages: dict[Key, list[Message]] = {}
         self.ids: dict[Key, set[str]] = {}
         self.runs: dict[str, RunSnapshot] = {}
+        self.seq = 0  # the last cursor handed out (messages and vectors share it)
+        self.seqs: dict[Key, dict[str, int]] = {}  # key -> message id -> its cursor
+        self.vectors: dict[str, _ModelVectors] = {}
 
 
 class InMemoryStore(MemoryStore):
@@ -117,6 +155,8 @@ class InMemoryStore(MemoryStore):
         >>> store.count_messages(key), store.list_keys()
         (2, [('default', 'researcher', 'main')])
     """
+
+    supports_vectors: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -147,6 +187,8 @@ class _Transaction:
         self.state = state
         self.drafts: dict[Key, _Draft] = {}
         self.runs: dict[str, RunSnapshot] | None = None  # a private copy once written
+        self.new_seqs: dict[Key, dict[str, int]] = {}  # cursors of appended messages
+        self.undo: list[tuple[str, str, int, _Row | None]] = []  # vector writes, to revert
 
     # ------------------------------------------------------------------ state access
     def draft(self, key: Key) -> _Draft:
@@ -181,19 +223,50 @@ class _Transaction:
 
     # ------------------------------------------------------------------ batch
     def run(self, ops: Sequence[Op]) -> list[Any]:
-        results = [self.execute(op) for op in ops]
+        try:
+            results = [self.execute(op) for op in ops]
+        except BaseException:
+            self.revert()
+            raise
         self.commit()
         return results
 
+    def revert(self) -> None:
+        """Undo this batch's vector writes, newest first."""
+        vectors = self.state.vectors
+        for action, model, seq, row in reversed(self.undo):
+            mv = vectors[model]
+            if action == "model":
+                del vectors[model]
+            elif action == "add":
+                key, mid, _ = mv.rows.pop(seq)
+                del mv.where[(key, mid)]
+                if mv.seqs and mv.seqs[-1] == seq:
+                    mv.seqs.pop()
+            else:  # "del": put the row back where it was
+                assert row is not None
+                mv.rows[seq] = row
+                mv.where[(row[0], row[1])] = seq
+
     def commit(self) -> None:
         messages, ids = self.state.messages, self.state.ids
+        for key, new in self.new_seqs.items():
+            self.state.seqs.setdefault(key, {}).update(new)
+        for model in {model for _, model, _, _ in self.undo}:
+            found = self.state.vectors.get(model)
+            if found is not None:
+                found.compact()
         for key, d in self.drafts.items():
+            if d.messages is not None and d.ids is not None:  # a deletion: forget cursors
+                seqs = self.state.seqs.get(key, {})
+                self.state.seqs[key] = {mid: seqs[mid] for mid in d.ids}
             if d.messages is not None and d.ids is not None:
                 if d.messages:
                     messages[key], ids[key] = d.messages, d.ids
                 else:
                     messages.pop(key, None)
                     ids.pop(key, None)
+                    self.state.seqs.pop(key, None)
             elif d.tail:
                 if key in messages:
                     messages[key].extend(d.tail)
@@ -229,6 +302,12 @@ class _Transaction:
             return self.list_runs(op)
         if isinstance(op, EnforceRetention):
             return self.retention(op)
+        if isinstance(op, LoadAfter):
+            return self.load_after(op)
+        if isinstance(op, PutVectors):
+            return self.put_vectors(op)
+        if isinstance(op, LoadVectors):
+            return self.load_vectors(op)
         raise TypeError(f"unknown store operation {op!r}")  # pragma: no cover
 
     def append(self, op: Append) -> None:
@@ -241,6 +320,97 @@ class _Transaction:
                     f"message_id {m.message_id!r} is already stored under {op.key}"
                 )
         d.append(op.messages)
+        new = self.new_seqs.setdefault(op.key, {})
+        for m in op.messages:
+            self.state.seq += 1
+            new[m.message_id] = self.state.seq
+
+    # ------------------------------------------------------------------ vectors
+    def seq_of(self, key: Key, message_id: str) -> int:
+        new = self.new_seqs.get(key)
+        if new is not None and message_id in new:
+            return new[message_id]
+        return self.state.seqs[key][message_id]
+
+    def load_after(self, op: LoadAfter) -> MessagePage:
+        messages = self.current(op.key)
+        start = len(messages)
+        while start > 0 and self.seq_of(op.key, messages[start - 1].message_id) > op.after:
+            start -= 1
+        new = list(messages[start:])
+        cursor = self.seq_of(op.key, new[-1].message_id) if new else op.after
+        return MessagePage(new, cursor, len(messages))
+
+    def has_message(self, key: Key, message_id: str) -> bool:
+        found = self.drafts.get(key)
+        if found is not None:
+            return message_id in found
+        return message_id in self.state.ids.get(key, ())
+
+    def put_vectors(self, op: PutVectors) -> int:
+        dim = int(op.vectors.shape[1])
+        mv = self.state.vectors.get(op.model)
+        if mv is not None and mv.dim != dim:
+            raise ValueError(
+                f"vectors of model {op.model!r} are {mv.dim}-D in this store, got {dim}-D"
+            )
+        for mid in op.message_ids:
+            if not self.has_message(op.key, mid):
+                raise MessageNotFoundError(
+                    f"put_vectors: no message {mid!r} is stored under {op.key}"
+                )
+        if mv is None:
+            mv = self.state.vectors[op.model] = _ModelVectors(dim)
+            self.undo.append(("model", op.model, 0, None))
+        self.drop_vectors(op.key, op.message_ids, (op.model,))
+        vectors = op.vectors.copy()  # the store's own rows, whatever the caller does later
+        vectors.flags.writeable = False
+        for i, mid in enumerate(op.message_ids):
+            self.state.seq += 1
+            seq = self.state.seq
+            mv.rows[seq] = (op.key, mid, vectors[i])
+            mv.where[(op.key, mid)] = seq
+            mv.seqs.append(seq)
+            self.undo.append(("add", op.model, seq, None))
+        return len(op.message_ids)
+
+    def drop_vectors(
+        self, key: Key, message_ids: Iterable[str], models: Iterable[str] | None = None
+    ) -> None:
+        """Delete the vectors of ``message_ids`` under ``key`` (a cascade or a rewrite)."""
+        vectors = self.state.vectors
+        if not vectors:
+            return
+        mids = list(message_ids)
+        for model in list(vectors) if models is None else models:
+            mv = vectors.get(model)
+            if mv is None or not mv.rows:
+                continue
+            for mid in mids:
+                seq = mv.where.pop((key, mid), None)
+                if seq is not None:
+                    self.undo.append(("del", model, seq, mv.rows.pop(seq)))
+
+    def load_vectors(self, op: LoadVectors) -> VectorPage:
+        mv = self.state.vectors.get(op.model)
+        if mv is None:
+            return VectorPage((), (), empty_vectors(0), op.after)
+        keys: list[Key] = []
+        mids: list[str] = []
+        rows: list[npt.NDArray[np.float32]] = []
+        cursor = op.after
+        for seq in mv.seqs[bisect.bisect_right(mv.seqs, op.after) :]:
+            row = mv.rows.get(seq)
+            if row is None or (op.key is not None and row[0] != op.key):
+                continue
+            keys.append(row[0])
+            mids.append(row[1])
+            rows.append(row[2])
+            cursor = seq
+            if op.limit is not None and len(rows) >= op.limit:
+                break
+        array = np.stack(rows) if rows else empty_vectors(mv.dim)
+        return VectorPage(tuple(keys), tuple(mids), array, cursor)
 
     def load(self, op: Load) -> list[Message]:
         messages = self.current(op.key)
@@ -274,6 +444,11 @@ class _Transaction:
             ]
         removed = len(messages) - len(kept)
         if removed:
+            if self.state.vectors:
+                left = {m.message_id for m in kept}
+                self.drop_vectors(
+                    op.key, [m.message_id for m in messages if m.message_id not in left]
+                )
             self.draft(op.key).replace(kept)
         return removed
 
@@ -313,5 +488,6 @@ def _retain(
     drop = evicted(messages, now=now, ttl=ttl, max_messages=max_messages)
     if drop:
         gone = set(drop)
+        tx.drop_vectors(key, [messages[i].message_id for i in drop])
         tx.draft(key).replace([m for i, m in enumerate(messages) if i not in gone])
     return len(drop)

@@ -8,7 +8,7 @@ when ``append_messages`` returns; ``NORMAL`` trades the last commits on power lo
 on a process crash, for speed) and a busy timeout, so several processes can write to one
 file: they take turns, and each waits up to ``busy_timeout`` seconds for the others.
 
-Schema (version 3)::
+Schema (version 4)::
 
     messages(seq INTEGER PRIMARY KEY AUTOINCREMENT,       -- per-key order = seq order
              namespace, agent, branch, message_id,        -- UNIQUE (key, message_id)
@@ -17,6 +17,11 @@ Schema (version 3)::
              data TEXT)                                   -- Message.model_dump_json()
     key_counts(namespace, agent, branch, n)               -- rows per key (see below)
     runs(run_id PRIMARY KEY, parent_id, namespace, agent, started_at INTEGER, data TEXT)
+    vector_models(model PRIMARY KEY, dim INTEGER)         -- a model's one dimension
+    vectors(vseq INTEGER PRIMARY KEY AUTOINCREMENT,       -- the vector cursor
+            msg_seq,                                      -- messages.seq; UNIQUE (msg_seq, model)
+            namespace, agent, branch, message_id,         -- the message's key and id
+            model, data BLOB)                             -- float32 little-endian
     schema_version(version INTEGER PRIMARY KEY, applied_at TEXT)   -- one row per migration
 
 ``ts`` is an integer number of microseconds rather than a float: exact for every
@@ -29,6 +34,13 @@ every append adds to and a trigger on ``messages`` subtracts every deleted row f
 the same transaction. So a bound holds across any number of processes sharing the file,
 at every committed state, and checking it costs O(1) rather than a count over the key's
 rows. :meth:`SQLiteStore.integrity_check` verifies the counts.
+
+Vectors (:mod:`marsys_mem.store.vectors`): a trigger on ``messages`` deletes a message's
+vectors with it, whatever deletes it, in the same transaction. Cursors are ``seq`` (messages)
+and ``vseq`` (vectors): ``AUTOINCREMENT`` never reuses a value, and writers take turns on the
+file's write lock, so commit order is cursor order and "everything after cursor c" misses
+nothing another process commits later. Rewriting a vector (``INSERT OR REPLACE``) gives it
+a new ``vseq``.
 
 Which files open: a path where nothing exists gets a new store, created under a temporary
 name and linked into place complete (concurrent creators race safely: one link wins,
@@ -43,7 +55,8 @@ inside one ``BEGIN IMMEDIATE`` transaction when a file with an older version is 
 A file written by a newer version of marsys-mem is refused with
 :class:`~marsys_mem.exceptions.StoreError`. History: version 1 created the tables;
 version 2 added ``protected`` (backfilled from the stored JSON) for retention; version 3
-added ``key_counts`` (backfilled) and stamped the ``application_id``.
+added ``key_counts`` (backfilled) and stamped the ``application_id``; version 4 added
+``vector_models`` and ``vectors`` (empty: nothing was embedded into a store before).
 
 All SQL is parameterised; the only values formatted into statements are PRAGMA settings
 checked against a fixed set. Nothing is pickled: messages and run snapshots are stored as
@@ -62,11 +75,11 @@ import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import ValidationError
 
-from marsys_mem.exceptions import DuplicateMessageError, StoreError
+from marsys_mem.exceptions import DuplicateMessageError, MessageNotFoundError, StoreError
 from marsys_mem.model.messages import MESSAGE_LIST_ADAPTER, Message
 from marsys_mem.model.runs import RunSnapshot
 from marsys_mem.store.base import (
@@ -77,12 +90,16 @@ from marsys_mem.store.base import (
     ListKeys,
     ListRuns,
     Load,
+    LoadAfter,
     LoadRun,
+    LoadVectors,
     MemoryStore,
     Op,
+    PutVectors,
     SaveRun,
 )
 from marsys_mem.store.retention import EVICTION_ORDER, ttl_cutoff
+from marsys_mem.store.vectors import MessagePage, VectorPage, from_bytes, to_bytes
 
 __all__ = ["APPLICATION_ID", "MIGRATIONS", "Migration", "SQLiteStore", "Synchronous"]
 
@@ -99,7 +116,8 @@ _HEADER = b"SQLite format 3\x00"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 _KEY_WHERE = "namespace = ? AND agent = ? AND branch = ?"
-_WRITES = (Append, Delete, SaveRun, EnforceRetention)
+_WRITES = (Append, Delete, SaveRun, EnforceRetention, PutVectors)
+_CHUNK = 500  # ids per IN (...) query: below SQLite's bound-parameter limit
 _INSERT = (
     "INSERT INTO messages (namespace, agent, branch, message_id, ts, protected, data) "
     "VALUES (?, ?, ?, ?, ?, ?, ?)"
@@ -197,7 +215,36 @@ def _v3_key_counts(conn: sqlite3.Connection) -> None:
     )
 
 
-MIGRATIONS: tuple[Migration, ...] = (_v1_tables, _v2_protected, _v3_key_counts)
+def _v4_vectors(conn: sqlite3.Connection) -> None:
+    """Version 4: ``vector_models`` and ``vectors``, deleted with their messages by a trigger.
+
+    ``vectors`` repeats the message's key and id so that a catch-up (``vseq > cursor``, by
+    key or store-wide) is one range scan of an index, with no join.
+    """
+    conn.execute(
+        "CREATE TABLE vector_models (model TEXT PRIMARY KEY, dim INTEGER NOT NULL) WITHOUT ROWID"
+    )
+    conn.execute(
+        "CREATE TABLE vectors ("
+        " vseq INTEGER PRIMARY KEY AUTOINCREMENT,"
+        " msg_seq INTEGER NOT NULL,"
+        " namespace TEXT NOT NULL,"
+        " agent TEXT NOT NULL,"
+        " branch TEXT NOT NULL,"
+        " message_id TEXT NOT NULL,"
+        " model TEXT NOT NULL,"
+        " data BLOB NOT NULL,"
+        " UNIQUE (msg_seq, model))"
+    )
+    conn.execute("CREATE INDEX vectors_by_model ON vectors (model, vseq)")
+    conn.execute("CREATE INDEX vectors_by_key ON vectors (namespace, agent, branch, model, vseq)")
+    conn.execute(
+        "CREATE TRIGGER messages_vectors_delete AFTER DELETE ON messages BEGIN "
+        "DELETE FROM vectors WHERE msg_seq = old.seq; END"
+    )
+
+
+MIGRATIONS: tuple[Migration, ...] = (_v1_tables, _v2_protected, _v3_key_counts, _v4_vectors)
 """Schema migrations, in order: ``MIGRATIONS[i]`` takes a file from version i to i + 1."""
 
 
@@ -467,6 +514,8 @@ class SQLiteStore(MemoryStore):
         state = ", closed" if self.closed else ""
         return f"SQLiteStore({self.path!r}, synchronous={self.synchronous!r}{state})"
 
+    supports_vectors: ClassVar[bool] = True
+
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
         """Close the connection; further calls raise ``StoreError``. Idempotent."""
@@ -492,7 +541,7 @@ class SQLiteStore(MemoryStore):
                 try:
                     problems = [str(r[0]) for r in conn.execute("PRAGMA integrity_check")]
                     if problems == ["ok"]:
-                        problems = _count_mismatches(conn) or problems
+                        problems = _count_mismatches(conn) + _orphan_vectors(conn) or problems
                 finally:
                     conn.execute("COMMIT")
             except sqlite3.Error as exc:
@@ -545,6 +594,16 @@ def _count_mismatches(conn: sqlite3.Connection) -> list[str]:
         f"key_counts of {(ns, agent, branch)!r}: {counted}, but {actual} rows"
         for ns, agent, branch, actual, counted in cur
     ]
+
+
+def _orphan_vectors(conn: sqlite3.Connection) -> list[str]:
+    """Vectors whose message is gone, or whose key or id disagrees with it."""
+    (n,) = conn.execute(
+        "SELECT count(*) FROM vectors v LEFT JOIN messages m ON m.seq = v.msg_seq "
+        "WHERE m.seq IS NULL OR m.namespace != v.namespace OR m.agent != v.agent "
+        "OR m.branch != v.branch OR m.message_id != v.message_id"
+    ).fetchone()
+    return [f"{n} vectors without their message"] if n else []
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
@@ -616,6 +675,12 @@ def _execute(conn: sqlite3.Connection, op: Op, rows: dict[int, list[Row]]) -> An
         return _list_runs(conn, op)
     if isinstance(op, EnforceRetention):
         return _retention(conn, op)
+    if isinstance(op, LoadAfter):
+        return _load_after(conn, op)
+    if isinstance(op, PutVectors):
+        return _put_vectors(conn, op)
+    if isinstance(op, LoadVectors):
+        return _load_vectors(conn, op)
     raise TypeError(f"unknown store operation {op!r}")  # pragma: no cover
 
 
@@ -738,3 +803,78 @@ def _retention(conn: sqlite3.Connection, op: EnforceRetention) -> int:
                 deleted += gone
                 excess -= gone
     return deleted
+
+
+# ---------------------------------------------------------------------- vectors
+def _load_after(conn: sqlite3.Connection, op: LoadAfter) -> MessagePage:
+    rows = conn.execute(
+        f"SELECT seq, data FROM messages WHERE {_KEY_WHERE} AND seq > ? ORDER BY seq",
+        (*op.key, op.after),
+    ).fetchall()
+    messages = (
+        MESSAGE_LIST_ADAPTER.validate_json("[" + ",".join(r[1] for r in rows) + "]") if rows else []
+    )
+    cursor = int(rows[-1][0]) if rows else op.after
+    return MessagePage(messages, cursor, _count(conn, op.key))
+
+
+def _model_dim(conn: sqlite3.Connection, model: str) -> int | None:
+    row = conn.execute("SELECT dim FROM vector_models WHERE model = ?", (model,)).fetchone()
+    return int(row[0]) if row else None
+
+
+def _put_vectors(conn: sqlite3.Connection, op: PutVectors) -> int:
+    dim = int(op.vectors.shape[1])
+    known = _model_dim(conn, op.model)
+    if known is None:
+        conn.execute("INSERT INTO vector_models (model, dim) VALUES (?, ?)", (op.model, dim))
+    elif known != dim:
+        raise ValueError(f"vectors of model {op.model!r} are {known}-D in this store, got {dim}-D")
+    seq_of: dict[str, int] = {}
+    ids = op.message_ids
+    for start in range(0, len(ids), _CHUNK):
+        chunk = ids[start : start + _CHUNK]
+        marks = ",".join("?" * len(chunk))
+        for seq, mid in conn.execute(
+            f"SELECT seq, message_id FROM messages WHERE {_KEY_WHERE} AND message_id IN ({marks})",
+            (*op.key, *chunk),
+        ):
+            seq_of[str(mid)] = int(seq)
+    for mid in ids:
+        if mid not in seq_of:
+            raise MessageNotFoundError(f"put_vectors: no message {mid!r} is stored under {op.key}")
+    conn.executemany(
+        "INSERT OR REPLACE INTO vectors "
+        "(msg_seq, namespace, agent, branch, message_id, model, data) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [
+            (seq_of[mid], *op.key, mid, op.model, to_bytes(op.vectors[i]))
+            for i, mid in enumerate(ids)
+        ],
+    )
+    return len(ids)
+
+
+def _load_vectors(conn: sqlite3.Connection, op: LoadVectors) -> VectorPage:
+    dim = _model_dim(conn, op.model) or 0
+    sql = "SELECT vseq, namespace, agent, branch, message_id, data FROM vectors WHERE "
+    params: list[Any] = []
+    if op.key is not None:
+        sql += f"{_KEY_WHERE} AND "
+        params.extend(op.key)
+    sql += "model = ? AND vseq > ? ORDER BY vseq"
+    params.extend((op.model, op.after))
+    if op.limit is not None:
+        sql += " LIMIT ?"
+        params.append(op.limit)
+    rows = conn.execute(sql, params).fetchall()
+    try:
+        vectors = from_bytes([bytes(r[5]) for r in rows], dim)
+    except ValueError as exc:
+        raise StoreError(f"stored vectors of model {op.model!r} are corrupt: {exc}") from exc
+    return VectorPage(
+        tuple((str(r[1]), str(r[2]), str(r[3])) for r in rows),
+        tuple(str(r[4]) for r in rows),
+        vectors,
+        int(rows[-1][0]) if rows else op.after,
+    )

@@ -602,15 +602,28 @@ def test_repr(mem):
 # --------------------------------------------------------------------- persistence
 
 
-def _open(tmp_path, emb, **kw):
-    store = SQLiteStore(tmp_path / "mem.db")
+class IndexFileOnlyStore(SQLiteStore):
+    """An SQLiteStore that keeps no vectors: RAGMemory relies on its index file alone."""
+
+    supports_vectors = False
+
+
+@pytest.fixture(params=["shared", "file-only"])
+def shared(request):
+    """Run a persistence test with vectors in the store, and with the index file alone."""
+    return request.param == "shared"
+
+
+def _open(tmp_path, emb, shared=False, **kw):
+    store = (SQLiteStore if shared else IndexFileOnlyStore)(tmp_path / "mem.db")
     mem = RAGMemory(emb, store=store, key=KEY, index_path=tmp_path / "rag.index", **kw)
+    assert mem._shared is shared
     return store, mem
 
 
-def test_persists_across_a_restart(tmp_path):
+def test_persists_across_a_restart(tmp_path, shared):
     emb = CountingEmbedder()
-    store, mem = _open(tmp_path, emb)
+    store, mem = _open(tmp_path, emb, shared)
     ids = mem.add_many(CHITCHAT)
     car = mem.add("I parked the car on level 4 of the garage")
     mem.close()
@@ -618,7 +631,7 @@ def test_persists_across_a_restart(tmp_path):
     assert (tmp_path / "rag.index").exists()
     emb.texts.clear()
 
-    store, mem = _open(tmp_path, emb)
+    store, mem = _open(tmp_path, emb, shared)
     assert len(mem) == len(ids) + 1
     assert mem.search("parked car garage", k=1)[0].id == car
     assert emb.texts == ["parked car garage"]  # nothing re-embedded, only the query
@@ -626,9 +639,9 @@ def test_persists_across_a_restart(tmp_path):
     store.close()
 
 
-def test_rebuild_when_the_index_file_is_deleted(tmp_path, caplog):
+def test_rebuild_when_the_index_file_is_deleted(tmp_path, caplog, shared):
     emb = CountingEmbedder()
-    store, mem = _open(tmp_path, emb)
+    store, mem = _open(tmp_path, emb, shared)
     mem.add_many(CHITCHAT)
     car = mem.add("I parked the car on level 4 of the garage")
     mem.close()
@@ -636,10 +649,13 @@ def test_rebuild_when_the_index_file_is_deleted(tmp_path, caplog):
     (tmp_path / "rag.index").unlink()
     emb.texts.clear()
     with caplog.at_level(logging.WARNING, logger="marsys_mem.patterns.rag"):
-        store, mem = _open(tmp_path, emb)
+        store, mem = _open(tmp_path, emb, shared)
     assert "missing" in caplog.text
     assert mem.search("parked car garage", k=1, mode="dense")[0].id == car
-    assert len(emb.texts) == len(CHITCHAT) + 1 + 1  # every message, then the query
+    if shared:  # rebuilt from the vectors in the store: only the query is embedded
+        assert emb.texts == ["parked car garage"]
+    else:
+        assert len(emb.texts) == len(CHITCHAT) + 1 + 1  # every message, then the query
     mem.close()
     assert (tmp_path / "rag.index").exists()
     store.close()
@@ -652,39 +668,46 @@ def _flip_bytes(path):
     path.write_bytes(bytes(raw))
 
 
-def test_rebuild_when_the_index_file_is_corrupt(tmp_path, caplog):
+def test_rebuild_when_the_index_file_is_corrupt(tmp_path, caplog, shared):
     emb = CountingEmbedder()
-    store, mem = _open(tmp_path, emb)
+    store, mem = _open(tmp_path, emb, shared)
     mem.add_many(CHITCHAT)
     car = mem.add("I parked the car on level 4 of the garage")
     mem.close()
     store.close()
     _flip_bytes(tmp_path / "rag.index")
+    emb.texts.clear()
     with caplog.at_level(logging.WARNING, logger="marsys_mem.patterns.rag"):
-        store, mem = _open(tmp_path, emb)
+        store, mem = _open(tmp_path, emb, shared)
     assert "unusable" in caplog.text
     assert mem.search("parked car garage", k=1, mode="dense")[0].id == car
     assert len(mem.search("anything at all", k=100, mode="dense")) == len(CHITCHAT) + 1
+    assert len(emb.texts) == (2 if shared else len(CHITCHAT) + 1 + 2)  # + the two queries
     mem.close()
     store.close()
 
 
-def test_rebuild_when_the_embedder_changed(tmp_path, caplog):
-    store, mem = _open(tmp_path, CountingEmbedder(dim=64))
+def test_rebuild_when_the_embedder_changed(tmp_path, caplog, shared):
+    store, mem = _open(tmp_path, CountingEmbedder(dim=64), shared)
     mem.add_many(CHITCHAT)
     mem.close()
     store.close()
+    emb = CountingEmbedder(dim=32)
     with caplog.at_level(logging.WARNING, logger="marsys_mem.patterns.rag"):
-        store, mem = _open(tmp_path, CountingEmbedder(dim=32))
+        store, mem = _open(tmp_path, emb, shared)
     assert "unusable" in caplog.text
     assert len(mem.search("coffee machine", k=100, mode="dense")) == len(CHITCHAT)
+    assert len(emb.texts) == len(CHITCHAT) + 1  # another model: every message re-embedded
+    if shared:  # each model's vectors are kept apart
+        assert len(store.load_vectors(KEY, emb.name)) == len(CHITCHAT)
+        assert len(store.load_vectors(KEY, CountingEmbedder(dim=64).name)) == len(CHITCHAT)
     mem.close()
     store.close()
 
 
-def test_repair_when_the_index_is_stale(tmp_path, caplog):
+def test_repair_when_the_index_is_stale(tmp_path, caplog, shared):
     emb = CountingEmbedder()
-    store, mem = _open(tmp_path, emb)
+    store, mem = _open(tmp_path, emb, shared)
     ids = mem.add_many(CHITCHAT)
     mem.close()
     # another process changes the store while the index file is not updated
@@ -695,14 +718,16 @@ def test_repair_when_the_index_is_stale(tmp_path, caplog):
     store.close()
     emb.texts.clear()
     with caplog.at_level(logging.WARNING, logger="marsys_mem.patterns.rag"):
-        store, mem = _open(tmp_path, emb)
+        store, mem = _open(tmp_path, emb, shared)
     assert "stale" in caplog.text
     hits = mem.search("spare key flowerpot", k=100, mode="dense")
     assert hits[0].id == new
     assert ids[0] not in {h.id for h in hits}
     assert len(hits) == len(CHITCHAT)
-    # only the new message was embedded (plus the query)
-    assert emb.texts == ["The spare key is under the blue flowerpot", "spare key flowerpot"]
+    if shared:  # the other memory stored its vector: only the query is embedded
+        assert emb.texts == ["spare key flowerpot"]
+    else:  # only the new message was embedded (plus the query)
+        assert emb.texts == ["The spare key is under the blue flowerpot", "spare key flowerpot"]
     mem.close()
     store.close()
 

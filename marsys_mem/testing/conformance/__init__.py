@@ -31,8 +31,8 @@ Modules (each test's docstring starts with the clause of the contract it checks)
 * :mod:`~.messages`, :mod:`~.deletes`, :mod:`~.keys`, :mod:`~.batches`, :mod:`~.runs`,
   :mod:`~.retention`, :mod:`~.fidelity`, :mod:`~.validation`, :mod:`~.concurrency`,
   :mod:`~.async_twins`, :mod:`~.lifecycle`: the required capabilities;
-* :mod:`~.durability`, :mod:`~.processes` (with :mod:`~.writer`, the child process):
-  the optional ones;
+* :mod:`~.durability`, :mod:`~.processes` (with :mod:`~.writer`, the child process),
+  :mod:`~.vectors`: the optional ones;
 * :mod:`~.suite`: :class:`StoreConformance`, all of them in one class.
 
 The async twins run under :func:`asyncio.run`, so the suite needs pytest and nothing
@@ -73,6 +73,7 @@ from marsys_mem.testing.conformance.retention import RetentionConformance
 from marsys_mem.testing.conformance.runs import RunsConformance
 from marsys_mem.testing.conformance.suite import CAPABILITY_CLASSES, StoreConformance
 from marsys_mem.testing.conformance.validation import ValidationConformance
+from marsys_mem.testing.conformance.vectors import VectorsConformance
 
 __all__ = [
     "CAPABILITY_CLASSES",
@@ -99,6 +100,7 @@ __all__ = [
     "StoreConformance",
     "StoreHarness",
     "ValidationConformance",
+    "VectorsConformance",
     "append_retention_messages",
     "message_ids",
     "observable_state",

@@ -1,12 +1,14 @@
 """What the conformance suite needs from a backend: a store, and its optional capabilities.
 
 Every :class:`~marsys_mem.store.base.MemoryStore` backend must pass the *required*
-capabilities. Two are *optional*, because a correct backend may lack them by design (an
+capabilities. Three are *optional*, because a correct backend may lack them by design (an
 in-process store cannot outlive its process):
 
 * :attr:`Capability.DURABILITY`: what a store wrote is there when the store is opened
   again, after a ``close`` or after the writing process exited without one.
 * :attr:`Capability.MULTI_PROCESS`: several processes share one store at once.
+* :attr:`Capability.VECTORS`: embeddings stored next to their messages, read back by
+  cursor (:attr:`~marsys_mem.store.base.MemoryStore.supports_vectors`).
 
 Optional does not mean assumed: by default every capability is required, and a backend
 that lacks one says so, with a reason, in :attr:`StoreHarness.unsupported`. Its tests are
@@ -75,10 +77,12 @@ class Capability(StrEnum):
     """Data outlives the store object and the process that wrote it (optional)."""
     MULTI_PROCESS = "multi_process"
     """Several processes write one store at once (optional)."""
+    VECTORS = "vectors"
+    """Vectors stored by message and model, cursors, deleted with messages (optional)."""
 
 
 OPTIONAL_CAPABILITIES: frozenset[Capability] = frozenset(
-    {Capability.DURABILITY, Capability.MULTI_PROCESS}
+    {Capability.DURABILITY, Capability.MULTI_PROCESS, Capability.VECTORS}
 )
 """Capabilities a backend may declare unsupported (with a reason)."""
 

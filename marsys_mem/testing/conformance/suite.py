@@ -23,6 +23,7 @@ from marsys_mem.testing.conformance.processes import MultiProcessConformance
 from marsys_mem.testing.conformance.retention import RetentionConformance
 from marsys_mem.testing.conformance.runs import RunsConformance
 from marsys_mem.testing.conformance.validation import ValidationConformance
+from marsys_mem.testing.conformance.vectors import VectorsConformance
 
 __all__ = ["CAPABILITY_CLASSES", "StoreConformance"]
 
@@ -40,6 +41,7 @@ CAPABILITY_CLASSES: dict[Capability, type[StoreHarness]] = {
     Capability.LIFECYCLE: LifecycleConformance,
     Capability.DURABILITY: DurabilityConformance,
     Capability.MULTI_PROCESS: MultiProcessConformance,
+    Capability.VECTORS: VectorsConformance,
 }
 """The class holding each capability's tests (one module each)."""
 
@@ -58,6 +60,7 @@ class StoreConformance(
     LifecycleConformance,
     DurabilityConformance,
     MultiProcessConformance,
+    VectorsConformance,
 ):
     """Tests every :class:`~marsys_mem.store.base.MemoryStore` backend must pass.
 

@@ -1,0 +1,149 @@
+"""Embeddings stored next to their messages, and the cursors that let readers catch up.
+
+A store that :attr:`~marsys_mem.store.base.MemoryStore.supports_vectors` keeps, for any
+stored message, one vector per embedding model: keyed by ``(key, message_id, model)``,
+``float32``, and deleted together with its message (by ``delete_messages``, by retention,
+by deleting the key), in the same transaction. A model name has one dimension in a store
+for ever: the first vector stored under it fixes it.
+
+Two cursors make incremental catch-up cheap across processes and hosts:
+
+* :class:`VectorPage` ``cursor``: a store-wide position in the order vectors were written
+  (a later write, or a rewrite of a message's vector, is after every earlier one).
+  ``load_vectors(key, model, after=page.cursor)`` returns exactly what was written since.
+* :class:`MessagePage` ``cursor``: the same for a key's appended messages
+  (``load_messages_after``); its ``count`` (the key's current number of messages) tells a
+  reader whether messages it holds were deleted meanwhile.
+
+A cursor is an ``int`` >= 0; ``0`` means "from the beginning". Cursors only grow, are never
+reused, and are only meaningful to the store that returned them.
+
+This module holds the result types and the byte format backends store a vector in
+(:func:`to_bytes` / :func:`from_bytes`: ``float32`` little-endian, no header), the one
+every backend uses, so a vector written by one backend reads back bit-identical.
+
+Example:
+    >>> import numpy as np
+    >>> from marsys_mem.model.messages import Message
+    >>> from marsys_mem.store import InMemoryStore
+    >>> store = InMemoryStore()
+    >>> key = ("default", "rag", "main")
+    >>> store.append_messages(key, [Message.user("hi", message_id="m1")])
+    >>> store.put_vectors(key, "toy-2d", ["m1"], np.array([[0.6, 0.8]], dtype=np.float32))
+    1
+    >>> page = store.load_vectors(key, "toy-2d")
+    >>> page.message_ids, page.vectors.tolist(), page.cursor > 0
+    (('m1',), [[0.6000000238418579, 0.800000011920929]], True)
+    >>> store.load_vectors(key, "toy-2d", after=page.cursor).message_ids
+    ()
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from marsys_mem.model.messages import Message
+from marsys_mem.store.keys import Key
+
+__all__ = [
+    "MAX_MODEL_CHARS",
+    "MessagePage",
+    "VectorPage",
+    "empty_vectors",
+    "from_bytes",
+    "to_bytes",
+]
+
+MAX_MODEL_CHARS = 1000
+"""The longest model name a store accepts."""
+
+_LE_FLOAT32 = np.dtype("<f4")
+
+
+@dataclass(frozen=True, slots=True)
+class VectorPage:
+    """Vectors of one model, in the order they were written, and the cursor after them.
+
+    Attributes:
+        keys: the key of each row's message.
+        message_ids: the message id of each row.
+        vectors: ``float32`` array of shape ``(rows, dim)`` (``(0, dim)`` when empty; ``dim``
+            is 0 when the store holds no vector of the model).
+        cursor: pass it as ``after`` to get only what is written later.
+
+    Example:
+        >>> page = VectorPage((), (), empty_vectors(4), 7)
+        >>> len(page), page.vectors.shape
+        (0, (0, 4))
+    """
+
+    keys: tuple[Key, ...]
+    message_ids: tuple[str, ...]
+    vectors: npt.NDArray[np.float32]
+    cursor: int
+
+    def __len__(self) -> int:
+        return len(self.message_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class MessagePage:
+    """Messages appended to a key after a cursor, the cursor after them, the key's count.
+
+    Attributes:
+        messages: the messages appended after the cursor given, oldest first.
+        cursor: pass it as ``after`` to get only what is appended later (the cursor given
+            when nothing was appended since).
+        count: how many messages the key holds now; a reader that held ``n`` messages
+            before sees deletions as ``count != n + len(messages)``.
+
+    Example:
+        >>> page = MessagePage([], 3, 2)
+        >>> len(page), page.count
+        (0, 2)
+    """
+
+    messages: list[Message]
+    cursor: int
+    count: int
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+
+def empty_vectors(dim: int) -> npt.NDArray[np.float32]:
+    """A ``(0, dim)`` ``float32`` array (what an empty page holds)."""
+    return np.zeros((0, dim), dtype=np.float32)
+
+
+def to_bytes(vector: npt.NDArray[np.float32]) -> bytes:
+    """One vector as stored: ``float32`` little-endian, ``4 * dim`` bytes, no header.
+
+    Example:
+        >>> to_bytes(np.array([1.0], dtype=np.float32)).hex()
+        '0000803f'
+    """
+    return np.ascontiguousarray(vector, dtype=_LE_FLOAT32).tobytes()
+
+
+def from_bytes(rows: list[bytes], dim: int) -> npt.NDArray[np.float32]:
+    """Stored vectors back as one ``(len(rows), dim)`` native ``float32`` array.
+
+    Raises:
+        ValueError: a row is not ``4 * dim`` bytes long.
+
+    Example:
+        >>> from_bytes([bytes.fromhex('0000803f')], 1).tolist()
+        [[1.0]]
+    """
+    if not rows:
+        return empty_vectors(dim)
+    size = 4 * dim
+    for i, row in enumerate(rows):
+        if len(row) != size:
+            raise ValueError(f"stored vector {i} has {len(row)} bytes, expected {size} ({dim}-D)")
+    flat = np.frombuffer(b"".join(rows), dtype=_LE_FLOAT32)
+    return flat.astype(np.float32).reshape(len(rows), dim)
