@@ -1,14 +1,20 @@
-"""Shared test configuration: hypothesis profiles.
+"""Shared test configuration: hypothesis profiles, and the session's PostgreSQL server.
 
 ``ci`` (used when CI is set) is derandomised so a red build is reproducible.
+``postgres_server``: one PostgreSQL for the whole session, started on first use
+(:class:`marsys_mem.testing.postgres.PostgresServer`: initdb + pg_ctl on a free loopback
+port in a temp folder, never the machine's own server); skips without the binaries,
+fails in CI.
 """
 
 import os
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 from marsys_mem.testing.conformance import UNSUPPORTED_REASON_PREFIX
+from marsys_mem.testing.postgres import PostgresServer, require_postgres
 
 settings.register_profile(
     "ci", max_examples=200, derandomize=True, deadline=None,
@@ -34,3 +40,11 @@ def pytest_runtest_makereport(item, call):
     if os.environ.get("CI") and report.skipped and not exempt:
         report.outcome = "failed"
         report.longrepr = f"skipped in CI (not allowed): {report.longrepr}"
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One PostgreSQL for the session (fsync off: its data need not survive the OS)."""
+    bin_dir = require_postgres()
+    with PostgresServer(bin_dir=bin_dir, settings={"fsync": "off"}) as server:
+        yield server

@@ -5,6 +5,7 @@ lives and how much of it goes into the context window::
 
     version: 1
     store: {backend: sqlite}                 # path: default_store_path(); or your own
+    # or: {backend: postgres, pool: {min: 1, max: 10}}   (DSN from $MARSYS_MEM_PG_DSN)
     defaults:
       retention: session                     # single_run | session | persistent
       context: {max_messages: 50, max_tokens: 8000, strategy: sliding_window}
@@ -42,6 +43,7 @@ import math
 import os
 import re
 import sys
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
@@ -52,6 +54,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    SecretStr,
     ValidationError,
     ValidationInfo,
     ValidatorFunctionWrapHandler,
@@ -64,10 +67,12 @@ from marsys_mem.config.files import short_repr
 from marsys_mem.config.schema_forms import AlsoAccepts, SchemaAs, SchemaOf
 from marsys_mem.context.compose import BudgetSplit
 from marsys_mem.context.window import ContextPolicy
+from marsys_mem.exceptions import ConfigError
 from marsys_mem.model.names import NAME_PATTERN
 
 __all__ = [
     "DATA_DIR_ENV",
+    "PG_DSN_ENV",
     "AgentConfig",
     "Duration",
     "EpisodicPatternConfig",
@@ -75,6 +80,7 @@ __all__ = [
     "HierarchicalPatternConfig",
     "MemoryConfig",
     "PatternsConfig",
+    "PoolConfig",
     "RagPatternConfig",
     "RetentionKind",
     "RetentionPolicy",
@@ -361,29 +367,92 @@ class AgentConfig(BaseModel):
     patterns: Annotated[dict[str, Any], SchemaOf(PatternsConfig)] | None = None
 
 
-class StoreConfig(BaseModel):
-    """Where persistent memory lives.
+PG_DSN_ENV = "MARSYS_MEM_PG_DSN"
+"""The environment variable a ``postgres`` store reads its DSN from by default."""
 
-    ``backend``: ``memory`` (nothing survives the process) or ``sqlite`` (``path``; relative
-    to the config file's folder; without one, :func:`default_store_path` in the user's data
-    folder). ``namespace`` separates projects sharing a store.
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class PoolConfig(BaseModel):
+    """The connection pool of a ``postgres`` store: ``min`` kept open, ``max`` at most.
 
     Example:
-        >>> StoreConfig(backend="sqlite", path="mem.db").namespace
-        'default'
+        >>> PoolConfig(min=2, max=20).max
+        20
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    backend: Literal["memory", "sqlite"] = "memory"
+    min: int = Field(default=1, ge=0, le=1000)
+    max: int = Field(default=10, ge=1, le=1000)
+
+    @model_validator(mode="after")
+    def _check(self) -> PoolConfig:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must not exceed max ({self.max})")
+        return self
+
+
+class StoreConfig(BaseModel):
+    """Where persistent memory lives.
+
+    ``backend``: ``memory`` (nothing survives the process), ``sqlite`` (``path``; relative
+    to the config file's folder; without one, :func:`default_store_path` in the user's data
+    folder) or ``postgres`` (one database shared by many hosts: ``dsn``, or, so that no
+    password sits in a file, the environment variable named by ``dsn_env``, by default
+    ``MARSYS_MEM_PG_DSN``; ``pool``: connections per process). ``namespace`` separates
+    projects sharing a store.
+
+    Example:
+        >>> StoreConfig(backend="sqlite", path="mem.db").namespace
+        'default'
+        >>> StoreConfig(backend="postgres", pool={"min": 1, "max": 4}).dsn_env
+        'MARSYS_MEM_PG_DSN'
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    backend: Literal["memory", "sqlite", "postgres"] = "memory"
     path: Path | None = None
     namespace: str = Field(default="default", pattern=NAME_PATTERN)  # marsys_mem.model.names
+    dsn: SecretStr | None = Field(default=None, min_length=1)
+    dsn_env: str = Field(default=PG_DSN_ENV, pattern=_ENV_NAME)
+    pool: PoolConfig = PoolConfig()
+    connect_timeout: float = Field(default=10.0, gt=0, le=3600)
 
     @model_validator(mode="after")
     def _check(self) -> StoreConfig:
-        if self.backend == "memory" and self.path is not None:
-            raise ValueError("path is only used by backend 'sqlite'")
+        if self.backend != "sqlite" and self.path is not None:
+            raise ValueError(f"path is only used by backend 'sqlite', not {self.backend!r}")
+        if self.backend != "postgres":
+            for name in ("dsn", "dsn_env", "pool", "connect_timeout"):
+                if name in self.model_fields_set:
+                    raise ValueError(
+                        f"{name} is only used by backend 'postgres', not {self.backend!r}"
+                    )
         return self
+
+    @property
+    def is_durable(self) -> bool:
+        """Whether what is written outlives the process (``sqlite`` or ``postgres``)."""
+        return self.backend in ("sqlite", "postgres")
+
+    def resolved_dsn(self, environ: Mapping[str, str] | None = None) -> str:
+        """The DSN of a ``postgres`` store: ``dsn``, else the ``dsn_env`` variable.
+
+        Raises:
+            ConfigError: neither is set (the message names both, never a value).
+        """
+        if self.dsn is not None:
+            return self.dsn.get_secret_value()
+        value = (os.environ if environ is None else environ).get(self.dsn_env, "")
+        if not value.strip():
+            raise ConfigError(
+                f"store.dsn: backend 'postgres' needs a DSN: set store.dsn, or the "
+                f"environment variable {self.dsn_env} (store.dsn_env), to "
+                "postgresql://user@host:port/dbname"
+            )
+        return value
 
     def resolved_path(self, base: Path | None = None) -> Path:
         """The SQLite file: ``path``, or :func:`default_store_path` when none is set.

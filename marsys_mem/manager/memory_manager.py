@@ -210,6 +210,17 @@ class MemoryManager(Closing):
         cfg = self.config.store
         if cfg.backend == "sqlite":
             return SQLiteStore(cfg.resolved_path(self.config.base_dir))
+        if cfg.backend == "postgres":
+            from marsys_mem.store.postgres import (  # noqa: PLC0415 (optional dependency: postgres)
+                PostgresStore,
+            )
+
+            return PostgresStore(
+                cfg.resolved_dsn(),
+                min_size=cfg.pool.min,
+                max_size=cfg.pool.max,
+                connect_timeout=cfg.connect_timeout,
+            )
         return InMemoryStore()
 
     def _check_open(self) -> None:

@@ -222,17 +222,23 @@ def _migrate(conn: Connection, where: str) -> None:
     version = _schema_version(conn)
     if version == latest:
         return
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-        version = _schema_version(conn)  # another host may have migrated meanwhile
-        if version > latest:
-            raise StoreError(
-                f"{where} has marsys-mem schema version {version}, newer than this "
-                f"marsys-mem knows ({latest}): upgrade marsys-mem to use it"
-            )
-        for target in range(version + 1, latest + 1):
-            MIGRATIONS[target - 1](conn)
-            conn.execute("INSERT INTO marsys_schema_version (version) VALUES (%s)", (target,))
+    # A session lock taken before the transaction starts, so the transaction's catalog
+    # view is fresh: a host that waited sees what the one before it created.
+    conn.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK,))
+    try:
+        with conn.transaction():
+            version = _schema_version(conn)  # another host may have migrated meanwhile
+            if version > latest:
+                raise StoreError(
+                    f"{where} has marsys-mem schema version {version}, newer than this "
+                    f"marsys-mem knows ({latest}): upgrade marsys-mem to use it"
+                )
+            for target in range(version + 1, latest + 1):
+                MIGRATIONS[target - 1](conn)
+                conn.execute("INSERT INTO marsys_schema_version (version) VALUES (%s)", (target,))
+    finally:
+        if not conn.closed:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK,))
 
 
 # ---------------------------------------------------------------------- DSNs and errors
@@ -489,6 +495,7 @@ class PostgresStore(MemoryStore):
         single = len(ops) == 1 and not prepared.writes
         with self._connection(deadline) as conn:
             xid: str | None = None
+            backend = conn.info.backend_pid
             try:
                 if prepared.writes:
                     conn.execute("BEGIN")
@@ -528,17 +535,27 @@ class PostgresStore(MemoryStore):
             else:
                 return results
         # The connection died with COMMIT in flight: find out whether it landed.
-        if xid is None or self._landed(prepared, xid, deadline, lost):
+        if xid is None or self._landed(prepared, xid, backend, deadline, lost):
             return results
         raise _Retry(lost)
 
-    def _landed(self, prepared: _Prepared, xid: str, deadline: float, lost: BaseException) -> bool:
-        """Whether the transaction ``xid``, whose COMMIT got no answer, committed."""
+    def _landed(
+        self, prepared: _Prepared, xid: str, backend: int, deadline: float, lost: BaseException
+    ) -> bool:
+        """Whether the transaction ``xid``, whose COMMIT got no answer, committed.
+
+        A transaction still in progress (the server never saw the connection drop: its
+        backend is idle, or still committing) is ended by terminating that backend, if
+        it still runs that transaction; then its status is final.
+        """
         delay = 0.05
         while True:
             try:
                 with self._connection(deadline) as conn:
                     status = _xact_status(conn, xid)
+                    if status == "in progress":
+                        _end_backend(conn, backend, xid)
+                        status = _xact_status(conn, xid)
                     if status != "in progress":
                         probe = prepared.last_appended()
                         if probe is None:
@@ -576,6 +593,15 @@ def _check_quietly(pool: ConnectionPool[Connection]) -> None:
         pool.check()
     except Exception:  # a closed pool, or the server still down: retried later
         return
+
+
+def _end_backend(conn: Connection, pid: int, xid: str) -> None:
+    """Terminate backend ``pid`` if it still runs transaction ``xid`` (32-bit compare)."""
+    conn.execute(
+        "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"
+        " WHERE pid = %s AND backend_xid::text = %s",
+        (pid, str(int(xid) % 2**32)),
+    ).fetchall()
 
 
 def _xact_status(conn: Connection, xid: str) -> str | None:

@@ -359,9 +359,9 @@ class WorkflowRunner:
         return out
 
     def _persist_facts(self) -> None:
-        """Write the facts shared so far to a SQLite store (``#facts`` keys)."""
+        """Write the facts shared so far to a durable store (``#facts`` keys)."""
         pending, self._unsaved = self._unsaved, []
-        if not pending or self.config.store.backend != "sqlite" or self.manager is None:
+        if not pending or not self.config.store.is_durable or self.manager is None:
             return
         store = self.manager.store
         by_branch: dict[str, list[SharedFact]] = {}
@@ -696,7 +696,7 @@ class WorkflowRunner:
         mem = self._mem(agent, branch)
         policy = manager.policy(agent)
         stored = None
-        if policy.is_persistent and self.config.store.backend == "sqlite":
+        if policy.is_persistent and self.config.store.is_durable:
             stored = manager.store.count_messages(manager.key(agent, branch))
         facts = [
             FactRecord.of_fact(f, branch if f.metadata.get("merged_from") else f.source_branch, [])

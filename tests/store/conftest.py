@@ -1,25 +1,17 @@
-"""Fixtures of the store tests: one PostgreSQL server for the session (started here).
+"""Fixtures of the store tests: a fresh schema per test on the session's PostgreSQL.
 
-The server is :class:`marsys_mem.testing.postgres.PostgresServer` (initdb + pg_ctl on a
-free loopback port, in a temporary folder; never the machine's own PostgreSQL). Without
-the binaries the tests that use it skip, and fail in CI.
+The server is ``postgres_server`` (tests/conftest.py). Without the binaries the tests that
+use it skip, and fail in CI.
 """
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
-from marsys_mem.testing.postgres import PostgresServer, require_postgres
+from marsys_mem.testing.postgres import PostgresServer
 
 _names = itertools.count()
-
-
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[PostgresServer]:
-    bin_dir = require_postgres()
-    with PostgresServer(bin_dir=bin_dir, settings={"fsync": "off"}) as server:
-        yield server
 
 
 @pytest.fixture
