@@ -4,8 +4,14 @@ What it measures, on the same synthetic chat (alternating user / assistant messa
 20-700 characters, with ids), for each pair run in the same process:
 
 * ``SQLiteStore`` (WAL, ``synchronous=FULL``: every append is on disk when it returns)
-  against LangGraph's ``SqliteSaver`` (WAL, SQLite's default ``synchronous=FULL``), and
-* ``InMemoryStore`` against LangGraph's ``InMemorySaver``.
+  against LangGraph's ``SqliteSaver`` (WAL, SQLite's default ``synchronous=FULL``),
+* ``InMemoryStore`` against LangGraph's ``InMemorySaver``, and
+* ``PostgresStore`` against LangGraph's ``PostgresSaver`` (langgraph-checkpoint-postgres),
+  both on one PostgreSQL 15 the script starts itself (``marsys_mem.testing.postgres``:
+  initdb + pg_ctl on a free loopback port, default settings: ``fsync`` and
+  ``synchronous_commit`` on, so every append is on disk when it returns), each sample in
+  a fresh schema, over TCP on loopback. Skipped, with a note, when PostgreSQL's binaries,
+  psycopg or langgraph-checkpoint-postgres are missing (``--no-postgres`` skips it too).
 
 Workloads:
 
@@ -26,6 +32,10 @@ value, so a LangGraph thread costs O(history) per write; that is part of what is
 measured. (LangGraph 1.x also has a beta ``DeltaChannel`` that stores writes instead of
 snapshots; it is not the default of ``MessagesState`` and is not measured here.)
 
+For ``PostgresStore`` the script also times each batch of a 100k-message fill and
+compares the cost per message of the first and the last 10% of the batches (flat: ratio
+near 1; the store's appends do not slow down as a key grows).
+
 Each number is the median of ``--repeats`` samples (``time.perf_counter``), each on a fresh
 store / saver (files in a fresh temporary folder). The garbage collector stays on (it is
 part of what a user pays for loading 100k objects); ``gc.collect()`` runs before each
@@ -35,7 +45,8 @@ Run it (about 1-2 minutes on a 2-core machine; ``--quick`` takes about 15 s). La
 only needed by this script; keep it out of the project's environment::
 
     python -m venv --system-site-packages .venv-bench
-    .venv-bench/bin/pip install langgraph langgraph-checkpoint-sqlite
+    .venv-bench/bin/pip install langgraph langgraph-checkpoint-sqlite \
+        langgraph-checkpoint-postgres 'marsys-mem[postgres]'
     .venv-bench/bin/python benchmarks/bench_store.py            # or --quick
 """
 
@@ -80,6 +91,8 @@ from marsys_mem.store import InMemoryStore, MemoryStore, SQLiteStore
 KEY = ("bench", "agent", "main")
 BATCH = 1000
 TARGET_SQLITE_BATCHED = 20_000.0  # messages/s
+TARGET_PG_BATCHED = 20_000.0  # messages/s
+TARGET_PG_RATIO = 3.0  # PostgresStore / PostgresSaver, batched appends
 
 _WORDS = (
     "the agent plans a search for quarterly revenue growth in tokyo and reports numbers "
@@ -200,6 +213,83 @@ def open_memory_store(folder: Path) -> Iterator[MemoryStore]:
         yield store
 
 
+class PostgresSide:
+    """The PostgreSQL server of the run, and a fresh schema per store / saver opened."""
+
+    def __init__(self) -> None:
+        from marsys_mem.testing.postgres import PostgresServer
+
+        self.server = PostgresServer()
+        self.server.start()
+        self.count = 0
+
+    def fresh_dsn(self) -> str:
+        """A DSN whose search_path is a new, empty schema."""
+        self.count += 1
+        return self.server.create_schema(f"bench_{self.count}")
+
+    def version(self) -> str:
+        """The server's version."""
+        import psycopg
+
+        with psycopg.connect(self.server.dsn()) as conn:
+            row = conn.execute("SHOW server_version").fetchone()
+        return str(row[0]) if row else "?"
+
+    def close(self) -> None:
+        """Stop the server and remove its folder."""
+        self.server.close()
+
+
+PG: PostgresSide | None = None
+
+
+@contextmanager
+def open_postgres_store(folder: Path) -> Iterator[MemoryStore]:
+    from marsys_mem.store.postgres import PostgresStore
+
+    assert PG is not None
+    with PostgresStore(PG.fresh_dsn(), min_size=1, max_size=2) as store:
+        yield store
+
+
+@contextmanager
+def open_postgres_saver(folder: Path) -> Iterator[Any]:
+    from langgraph.checkpoint.postgres import PostgresSaver
+
+    assert PG is not None
+    with PostgresSaver.from_conn_string(PG.fresh_dsn()) as saver:
+        saver.setup()
+        yield saver
+
+
+def postgres_missing() -> str | None:
+    """Why the PostgreSQL pair cannot run here, or ``None``."""
+    from marsys_mem.testing.postgres import find_postgres_bin
+
+    if find_postgres_bin() is None:
+        return "PostgreSQL's initdb/pg_ctl not found"
+    try:
+        import langgraph.checkpoint.postgres  # noqa: F401
+        import psycopg_pool  # noqa: F401
+    except ImportError as exc:
+        return f"{exc.name} is not installed (pip install langgraph-checkpoint-postgres)"
+    return None
+
+
+def time_fill_per_batch(n: int, msgs: list[Message]) -> tuple[float, float]:
+    """Fill one key with ``n`` messages in batches; seconds/message of first, last 10%."""
+    with open_postgres_store(Path()) as store:
+        per_batch: list[float] = []
+        for group in batches(msgs[:n], BATCH):
+            start = time.perf_counter()
+            store.append_messages(KEY, group)
+            per_batch.append((time.perf_counter() - start) / len(group))
+        assert store.count_messages(KEY) == n
+    tenth = max(len(per_batch) // 10, 1)
+    return statistics.median(per_batch[:tenth]), statistics.median(per_batch[-tenth:])
+
+
 @dataclass
 class Pair:
     """Our store and its LangGraph peer, each opened in a folder."""
@@ -294,6 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else "")
     parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats")
     parser.add_argument("--repeats", type=int, default=None, help="samples per number")
+    parser.add_argument("--no-postgres", action="store_true", help="skip the PostgreSQL pair")
     args = parser.parse_args(argv)
     quick: bool = args.quick
     repeats: int = args.repeats or (3 if quick else 5)
@@ -310,8 +401,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     ours_all = make_messages(max(n_batched, n_single, n_load))
     lc_all = to_langchain(ours_all)
 
+    global PG
+    pairs = list(PAIRS)
+    missing = "--no-postgres" if args.no_postgres else postgres_missing()
+    if missing is None:
+        PG = PostgresSide()
+        pairs.append(
+            Pair("PostgresStore", open_postgres_store, "PostgresSaver", open_postgres_saver)
+        )
+        print(f"postgresql {PG.version()} (started by this script, loopback TCP)\n")
+    try:
+        rows = run_pairs(pairs, repeats, n_batched, n_single, n_load, ours_all, lc_all)
+        flat = time_fill_per_batch(n_load, ours_all) if PG is not None else None
+    finally:
+        if PG is not None:
+            PG.close()
+    report(rows, flat, n_load, missing)
+    return 0
+
+
+def run_pairs(
+    pairs: list[Pair],
+    repeats: int,
+    n_batched: int,
+    n_single: int,
+    n_load: int,
+    ours_all: list[Message],
+    lc_all: list[BaseMessage],
+) -> list[Row]:
     rows: list[Row] = []
-    for pair in PAIRS:
+    for pair in pairs:
         workloads = [
             (f"batched appends ({n_batched:,} msgs, {BATCH}/append)", n_batched, BATCH),
             (f"one at a time ({n_single:,} appends)", n_single, 1),
@@ -340,7 +459,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         )
         print(f"  measured {pair.name} / {pair.peer_name}: load", file=sys.stderr)
+    return rows
 
+
+def report(
+    rows: list[Row], flat: tuple[float, float] | None, n_load: int, missing: str | None
+) -> None:
     sys.stderr.flush()
     print("| workload | ours | msgs/s | LangGraph peer | msgs/s | ratio | latency |")
     print("|---|---|---:|---|---:|---:|---|")
@@ -355,7 +479,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"\ntarget: SQLiteStore batched appends >= {TARGET_SQLITE_BATCHED:,.0f} msgs/s: "
         f"{fmt_rate(sqlite_batched)} -> {verdict}"
     )
-    return 0
+    pg = [r for r in rows if r.ours == "PostgresStore"]
+    if not pg or flat is None:
+        print(f"PostgresStore / PostgresSaver: not measured ({missing})")
+        return
+    rate, ratio = pg[0].ours_rate, pg[0].ours_rate / pg[0].peer_rate
+    verdict = "PASS" if rate >= TARGET_PG_BATCHED and ratio >= TARGET_PG_RATIO else "FAIL"
+    print(
+        f"target: PostgresStore batched appends >= {TARGET_PG_BATCHED:,.0f} msgs/s and >= "
+        f"{TARGET_PG_RATIO:.0f}x PostgresSaver: {fmt_rate(rate)}, {ratio:.1f}x -> {verdict}"
+    )
+    first, last = flat
+    print(
+        f"PostgresStore per-message cost while filling {n_load:,} msgs ({BATCH}/append), "
+        f"median of the batches: first 10% {first * 1e6:.1f} us, last 10% {last * 1e6:.1f} us "
+        f"(last/first {last / first:.2f})"
+    )
 
 
 if __name__ == "__main__":

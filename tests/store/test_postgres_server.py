@@ -1,0 +1,49 @@
+"""marsys_mem.testing.postgres: the throwaway server the PostgreSQL tests (and others) use."""
+
+import os
+
+import psycopg
+import pytest
+
+from marsys_mem.testing import postgres as pg_testing
+from marsys_mem.testing.postgres import PostgresServer, require_postgres
+
+
+def test_server_runs_unprivileged_restarts_on_its_port_and_cleans_up() -> None:
+    bin_dir = require_postgres()
+    server = PostgresServer(bin_dir=bin_dir, settings={"fsync": "off"})
+    with server:
+        assert server.port not in (0, 5432)
+        if os.geteuid() == 0:  # PostgreSQL refuses root: the data belongs to another account
+            assert server.data_dir.stat().st_uid != 0
+        dsn = server.create_database("kept")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE t (x int)")
+            conn.execute("INSERT INTO t VALUES (1), (2)")
+        port = server.port
+        server.stop(mode="immediate")  # a crash: recovery on the next start
+        server.start()
+        server.kill()  # SIGKILL of the postmaster
+        server.start()
+        assert server.port == port
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            assert conn.execute("SELECT count(*) FROM t").fetchone() == (2,)
+        with pytest.raises(ValueError, match="identifier"):
+            server.create_schema("Bad Name")
+    assert not server.root.exists()
+    server.close()  # idempotent
+
+
+def test_missing_binaries_skip_locally_and_fail_in_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pg_testing, "find_postgres_bin", lambda: None)
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="initdb/pg_ctl not found"):
+        require_postgres()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI is set"):
+        require_postgres()
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="setting name"):
+        PostgresServer(bin_dir=require_postgres(), settings={"fsync = off; x": "1"})
