@@ -28,7 +28,7 @@ from marsys_mem.exceptions import MessageNotFoundError, StoreError
 from marsys_mem.model.messages import Message
 from marsys_mem.retrieval.vector_sync import StoredVectors, VectorSync
 from marsys_mem.store.base import Key, LoadAfter, LoadVectors, MemoryStore
-from marsys_mem.store.vectors import MAX_MODEL_CHARS
+from marsys_mem.store.vectors import MAX_MODEL_CHARS, VectorPage
 
 __all__ = ["SharedVectors"]
 
@@ -81,11 +81,28 @@ class SharedVectors(VectorSync):
         if not self._shared:
             return self.store.load_messages(self.key), None
         assert self.embedder is not None
-        page, vectors = self.store.batch(
-            [LoadAfter(self.key, 0), LoadVectors(self.key, self.embedder.name, 0)]
+        vectors, page = self.store.batch(  # vectors first: see _catch_up
+            [LoadVectors(self.key, self.embedder.name, 0), LoadAfter(self.key, 0)]
         )
         self._msg_cursor, self._vec_cursor = page.cursor, vectors.cursor
+        if not self._usable(vectors):
+            return page.messages, None
         return page.messages, (vectors.message_ids, vectors.vectors)
+
+    def _usable(self, page: VectorPage) -> bool:
+        """Whether stored vectors fit this embedder (a name must mean one dimension)."""
+        assert self.embedder is not None
+        if not len(page) or page.vectors.shape[1] == self.embedder.dim:
+            return True
+        log.error(
+            "RAGMemory: %r holds %d-D vectors under the name of this %d-D embedder %r; they "
+            "are ignored (give the embedder a name of its own)",
+            self.store,
+            page.vectors.shape[1],
+            self.embedder.dim,
+            self.embedder.name,
+        )
+        return False
 
     def _catch_up(self) -> tuple[int, int]:
         """Read what the store has that this memory lacks (shared vectors only).
@@ -100,10 +117,13 @@ class SharedVectors(VectorSync):
         assert self.store is not None
         assert self.embedder is not None
         with self._lock:  # adds and removes hold it over their store write: one view
-            page, vectors = self.store.batch(
+            # Vectors before messages: even where a batch is not one snapshot (a store
+            # reading each op at its own moment), every vector read has its message
+            # committed before it, so the message read next includes it.
+            vectors, page = self.store.batch(
                 [
-                    LoadAfter(self.key, self._msg_cursor),
                     LoadVectors(self.key, self.embedder.name, self._vec_cursor),
+                    LoadAfter(self.key, self._msg_cursor),
                 ]
             )
             new = [m for m in page.messages if m.message_id not in self._messages]
@@ -117,7 +137,7 @@ class SharedVectors(VectorSync):
                     self._forget_locked(gone)
                 removed = len(gone)
             self._msg_cursor, self._vec_cursor = page.cursor, vectors.cursor
-            if len(vectors):
+            if len(vectors) and self._usable(vectors):
                 self._adopt_locked(vectors.message_ids, vectors.vectors)
             index = self._index
             assert index is not None

@@ -140,12 +140,16 @@ class VectorSync:
         assert index is not None
         rows: list[int] = []
         ids: list[str] = []
+        cleared: set[str] = set()
         for row, mid in enumerate(message_ids):
             if mid in self._messages and mid in self._bm25 and mid not in index:
                 rows.append(row)
                 ids.append(mid)
                 self._pending.pop(mid, None)  # a queued embedding of it is not needed
-                self._failed.pop(mid, None)
+                if self._failed.pop(mid, None) is not None:
+                    cleared.add(mid)  # another process embedded what failed here
+        if cleared:
+            self._unreported = [mid for mid in self._unreported if mid not in cleared]
         if ids:
             index.add(ids, vectors if len(rows) == len(message_ids) else vectors[rows])
             self._dirty = True

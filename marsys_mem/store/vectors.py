@@ -22,6 +22,29 @@ This module holds the result types and the byte format backends store a vector i
 (:func:`to_bytes` / :func:`from_bytes`: ``float32`` little-endian, no header), the one
 every backend uses, so a vector written by one backend reads back bit-identical.
 
+Implementing it in a backend (``supports_vectors = True``; arguments arrive validated by
+:meth:`~marsys_mem.store.base.MemoryStore.batch`; the conformance capability
+``Capability.VECTORS`` checks all of this):
+
+* ``PutVectors(key, model, message_ids, vectors)``: in the batch's transaction, fix the
+  model's dimension on its first vector (a ``vector_models(model, dim)`` row) and refuse
+  another one with ``ValueError``; refuse any id not stored under ``key`` with
+  :class:`~marsys_mem.exceptions.MessageNotFoundError`, writing nothing; upsert one row
+  per ``(key, message_id, model)`` whose cursor is taken anew (a rewrite is "written
+  now"); result: the count.
+* ``LoadVectors(key | None, model, after, limit)``: rows with cursor ``> after`` in cursor
+  order (at most ``limit``), as a :class:`VectorPage` whose cursor is the last row's (or
+  ``after``); an unknown model gives an empty page.
+* ``LoadAfter(key, after)``: the key's messages with message cursor ``> after``, in
+  order, the last one's cursor (or ``after``) and the key's current count.
+* Deleting a message (by ids, ``before``, a whole key, retention) deletes its vectors in
+  the same transaction (a trigger, or ``ON DELETE CASCADE``).
+* Cursors must never let a reader skip a row committed later: commit order must be
+  cursor order. SQLite gets it from its single writer; PostgreSQL does not from a bare
+  sequence (a transaction can commit a lower value after a higher one was read), so take
+  the cursor under a lock held to commit (e.g. ``pg_advisory_xact_lock`` for vector writes;
+  per key for message appends, which are read per key).
+
 Example:
     >>> import numpy as np
     >>> from marsys_mem.model.messages import Message
