@@ -46,11 +46,11 @@ _host_module = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_host_module)
 policy_file = _host_module.policy_file
 TEAM_MAX: int = _host_module.TEAM_MAX
+MODEL: str = _host_module.CountingEmbedder().name  # the model the vectors are stored under
 HOSTS = ("h0", "h1", "h2")
 VICTIM = "h2"
 NAMESPACE = "default"  # the managers' store namespace
 MQTT_NAMESPACE = "multihost"
-MODEL = "hashing-v1:dim=64:ngram=1-2"  # CountingEmbedder's name
 PHASE_TIMEOUT = 45.0
 
 
