@@ -150,6 +150,7 @@ async def run(args: argparse.Namespace) -> None:
                 stop.set()
             else:
                 commands.put(line.strip())
+        stop.set()  # the test is gone: an orphan host stops writing and exits
         commands.put("eof")
 
     threading.Thread(target=read_stdin, daemon=True).start()
