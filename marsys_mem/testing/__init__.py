@@ -6,6 +6,10 @@
   :mod:`marsys_mem.testing.conformance`; subclass it and provide a ``store`` fixture.
   It needs pytest, so it loads on first use (PEP 562 ``__getattr__``):
   ``marsys_mem.testing`` itself works without pytest installed.
+* :mod:`marsys_mem.testing.postgres`: :class:`~marsys_mem.testing.postgres.PostgresServer`,
+  a throwaway PostgreSQL (initdb + pg_ctl on a free loopback port, in a temp folder; as an
+  unprivileged account under root) that can be restarted or crashed, for tests of
+  :class:`~marsys_mem.store.postgres.PostgresStore` and of several hosts sharing one.
 """
 
 from __future__ import annotations
