@@ -138,34 +138,40 @@ def put_vectors(conn: Connection, op: PutVectors) -> int:
 
 
 def load_vectors(conn: Connection, op: LoadVectors) -> VectorPage:
-    """Run ``op`` (one statement, plus the model's dimension when the page is empty)."""
-    sql = (
-        "SELECT v.vseq, k.namespace, k.agent, k.branch, v.message_id, v.data"
-        " FROM marsys_vectors AS v JOIN marsys_keys AS k ON k.id = v.key_id"
-        " WHERE v.model = %s AND v.vseq > %s"
+    """Run ``op`` in one statement: the page's rows, each with the model's dimension.
+
+    An empty page is one row, ``NULL`` but for the dimension (``NULL`` for an unknown
+    model), so a catch-up that finds nothing new costs one round trip too.
+    """
+    page = (
+        "SELECT vseq, key_id, message_id, data FROM marsys_vectors WHERE model = %s AND vseq > %s"
     )
     params: list[Any] = [op.model, op.after]
     if op.key is not None:
-        sql += f" AND v.key_id = (SELECT id FROM marsys_keys WHERE {_KEY_WHERE})"
+        page += f" AND key_id = (SELECT id FROM marsys_keys WHERE {_KEY_WHERE})"
         params.extend(op.key)
-    sql += " ORDER BY v.vseq"
+    page += " ORDER BY vseq"
     if op.limit is not None:
-        sql += " LIMIT %s"
+        page += " LIMIT %s"
         params.append(op.limit)
-    rows = conn.execute(sql, params).fetchall()
-    if rows:
-        dim = len(rows[0][5]) // 4
-    else:
-        dim = _model_dim(conn, op.model) or 0
+    rows = conn.execute(
+        "SELECT d.dim, p.vseq, k.namespace, k.agent, k.branch, p.message_id, p.data"
+        " FROM (SELECT (SELECT dim FROM marsys_vector_models WHERE model = %s) AS dim) AS d"
+        f" LEFT JOIN (({page}) AS p JOIN marsys_keys AS k ON k.id = p.key_id) ON true"
+        " ORDER BY p.vseq",
+        [op.model, *params],
+    ).fetchall()
+    dim = int(rows[0][0]) if rows and rows[0][0] is not None else 0
+    rows = [r for r in rows if r[1] is not None]
     try:
-        vectors = from_bytes([bytes(r[5]) for r in rows], dim)
+        vectors = from_bytes([bytes(r[6]) for r in rows], dim)
     except ValueError as exc:
         raise StoreError(f"stored vectors of model {op.model!r} are corrupt: {exc}") from exc
     return VectorPage(
-        tuple((str(r[1]), str(r[2]), str(r[3])) for r in rows),
-        tuple(str(r[4]) for r in rows),
+        tuple((str(r[2]), str(r[3]), str(r[4])) for r in rows),
+        tuple(str(r[5]) for r in rows),
         vectors,
-        int(rows[-1][0]) if rows else op.after,
+        int(rows[-1][1]) if rows else op.after,
     )
 
 
