@@ -498,12 +498,12 @@ class PostgresStore(MemoryStore):
             backend = conn.info.backend_pid
             try:
                 if prepared.writes:
-                    conn.execute("BEGIN")
+                    conn.execute("BEGIN", prepare=False)
                     row = conn.execute("SELECT pg_current_xact_id()::text").fetchone()
                     xid = str(row[0]) if row else None
                     prepared.lock_keys(conn)
                 elif not single:
-                    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", prepare=False)
                 results = [prepared.execute(conn, i) for i in range(len(ops))]
             except BaseException as exc:
                 _rollback(conn)
@@ -521,7 +521,7 @@ class PostgresStore(MemoryStore):
             if single:
                 return results
             try:
-                conn.execute("COMMIT")
+                conn.execute("COMMIT", prepare=False)  # transaction control: never prepared
             except psycopg.Error as exc:
                 if not _is_connection_loss(exc, conn):
                     _rollback(conn)
@@ -618,7 +618,7 @@ def _rollback(conn: Connection) -> None:
     if conn.closed or conn.broken:
         return
     try:
-        conn.execute("ROLLBACK")
+        conn.execute("ROLLBACK", prepare=False)
     except psycopg.Error:  # pragma: no cover - the original error is what matters
         pass
 

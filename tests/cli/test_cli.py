@@ -415,7 +415,7 @@ def test_config_schema_rejects_misspelled_files(capsys):
         "version: 1\nagents: {r: {context: {stratgy: summarize}}}\n",
         "version: 1\nagents: {r: {retentoin: session}}\n",
         "version: 1\ndefaults: {ttl: 30 days}\n",
-        "version: 1\nstore: {backend: postgres}\n",
+        "version: 1\nstore: {backend: cassandra}\n",
     ):
         assert _messages(validator, yaml.safe_load(text)), text
 
