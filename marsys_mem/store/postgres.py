@@ -4,7 +4,7 @@
 (``pip install 'marsys-mem[postgres]'``). Every batch is ONE transaction that commits or
 rolls back whole; the async twins run it in a worker thread (as for every store).
 
-Schema (version 1; the tables are prefixed so the store can share a database, and live
+Schema (version 2; the tables are prefixed so the store can share a database, and live
 in the first schema of the connection's ``search_path``)::
 
     marsys_keys(id, namespace, agent, branch,   -- one row per key, UNIQUE (ns, agent, branch)
@@ -17,6 +17,8 @@ in the first schema of the connection's ``search_path``)::
                     data)                       -- Message.model_dump_json()
     marsys_runs(run_id PRIMARY KEY, pos, parent_id, namespace, agent, started_at, data)
     marsys_schema_version(version PRIMARY KEY, applied_at)   -- one row per migration
+    marsys_vectors, marsys_vector_models, marsys_vector_clock  -- version 2: embeddings
+                                                -- (see marsys_mem.store.postgres_vectors)
 
 Several writers, several hosts: an append takes its key's ``marsys_keys`` row (an
 ``INSERT ... ON CONFLICT DO UPDATE``, which row-locks it until the transaction ends) and
@@ -65,7 +67,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import ValidationError
 
@@ -88,9 +90,12 @@ from marsys_mem.store.base import (
     ListKeys,
     ListRuns,
     Load,
+    LoadAfter,
     LoadRun,
+    LoadVectors,
     MemoryStore,
     Op,
+    PutVectors,
     SaveRun,
 )
 from marsys_mem.store.retention import EVICTION_ORDER, ttl_cutoff
@@ -105,6 +110,8 @@ except ModuleNotFoundError as exc:  # pragma: no cover - the extra is installed 
         "PostgresStore needs psycopg 3 and psycopg_pool: pip install 'marsys-mem[postgres]'"
     ) from exc
 
+from marsys_mem.store import postgres_vectors  # after the check: it imports psycopg
+
 __all__ = ["MIGRATIONS", "Migration", "PostgresStore"]
 
 Connection = psycopg.Connection[tuple[Any, ...]]
@@ -113,7 +120,7 @@ Migration = Callable[[Connection], None]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
-_WRITES = (Append, Delete, SaveRun, EnforceRetention)
+_WRITES = (Append, Delete, SaveRun, EnforceRetention, PutVectors)
 _MIGRATION_LOCK = 0x4D4D454D  # pg_advisory_xact_lock id while migrating ("MMEM")
 _RETRY_STATES = frozenset({"40001", "40P01"})  # serialization failure, deadlock
 _KEY_WHERE = "namespace = %s AND agent = %s AND branch = %s"
@@ -197,7 +204,7 @@ def _v1_tables(conn: Connection) -> None:
     )
 
 
-MIGRATIONS: tuple[Migration, ...] = (_v1_tables,)
+MIGRATIONS: tuple[Migration, ...] = (_v1_tables, postgres_vectors.migrate_vectors)
 """Schema migrations, in order: ``MIGRATIONS[i]`` takes a database from version i to i + 1."""
 
 
@@ -394,6 +401,8 @@ class PostgresStore(MemoryStore):
             name="marsys-mem",
         )
         self._pool.open(wait=False)
+
+    supports_vectors: ClassVar[bool] = True  # see marsys_mem.store.postgres_vectors
 
     def __repr__(self) -> str:
         state = ", closed" if self.closed else ""
@@ -654,7 +663,8 @@ class _Prepared:
             {
                 tuple(op.key)
                 for op in self.ops
-                if isinstance(op, Append | Delete | EnforceRetention) and op.key is not None
+                if isinstance(op, Append | Delete | EnforceRetention | PutVectors)
+                and op.key is not None
             }
         )
         if not everything and len(written) <= 1:
@@ -708,6 +718,12 @@ class _Prepared:
             return _list_runs(conn, op)
         if isinstance(op, EnforceRetention):
             return _retention(conn, op)
+        if isinstance(op, PutVectors):
+            return postgres_vectors.put_vectors(conn, op)
+        if isinstance(op, LoadVectors):
+            return postgres_vectors.load_vectors(conn, op)
+        if isinstance(op, LoadAfter):
+            return postgres_vectors.load_after(conn, op)
         raise TypeError(f"unknown store operation {op!r}")  # pragma: no cover
 
 
