@@ -214,12 +214,16 @@ def fuse_scores(
 
 
 def _minmax(values: list[float]) -> list[float]:
-    """``values`` scaled to [0, 1] (all 0.0 when they are all equal)."""
+    """``values`` scaled to [0, 1].
+
+    All equal: each is the best there is, 1.0 if it is positive (a lone match is a match),
+    else 0.0 (nothing matched).
+    """
     if not values:
         return []
     lo, hi = min(values), max(values)
     if hi <= lo:
-        return [0.0] * len(values)
+        return [1.0 if hi > 0 else 0.0] * len(values)
     scale = 1.0 / (hi - lo)
     return [(v - lo) * scale for v in values]
 

@@ -158,8 +158,11 @@ def test_minmax_fusion_scales_both_sides_to_the_candidates():
     )
     scores = {mid: s for mid, s, _, _ in fused}
     assert scores == pytest.approx({"a": 0.5, "b": 0.5, "c": 0.5})
-    fused = fuse_scores([("a", 0.9)], [], {"a": 0.9}, {"a": 0.0}, fusion="minmax")
-    assert fused[0][1] == 0.0  # one candidate: nothing to scale against
+    one = {"fusion": "minmax", "dense_weight": 1.0, "bm25_weight": 1.0}
+    fused = fuse_scores([("a", 0.9)], [], {"a": 0.9}, {"a": 0.0}, **one)  # type: ignore[arg-type]
+    assert fused[0][1] == 0.5  # a lone candidate: its cosine is the best (1.0), BM25 none (0.0)
+    fused = fuse_scores([("a", -0.2)], [], {"a": -0.2}, {"a": 0.0}, **one)  # type: ignore[arg-type]
+    assert fused[0][1] == 0.0  # nothing matched on either side
 
 
 def test_diversify_spreads_groups_and_keeps_scores_sorted():

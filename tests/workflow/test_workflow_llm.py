@@ -224,7 +224,7 @@ def test_model_errors_are_reported_and_memory_is_kept(tmp_path, server, capsys):
     assert "HTTP 500: the GPU caught fire" in out
     assert "HTTP 429: slow down" in out
     assert "timed out after 0.5 s" in out
-    assert "openai:m: the response could not be read (JSONDecodeError" in out
+    assert "the server's response is not valid JSON" in out  # an LLMError from the adapter
     assert "FAILED: 4 model call(s) failed" in out
     assert "answer: Recovered." in out
 
@@ -248,7 +248,7 @@ def test_model_errors_are_reported_and_memory_is_kept(tmp_path, server, capsys):
     assert "HTTP 500" in failed[0]
     assert "HTTP 429" in failed[1]
     assert "timed out" in failed[2]
-    assert "could not be read" in failed[3]
+    assert "not valid JSON" in failed[3]
 
 
 # ---------------------------------------------------------------------------- checks
