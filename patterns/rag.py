@@ -802,13 +802,8 @@ class RAGMemory(SharedVectors, Closing):
         nxt = links.walk(cand_slots, reply, forward=True)
         # own scores of the candidates and of their neighbours, once per message: `need`
         # holds them sorted by slot; own_*[-1] stays 0.0 for "no such turn" (-1)
-        every = np.concatenate([cand_slots, lanes.ravel(), nxt.ravel()])
-        need = np.unique(every[every >= 0])
+        need, at = links.positions(np.concatenate([cand_slots, lanes.ravel(), nxt.ravel()]))
         m = len(need)
-
-        def at(slots: npt.NDArray[np.intp]) -> npt.NDArray[np.intp]:
-            return np.where(slots >= 0, np.searchsorted(need, slots), m)
-
         need_ids = links.ids_of(need)
         own_d = np.zeros(m + 1)
         has_vec = np.zeros(m + 1, dtype=bool)
@@ -818,17 +813,17 @@ class RAGMemory(SharedVectors, Closing):
             own_d[:-1] = np.where(has_vec[:-1], cosines, 0.0)
         own_b = np.zeros(m + 1)
         own_b[:-1] = self._bm25.score_array(query, need_ids)
-        cand_at = at(cand_slots)
+        cand_at = at[cand_slots]
         ctx_d = own_d[cand_at]
         ctx_b = own_b[cand_at]
         w = 1.0
         for lane in lanes:
             w *= self.context_weight
-            idx = at(lane)
+            idx = at[lane]
             ctx_d += w * own_d[idx]
             ctx_b += w * own_b[idx]
         if reply:
-            idx = at(nxt[0])
+            idx = at[nxt[0]]
             ctx_d += self.reply_weight * own_d[idx]
             ctx_b += self.reply_weight * own_b[idx]
         if self.fusion == "convex":  # keep the blend <= 1: cosines in context, rescaled

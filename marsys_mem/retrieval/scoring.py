@@ -193,28 +193,22 @@ def fuse_scores(
         [('b', 0.992), ('a', 0.5)]
     """
     ids = list(dict.fromkeys(itertools.chain((i for i, _ in dense), (i for i, _ in bm25))))
-    dw, bw = dense_weight, bm25_weight
-    fused: dict[str, float] = {}
-    if fusion == "rrf":
-        norm = (dw + bw) / (rrf_k + 1)
-        for rank, (mid, _) in enumerate(dense, 1):
-            fused[mid] = dw / (rrf_k + rank) / norm
-        for rank, (mid, _) in enumerate(bm25, 1):
-            fused[mid] = fused.get(mid, 0.0) + bw / (rrf_k + rank) / norm
-    elif fusion == "convex":
-        top = bm25[0][1] if bm25 else 0.0
-        scale = 1.0 / top if top > 0 else 0.0
-        total = dw + bw
-        for mid in ids:
-            fused[mid] = (dw * dense_of.get(mid, 0.0) + bw * bm25_of.get(mid, 0.0) * scale) / total
-    else:
-        d = _minmax([dense_of.get(mid, 0.0) for mid in ids])
-        b = _minmax([bm25_of.get(mid, 0.0) for mid in ids])
-        total = dw + bw
-        for mid, ds, bs in zip(ids, d, b, strict=True):
-            fused[mid] = (dw * ds + bw * bs) / total
-    ranked = sorted(ids, key=lambda mid: -fused[mid])
-    return [(mid, fused[mid], dense_of.get(mid), bm25_of.get(mid)) for mid in ranked]
+    pos = {mid: i for i, mid in enumerate(ids)}
+    order, fused = fuse_arrays(
+        np.fromiter((pos[mid] for mid, _ in dense), dtype=np.intp, count=len(dense)),
+        np.fromiter((pos[mid] for mid, _ in bm25), dtype=np.intp, count=len(bm25)),
+        np.fromiter((dense_of.get(mid, 0.0) for mid in ids), dtype=np.float64, count=len(ids)),
+        np.fromiter((bm25_of.get(mid, 0.0) for mid in ids), dtype=np.float64, count=len(ids)),
+        fusion=fusion,
+        dense_weight=dense_weight,
+        bm25_weight=bm25_weight,
+        rrf_k=rrf_k,
+    )
+    ranked = [ids[i] for i in order.tolist()]
+    return [
+        (mid, f, dense_of.get(mid), bm25_of.get(mid))
+        for mid, f in zip(ranked, fused.tolist(), strict=True)
+    ]
 
 
 def fuse_arrays(
@@ -228,7 +222,7 @@ def fuse_arrays(
     bm25_weight: float = 1.0,
     rrf_k: int = 60,
 ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
-    """:func:`fuse_scores` over arrays: for hundreds of candidates at once.
+    """The fusion of :func:`fuse_scores`, over arrays: for hundreds of candidates at once.
 
     The candidates are positions ``0 .. len(dense) - 1``; the result is the same ranking
     and scores as :func:`fuse_scores` with the lists ``[(i, dense[i]) for i in
@@ -277,7 +271,7 @@ def fuse_arrays(
 
 
 def _minmax_array(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-    """:func:`_minmax` over an array."""
+    """``values`` scaled to [0, 1] (all 0.0 when they are all equal)."""
     if not len(values):
         return values
     lo, hi = float(values.min()), float(values.max())
@@ -285,17 +279,6 @@ def _minmax_array(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
         return np.zeros(len(values))
     out: npt.NDArray[np.float64] = (values - lo) * (1.0 / (hi - lo))
     return out
-
-
-def _minmax(values: list[float]) -> list[float]:
-    """``values`` scaled to [0, 1] (all 0.0 when they are all equal)."""
-    if not values:
-        return []
-    lo, hi = min(values), max(values)
-    if hi <= lo:
-        return [0.0] * len(values)
-    scale = 1.0 / (hi - lo)
-    return [(v - lo) * scale for v in values]
 
 
 def diversify(

@@ -185,8 +185,26 @@ class ThreadLinks:
             ]
         ).T.ravel()
         grid = grid[grid >= 0]
-        _, first = np.unique(grid, return_index=True)
-        return grid[np.sort(first)]
+        # first occurrences without sorting: each slot's smallest position in the grid
+        where = np.arange(len(grid))
+        first = np.full(len(self._prev), len(grid), dtype=np.intp)
+        np.minimum.at(first, grid, where)
+        out: SlotArray = grid[first[grid] == where]
+        return out
+
+    def positions(self, slots: SlotArray) -> tuple[SlotArray, SlotArray]:
+        """The linked slots among ``slots`` (sorted, once each), and a map to their positions.
+
+        Returns ``(unique, at)``: ``at[s]`` is the position of slot ``s`` in ``unique``, and
+        ``at[-1]`` is ``len(unique)`` (a spare cell for "no such message").
+        """
+        mark = np.zeros(len(self._prev), dtype=bool)
+        mark[slots] = True
+        mark[-1] = False
+        unique = np.flatnonzero(mark)
+        at = np.full(len(self._prev), len(unique), dtype=np.intp)
+        at[unique] = np.arange(len(unique))
+        return unique, at
 
     def _walk_one(self, links: SlotArray, mid: str, n: int) -> list[str]:
         out: list[str] = []
