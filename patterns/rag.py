@@ -98,6 +98,7 @@ from marsys_mem.retrieval.scoring import (
     check_query,
     diversify,
     finite_number,
+    fuse_arrays,
     fuse_scores,
     make_filter,
     positive_int,
@@ -300,6 +301,7 @@ class RAGMemory(SharedVectors, Closing):
         self._index_kind = index_kind
         self._lock = threading.RLock()
         self._messages: dict[str, Message] = {}
+        self._says_when: dict[str, bool] = {}  # message -> mentions_time(text), when first asked
         self._bm25 = BM25Index(k1=k1, b=b)
         self._links = ThreadLinks()
         self._index: FaissIndex | None = None
@@ -542,6 +544,7 @@ class RAGMemory(SharedVectors, Closing):
             del self._messages[mid]
             self._bm25.remove(mid)
             self._links.remove(mid)
+            self._says_when.pop(mid, None)
             self._pending.pop(mid, None)
             self._failed.pop(mid, None)
         if self._index is not None and self._index.remove(list(ids)):
@@ -787,79 +790,65 @@ class RAGMemory(SharedVectors, Closing):
         turns = self.context_turns
         reply = 1 if self.reply_weight else 0
         seeds = dict.fromkeys(itertools.chain((i for i, _ in dense), (i for i, _ in bm25)))
-        messages = self._messages
-        spread = min(turns, _SPREAD)
-        cands = [c for c in links.around(seeds, before=reply, after=spread) if c in messages]
-        if not cands:
+        # candidates: the hits and the turns around them, as slots of the thread links
+        # (which hold exactly the memory's messages), in first-seen order
+        cand_slots = links.around_slots(
+            links.slots(list(seeds)), before=reply, after=min(turns, _SPREAD)
+        )
+        n = len(cand_slots)
+        if not n:
             return []
-        # own scores of the candidates and of their neighbours, in one array per side
-        pos = {c: i for i, c in enumerate(cands)}
-        need = list(cands)
-        # per neighbour distance: the position of that turn in `need`, or -1 (no such turn)
-        lanes: list[list[int]] = [[-1] * len(cands) for _ in range(turns)]
-        nxt_lane = [-1] * len(cands)
-        for i, c in enumerate(cands):
-            for step, other in enumerate(links.before(c, turns)):
-                j = pos.get(other)
-                if j is None:
-                    j = pos[other] = len(need)
-                    need.append(other)
-                lanes[step][i] = j
-            if reply:
-                for other in links.after(c, 1):
-                    j = pos.get(other)
-                    if j is None:
-                        j = pos[other] = len(need)
-                        need.append(other)
-                    nxt_lane[i] = j
-        own_d = np.zeros(len(need) + 1)  # the last cell: 0.0 for "no such turn" (-1)
-        has_vec = np.zeros(len(need), dtype=bool)
-        index = self._index
-        if qvec is not None and index is not None:
-            have = [j for j, mid in enumerate(need) if mid in index]
-            if have:
-                vecs = index.vectors([need[j] for j in have])
-                own_d[have] = vecs @ qvec[0]
-                has_vec[have] = True
-        own_b = np.zeros(len(need) + 1)
-        own_b[:-1] = self._bm25.score_array(query, need)
-        n = len(cands)
-        ctx_d = own_d[:n].copy()
-        ctx_b = own_b[:n].copy()
+        lanes = links.walk(cand_slots, turns, forward=False)  # row i: the turn i + 1 before
+        nxt = links.walk(cand_slots, reply, forward=True)
+        # own scores of the candidates and of their neighbours, once per message: `need`
+        # holds them sorted by slot; own_*[-1] stays 0.0 for "no such turn" (-1)
+        need, at = links.positions(np.concatenate([cand_slots, lanes.ravel(), nxt.ravel()]))
+        m = len(need)
+        need_ids = links.ids_of(need)
+        own_d = np.zeros(m + 1)
+        has_vec = np.zeros(m + 1, dtype=bool)
+        if qvec is not None and self._index is not None:
+            cosines = self._index.inner_products(need_ids, qvec[0])
+            has_vec[:-1] = ~np.isnan(cosines)
+            own_d[:-1] = np.where(has_vec[:-1], cosines, 0.0)
+        own_b = np.zeros(m + 1)
+        own_b[:-1] = self._bm25.score_array(query, need_ids)
+        cand_at = at[cand_slots]
+        ctx_d = own_d[cand_at]
+        ctx_b = own_b[cand_at]
         w = 1.0
         for lane in lanes:
             w *= self.context_weight
-            idx = np.asarray(lane, dtype=np.intp)
+            idx = at[lane]
             ctx_d += w * own_d[idx]
             ctx_b += w * own_b[idx]
         if reply:
-            idx = np.asarray(nxt_lane, dtype=np.intp)
+            idx = at[nxt[0]]
             ctx_d += self.reply_weight * own_d[idx]
             ctx_b += self.reply_weight * own_b[idx]
         if self.fusion == "convex":  # keep the blend <= 1: cosines in context, rescaled
             cw = self.context_weight
             ctx_d /= 1.0 + sum(cw**i for i in range(1, turns + 1)) + self.reply_weight
-        d_list, b_list = ctx_d.tolist(), ctx_b.tolist()
-        dense_of = dict(zip(cands, d_list, strict=True))
-        bm25_of = dict(zip(cands, b_list, strict=True))
         dense_order = np.argsort(-ctx_d, kind="stable")
         bm25_order = np.argsort(-ctx_b, kind="stable")
-        dense_list = [(cands[i], d_list[i]) for i in dense_order.tolist() if has_vec[i]]
-        bm25_list = [(cands[i], b_list[i]) for i in bm25_order.tolist() if b_list[i] > 0]
-        fused = fuse_scores(
-            dense_list,
-            bm25_list,
-            dense_of,
-            bm25_of,
+        order, fused = fuse_arrays(
+            dense_order[has_vec[cand_at][dense_order]],
+            bm25_order[ctx_b[bm25_order] > 0],
+            ctx_d,
+            ctx_b,
             fusion=self.fusion,
             dense_weight=self.dense_weight,
             bm25_weight=self.bm25_weight,
             rrf_k=self.rrf_k,
         )
-        own_d_list, own_b_list = own_d.tolist(), own_b.tolist()
+        where = cand_at[order]
+        ids = links.ids_of(cand_slots[order])
+        dense_own = np.where(has_vec[where], own_d[where], np.nan).tolist()
         return [
-            (mid, f, own_d_list[pos[mid]] if has_vec[pos[mid]] else None, own_b_list[pos[mid]])
-            for mid, f, _, _ in fused
+            (mid, f, None if d != d else d, b)  # NaN: no vector
+            for mid, f, d, b in zip(
+                ids, fused.tolist(), dense_own, own_b[where].tolist(), strict=True
+            )
         ]
 
     def _adjust(self, query: str, ranked: list[Candidate]) -> list[Candidate]:
@@ -881,7 +870,7 @@ class RAGMemory(SharedVectors, Closing):
                 if m is not None:
                     if period is not None and period.contains(m.timestamp):
                         bonus += self.time_weight
-                    if when and mentions_time(m.text):
+                    if when and self._mentions_time(mid, m):
                         bonus += self.when_weight
                 out.append((mid, (score + bonus * top) / norm, dense, bm25))
             ranked = sorted(out, key=lambda c: -c[1])
@@ -889,6 +878,13 @@ class RAGMemory(SharedVectors, Closing):
         if self.diversity:
             ranked = diversify(ranked, self._session_of, self.diversity)
         return ranked
+
+    def _mentions_time(self, mid: str, m: Message) -> bool:
+        """``mentions_time(m.text)``, computed once per message."""
+        said = self._says_when.get(mid)
+        if said is None:
+            said = self._says_when[mid] = mentions_time(m.text)
+        return said
 
     def _fuse(
         self,

@@ -22,6 +22,7 @@ import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -125,7 +126,9 @@ class BM25Index:
         "_arrays",
         "_doc_terms",
         "_free",
+        "_generation",
         "_ids",
+        "_last",
         "_len_array",
         "_lengths",
         "_postings",
@@ -153,6 +156,10 @@ class BM25Index:
         # the latter built lazily and dropped when the term's postings change
         self._len_array: npt.NDArray[np.float64] = np.zeros(64)
         self._arrays: dict[str, tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]] = {}
+        # the last query's scores of every slot, reused while the index is unchanged (a
+        # hybrid search asks for the best documents, then for its candidates' scores)
+        self._generation = 0
+        self._last: tuple[tuple[Any, ...], _Accumulated] | None = None
 
     # ------------------------------------------------------------------ container protocol
     def __len__(self) -> int:
@@ -210,6 +217,7 @@ class BM25Index:
 
     def _add_terms(self, doc_id: str, terms: list[str]) -> None:
         counts = Counter(terms)
+        self._generation += 1
         if self._free:
             slot = self._free.pop()
             self._ids[slot] = doc_id
@@ -241,6 +249,7 @@ class BM25Index:
         slot = self._slots.pop(doc_id, None)
         if slot is None:
             return False
+        self._generation += 1
         postings = self._postings
         arrays = self._arrays
         for term in self._doc_terms[slot]:
@@ -267,6 +276,8 @@ class BM25Index:
         self._free.clear()
         self._total_length = 0
         self._arrays.clear()
+        self._generation += 1
+        self._last = None
         self._len_array = np.zeros(64)
 
     # ------------------------------------------------------------------ reading
@@ -343,12 +354,7 @@ class BM25Index:
         known = slots >= 0
         if not known.any():
             return out
-        k1p, base, slope = self._weights()
-        acc = np.zeros(len(self._ids))
-        for term in terms:
-            term_slots, tfs = self._term_arrays(term)
-            w = self._idf(len(term_slots)) * k1p
-            acc[term_slots] += w * tfs / (tfs + base + slope * self._len_array[term_slots])
+        acc, _ = self._accumulate(terms)
         out[known] = acc[slots[known]]
         return out
 
@@ -387,6 +393,15 @@ class BM25Index:
         self, terms: list[str]
     ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
         """``(slots, scores)`` of the matching documents, vectorised (long postings)."""
+        acc, hit = self._accumulate(terms)
+        found = np.flatnonzero(hit)
+        return found, acc[found]
+
+    def _accumulate(self, terms: list[str]) -> _Accumulated:
+        """Every slot's score and whether it matches, vectorised (the last one is kept)."""
+        key = (tuple(terms), self._generation, self.k1, self.b)
+        if self._last is not None and self._last[0] == key:
+            return self._last[1]
         k1p, base, slope = self._weights()
         acc = np.zeros(len(self._ids))
         hit = np.zeros(len(self._ids), dtype=bool)
@@ -395,8 +410,8 @@ class BM25Index:
             w = self._idf(len(slots)) * k1p
             acc[slots] += w * tfs / (tfs + base + slope * self._len_array[slots])
             hit[slots] = True
-        found = np.flatnonzero(hit)
-        return found, acc[found]
+        self._last = (key, (acc, hit))
+        return acc, hit
 
     def _term_arrays(self, term: str) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
         cached = self._arrays.get(term)
@@ -410,6 +425,8 @@ class BM25Index:
             self._arrays[term] = cached
         return cached
 
+
+_Accumulated = tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]
 
 _NUMPY_FROM = 256
 """Total postings of a query above which scoring is vectorised."""

@@ -22,6 +22,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+import numpy as np
+import numpy.typing as npt
+
 from marsys_mem.model.messages import Message
 
 __all__ = [
@@ -35,6 +38,7 @@ __all__ = [
     "check_query",
     "diversify",
     "finite_number",
+    "fuse_arrays",
     "fuse_scores",
     "make_filter",
     "positive_int",
@@ -189,43 +193,96 @@ def fuse_scores(
         [('b', 0.992), ('a', 0.5)]
     """
     ids = list(dict.fromkeys(itertools.chain((i for i, _ in dense), (i for i, _ in bm25))))
+    pos = {mid: i for i, mid in enumerate(ids)}
+    order, fused = fuse_arrays(
+        np.fromiter((pos[mid] for mid, _ in dense), dtype=np.intp, count=len(dense)),
+        np.fromiter((pos[mid] for mid, _ in bm25), dtype=np.intp, count=len(bm25)),
+        np.fromiter((dense_of.get(mid, 0.0) for mid in ids), dtype=np.float64, count=len(ids)),
+        np.fromiter((bm25_of.get(mid, 0.0) for mid in ids), dtype=np.float64, count=len(ids)),
+        fusion=fusion,
+        dense_weight=dense_weight,
+        bm25_weight=bm25_weight,
+        rrf_k=rrf_k,
+    )
+    ranked = [ids[i] for i in order.tolist()]
+    return [
+        (mid, f, dense_of.get(mid), bm25_of.get(mid))
+        for mid, f in zip(ranked, fused.tolist(), strict=True)
+    ]
+
+
+def fuse_arrays(
+    dense_rank: npt.NDArray[np.intp],
+    bm25_rank: npt.NDArray[np.intp],
+    dense: npt.NDArray[np.float64],
+    bm25: npt.NDArray[np.float64],
+    *,
+    fusion: Fusion = "rrf",
+    dense_weight: float = 1.0,
+    bm25_weight: float = 1.0,
+    rrf_k: int = 60,
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
+    """The fusion of :func:`fuse_scores`, over arrays: for hundreds of candidates at once.
+
+    The candidates are positions ``0 .. len(dense) - 1``; the result is the same ranking
+    and scores as :func:`fuse_scores` with the lists ``[(i, dense[i]) for i in
+    dense_rank]`` and ``[(i, bm25[i]) for i in bm25_rank]`` and every candidate's scores.
+
+    Args:
+        dense_rank: the dense list, best first (positions of candidates).
+        bm25_rank: the BM25 list, best first.
+        dense: the cosine of every candidate (0.0 where it has none).
+        bm25: the BM25 score of every candidate.
+        fusion: see :func:`fuse_scores`.
+        dense_weight: weight of the dense retriever.
+        bm25_weight: weight of BM25.
+        rrf_k: the RRF rank offset.
+
+    Returns:
+        ``(positions, fused)``: the candidates of either list, best first, and their scores.
+
+    Example:
+        >>> order, fused = fuse_arrays(np.array([0, 1]), np.array([1]),
+        ...                            np.array([0.9, 0.5]), np.array([0.0, 7.0]))
+        >>> order.tolist(), [round(f, 3) for f in fused.tolist()]
+        ([1, 0], [0.992, 0.5])
+    """
+    both = np.concatenate([dense_rank, bm25_rank])
+    _, first = np.unique(both, return_index=True)
+    members = both[np.sort(first)]
     dw, bw = dense_weight, bm25_weight
-    fused: dict[str, float] = {}
+    fused: npt.NDArray[np.float64]
     if fusion == "rrf":
         norm = (dw + bw) / (rrf_k + 1)
-        for rank, (mid, _) in enumerate(dense, 1):
-            fused[mid] = dw / (rrf_k + rank) / norm
-        for rank, (mid, _) in enumerate(bm25, 1):
-            fused[mid] = fused.get(mid, 0.0) + bw / (rrf_k + rank) / norm
+        full = np.zeros(len(dense))
+        full[dense_rank] = dw / (rrf_k + np.arange(1, len(dense_rank) + 1)) / norm
+        full[bm25_rank] = full[bm25_rank] + bw / (rrf_k + np.arange(1, len(bm25_rank) + 1)) / norm
+        fused = full[members]
     elif fusion == "convex":
-        top = bm25[0][1] if bm25 else 0.0
+        top = float(bm25[bm25_rank[0]]) if len(bm25_rank) else 0.0
         scale = 1.0 / top if top > 0 else 0.0
-        total = dw + bw
-        for mid in ids:
-            fused[mid] = (dw * dense_of.get(mid, 0.0) + bw * bm25_of.get(mid, 0.0) * scale) / total
+        fused = (dw * dense[members] + bw * bm25[members] * scale) / (dw + bw)
     else:
-        d = _minmax([dense_of.get(mid, 0.0) for mid in ids])
-        b = _minmax([bm25_of.get(mid, 0.0) for mid in ids])
-        total = dw + bw
-        for mid, ds, bs in zip(ids, d, b, strict=True):
-            fused[mid] = (dw * ds + bw * bs) / total
-    ranked = sorted(ids, key=lambda mid: -fused[mid])
-    return [(mid, fused[mid], dense_of.get(mid), bm25_of.get(mid)) for mid in ranked]
+        d = _minmax_array(dense[members])
+        b = _minmax_array(bm25[members])
+        fused = (dw * d + bw * b) / (dw + bw)
+    order = np.argsort(-fused, kind="stable")
+    return members[order], fused[order]
 
 
-def _minmax(values: list[float]) -> list[float]:
+def _minmax_array(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     """``values`` scaled to [0, 1].
 
     All equal: each is the best there is, 1.0 if it is positive (a lone match is a match),
     else 0.0 (nothing matched).
     """
-    if not values:
-        return []
-    lo, hi = min(values), max(values)
+    if not len(values):
+        return values
+    lo, hi = float(values.min()), float(values.max())
     if hi <= lo:
-        return [1.0 if hi > 0 else 0.0] * len(values)
-    scale = 1.0 / (hi - lo)
-    return [(v - lo) * scale for v in values]
+        return np.full(len(values), 1.0 if hi > 0 else 0.0)
+    out: npt.NDArray[np.float64] = (values - lo) * (1.0 / (hi - lo))
+    return out
 
 
 def diversify(

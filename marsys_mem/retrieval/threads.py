@@ -5,18 +5,28 @@ meaning lives in the turn before it. :class:`ThreadLinks` keeps, for every index
 the previous and next message of the same *thread* (in the order they were added), so
 retrieval can score a message together with its context and consider the turns around a
 hit. Removing a message links its neighbours to each other.
+
+The links live in integer arrays (one *slot* per message), so the neighbours of hundreds
+of candidates are found with a few array lookups (:meth:`ThreadLinks.slots`,
+:meth:`ThreadLinks.walk`, :meth:`ThreadLinks.around_slots`) instead of a Python loop each.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import numpy.typing as npt
 
 __all__ = ["ThreadLinks"]
+
+SlotArray = npt.NDArray[np.intp]
 
 
 class ThreadLinks:
     """Doubly linked threads of message ids, in the order they were added.
 
+    Each linked message has a slot; ``-1`` stands for "no such message" in the slot arrays.
     Not thread-safe: callers serialise access (``RAGMemory`` does).
 
     Example:
@@ -25,24 +35,33 @@ class ThreadLinks:
         ...     links.add(mid, thread)
         >>> links.before("c", 2), links.after("a", 1), links.before("x", 1)
         (['b', 'a'], ['b'], [])
+        >>> links.walk(links.slots(["c", "x"]), 1, forward=False).tolist()
+        [[2, -1]]
+        >>> links.ids_of(links.around_slots(links.slots(["b"]), before=1, after=1))
+        ['b', 'a', 'c']
         >>> links.remove("b")
         >>> links.before("c", 2), links.thread_of("c")
         (['a'], 't1')
     """
 
-    __slots__ = ("_next", "_prev", "_tail", "_thread")
+    __slots__ = ("_free", "_ids", "_next", "_prev", "_slot", "_tail", "_thread")
 
     def __init__(self) -> None:
-        self._prev: dict[str, str | None] = {}
-        self._next: dict[str, str | None] = {}
-        self._tail: dict[str, str] = {}  # thread -> its last message
-        self._thread: dict[str, str] = {}  # message -> thread
+        self._slot: dict[str, int] = {}  # message -> slot
+        self._ids: npt.NDArray[np.object_] = np.full(65, None, dtype=object)  # slot -> message
+        self._thread: list[str | None] = []  # slot -> thread
+        self._free: list[int] = []
+        self._tail: dict[str, int] = {}  # thread -> slot of its last message
+        # slot -> previous / next slot in the thread; the last cell stays -1, so that
+        # indexing with -1 ("no such message") gives -1 again
+        self._prev: SlotArray = np.full(65, -1, dtype=np.intp)
+        self._next: SlotArray = np.full(65, -1, dtype=np.intp)
 
     def __len__(self) -> int:
-        return len(self._thread)
+        return len(self._slot)
 
     def __contains__(self, mid: object) -> bool:
-        return mid in self._thread
+        return mid in self._slot
 
     def add(self, mid: str, thread: str) -> None:
         """Append ``mid`` to the end of ``thread``.
@@ -50,67 +69,153 @@ class ThreadLinks:
         Raises:
             ValueError: ``mid`` is already linked.
         """
-        if mid in self._thread:
+        if mid in self._slot:
             raise ValueError(f"message {mid!r} is already in a thread")
-        last = self._tail.get(thread)
-        self._prev[mid] = last
-        self._next[mid] = None
-        if last is not None:
-            self._next[last] = mid
-        self._tail[thread] = mid
-        self._thread[mid] = thread
+        if self._free:
+            slot = self._free.pop()
+            self._ids[slot] = mid
+            self._thread[slot] = thread
+        else:
+            slot = len(self._thread)
+            self._thread.append(thread)
+            if slot >= len(self._prev) - 1:
+                grow = np.full(len(self._prev), -1, dtype=np.intp)
+                self._prev = np.concatenate([self._prev[:-1], grow])
+                self._next = np.concatenate([self._next[:-1], grow])
+                self._ids = np.concatenate([self._ids[:-1], np.full(len(grow), None)])
+            self._ids[slot] = mid
+        last = self._tail.get(thread, -1)
+        self._prev[slot] = last
+        self._next[slot] = -1
+        if last >= 0:
+            self._next[last] = slot
+        self._tail[thread] = slot
+        self._slot[mid] = slot
 
     def remove(self, mid: str) -> None:
         """Unlink ``mid`` (its neighbours become each other's); unknown ids are ignored."""
-        thread = self._thread.pop(mid, None)
-        if thread is None:
+        slot = self._slot.pop(mid, None)
+        if slot is None:
             return
-        before = self._prev.pop(mid)
-        after = self._next.pop(mid)
-        if before is not None:
+        thread = self._thread[slot]
+        assert thread is not None
+        before = int(self._prev[slot])
+        after = int(self._next[slot])
+        if before >= 0:
             self._next[before] = after
-        if after is not None:
+        if after >= 0:
             self._prev[after] = before
-        elif before is not None:
+        elif before >= 0:
             self._tail[thread] = before
         else:
             del self._tail[thread]
+        self._prev[slot] = self._next[slot] = -1
+        self._ids[slot] = None
+        self._thread[slot] = None
+        self._free.append(slot)
 
     def clear(self) -> None:
         """Forget every message."""
-        self._prev.clear()
-        self._next.clear()
-        self._tail.clear()
+        self._slot.clear()
+        self._ids = np.full(65, None, dtype=object)
         self._thread.clear()
+        self._free.clear()
+        self._tail.clear()
+        self._prev = np.full(65, -1, dtype=np.intp)
+        self._next = np.full(65, -1, dtype=np.intp)
 
     def thread_of(self, mid: str) -> str | None:
         """The thread of ``mid`` (``None`` if it is not linked)."""
-        return self._thread.get(mid)
+        slot = self._slot.get(mid)
+        return None if slot is None else self._thread[slot]
 
     def before(self, mid: str, n: int) -> list[str]:
         """Up to ``n`` messages before ``mid`` in its thread, nearest first."""
-        return self._walk(self._prev, mid, n)
+        return self._walk_one(self._prev, mid, n)
 
     def after(self, mid: str, n: int) -> list[str]:
         """Up to ``n`` messages after ``mid`` in its thread, nearest first."""
-        return self._walk(self._next, mid, n)
+        return self._walk_one(self._next, mid, n)
 
     def around(self, ids: Iterable[str], before: int, after: int) -> list[str]:
-        """``ids`` and the messages up to ``before``/``after`` turns around them, deduplicated."""
+        """``ids`` and the messages up to ``before``/``after`` turns around them, deduplicated.
+
+        Unknown ids are kept (with no neighbours).
+        """
         out: dict[str, None] = {}
         for mid in ids:
             out[mid] = None
-            for other in self._walk(self._prev, mid, before):
+            for other in self._walk_one(self._prev, mid, before):
                 out[other] = None
-            for other in self._walk(self._next, mid, after):
+            for other in self._walk_one(self._next, mid, after):
                 out[other] = None
         return list(out)
 
-    @staticmethod
-    def _walk(links: dict[str, str | None], mid: str, n: int) -> list[str]:
+    # ------------------------------------------------------------------ slot arrays
+    def slots(self, ids: Sequence[str]) -> SlotArray:
+        """The slots of ``ids`` (``-1`` for an id that is not linked)."""
+        get = self._slot.get
+        return np.fromiter((get(mid, -1) for mid in ids), dtype=np.intp, count=len(ids))
+
+    def ids_of(self, slots: SlotArray) -> list[str]:
+        """The message of each slot (of linked messages: not ``-1``)."""
+        ids: list[str] = self._ids[slots].tolist()
+        return ids
+
+    def walk(self, slots: SlotArray, n: int, *, forward: bool) -> SlotArray:
+        """Shape ``(n, len(slots))``: row ``i`` holds the turn ``i + 1`` steps away, or -1."""
+        links = self._next if forward else self._prev
+        out = np.empty((n, len(slots)), dtype=np.intp)
+        cur = slots
+        for i in range(n):
+            cur = links[cur]
+            out[i] = cur
+        return out
+
+    def around_slots(self, slots: SlotArray, before: int, after: int) -> SlotArray:
+        """:meth:`around` on slots: each linked slot, then its turns before and after, deduplicated.
+
+        The order is :meth:`around`'s (first occurrence); ``-1`` slots are dropped.
+        """
+        grid = np.concatenate(
+            [
+                slots[None, :],
+                self.walk(slots, before, forward=False),
+                self.walk(slots, after, forward=True),
+            ]
+        ).T.ravel()
+        grid = grid[grid >= 0]
+        # first occurrences without sorting: each slot's smallest position in the grid
+        where = np.arange(len(grid))
+        first = np.full(len(self._prev), len(grid), dtype=np.intp)
+        np.minimum.at(first, grid, where)
+        out: SlotArray = grid[first[grid] == where]
+        return out
+
+    def positions(self, slots: SlotArray) -> tuple[SlotArray, SlotArray]:
+        """The linked slots among ``slots`` (sorted, once each), and a map to their positions.
+
+        Returns ``(unique, at)``: ``at[s]`` is the position of slot ``s`` in ``unique``, and
+        ``at[-1]`` is ``len(unique)`` (a spare cell for "no such message").
+        """
+        mark = np.zeros(len(self._prev), dtype=bool)
+        mark[slots] = True
+        mark[-1] = False
+        unique = np.flatnonzero(mark)
+        at = np.full(len(self._prev), len(unique), dtype=np.intp)
+        at[unique] = np.arange(len(unique))
+        return unique, at
+
+    def _walk_one(self, links: SlotArray, mid: str, n: int) -> list[str]:
         out: list[str] = []
-        cur = links.get(mid)
-        while cur is not None and len(out) < n:
-            out.append(cur)
-            cur = links.get(cur)
+        slot = self._slot.get(mid)
+        if slot is None:
+            return out
+        ids = self._ids
+        cur = int(links[slot])
+        while cur >= 0 and len(out) < n:
+            found = ids[cur]
+            assert found is not None
+            out.append(found)
+            cur = int(links[cur])
         return out

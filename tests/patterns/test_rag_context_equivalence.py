@@ -1,0 +1,124 @@
+"""The vectorised hybrid ranking in context equals a plain per-candidate computation.
+
+``RAGMemory._rank_in_context`` scores hundreds of candidates with array operations (thread
+neighbours as slot arrays, one batch of cosines, array fusion). The reference here scores
+the same candidates one at a time, in plain Python, straight from the definition in the
+module docs: same candidates in the same order, same scores, on a corpus with interleaved
+threads and removed messages (whose slots are reused).
+"""
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+
+from marsys_mem.model.messages import Message
+from marsys_mem.patterns import RAGMemory
+from marsys_mem.retrieval.embeddings import HashingEmbedder
+from marsys_mem.retrieval.scoring import Candidate, fuse_scores
+
+WORDS = (
+    "beagle floppy ears photo jumper coffee machine broken rain novel ramen lunch laptop "
+    "battery offsite quarter garden tomato bike repair train ticket Lisbon sister piano "
+    "recital marathon knee doctor allergy peanuts concert tickets Saturday yesterday July"
+).split()
+
+
+def _corpus(seed: int) -> list[Message]:
+    rng = random.Random(seed)
+    return [
+        Message.user(
+            " ".join(rng.choices(WORDS, k=rng.randint(3, 12))),
+            name=rng.choice(["maya", "jonas", "priya"]),
+            metadata={"thread": f"t{rng.randint(0, 30)}"},
+        )
+        for _ in range(700)
+    ]
+
+
+def _reference(mem: RAGMemory, query: str, qvec: np.ndarray, depth: int) -> list[Candidate]:
+    """The ranking in context, one candidate at a time."""
+    assert mem._index is not None
+    ids, scores = mem._index.search(qvec, depth)
+    dense = list(zip(ids[0], scores[0].tolist(), strict=False))
+    bm25 = mem._bm25.search(query, depth)
+    links = mem._links
+    reply = 1 if mem.reply_weight else 0
+    seeds = dict.fromkeys(itertools.chain((i for i, _ in dense), (i for i, _ in bm25)))
+    cands = links.around(seeds, before=reply, after=min(mem.context_turns, 2))
+
+    def cosine(mid: str) -> float | None:
+        if mid not in mem._index:
+            return None
+        return float(mem._index.vectors([mid])[0] @ qvec[0])
+
+    def keywords(mid: str) -> float:
+        return mem._bm25.score_docs(query, [mid])[mid]
+
+    dense_of: dict[str, float] = {}
+    bm25_of: dict[str, float] = {}
+    for mid in cands:
+        d, b = cosine(mid) or 0.0, keywords(mid)
+        for step, other in enumerate(links.before(mid, mem.context_turns), 1):
+            d += mem.context_weight**step * (cosine(other) or 0.0)
+            b += mem.context_weight**step * keywords(other)
+        for other in links.after(mid, reply):
+            d += mem.reply_weight * (cosine(other) or 0.0)
+            b += mem.reply_weight * keywords(other)
+        if mem.fusion == "convex":
+            cw = mem.context_weight
+            d /= 1.0 + sum(cw**i for i in range(1, mem.context_turns + 1)) + mem.reply_weight
+        dense_of[mid], bm25_of[mid] = d, b
+    dense_list = sorted(
+        ((m, dense_of[m]) for m in cands if cosine(m) is not None), key=lambda p: -p[1]
+    )
+    bm25_list = sorted(((m, bm25_of[m]) for m in cands if bm25_of[m] > 0), key=lambda p: -p[1])
+    fused = fuse_scores(
+        dense_list,
+        bm25_list,
+        dense_of,
+        bm25_of,
+        fusion=mem.fusion,
+        dense_weight=mem.dense_weight,
+        bm25_weight=mem.bm25_weight,
+        rrf_k=mem.rrf_k,
+    )
+    return [(mid, f, cosine(mid), keywords(mid)) for mid, f, _, _ in fused]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"fusion": "convex"},
+        {"fusion": "rrf"},
+        {"reply_weight": 0.0, "context_turns": 2},
+        {"context_turns": 8, "context_weight": 0.9},
+    ],
+    ids=["minmax", "convex", "rrf", "no-reply", "long-context"],
+)
+def test_vectorised_ranking_equals_the_per_candidate_reference(options):
+    messages = _corpus(seed=3)
+    mem = RAGMemory(HashingEmbedder(), background=False, candidates=40, **options)
+    try:
+        mem.add_many(messages)
+        mem.remove([m.message_id for m in messages[::7]])  # freed slots, relinked threads
+        mem.add_many(_corpus(seed=4)[:100])  # reuse the freed slots
+        rng = random.Random(5)
+        for _ in range(12):
+            query = " ".join(rng.choices(WORDS, k=rng.randint(2, 6)))
+            qvec = mem._embed_query(query)
+            ids, scores = mem._index.search(qvec, 40)  # type: ignore[union-attr]
+            dense = list(zip(ids[0], scores[0].tolist(), strict=False))
+            got = mem._rank_in_context(query, qvec, dense, mem._bm25.search(query, 40))
+            want = _reference(mem, query, qvec, 40)
+            assert len(got) > 40
+            assert [c[0] for c in got] == [c[0] for c in want]
+            for (_, f, d, b), (_, wf, wd, wb) in zip(got, want, strict=True):
+                assert f == pytest.approx(wf, abs=1e-6)
+                assert (d is None) == (wd is None)
+                assert d == pytest.approx(wd, abs=1e-6)
+                assert b == pytest.approx(wb, abs=1e-6)
+    finally:
+        mem.close()
