@@ -220,8 +220,8 @@ def objective(s: Scores) -> float:
 
 # ---------------------------------------------------------------------- tuning
 TUNE_GRID: dict[str, list[Any]] = {
-    "fusion": ["rrf", "convex", "minmax"],
-    "dense_weight": [0.5, 1.0, 1.5, 2.0, 3.0],
+    "fusion": ["zscore", "rrf", "convex", "minmax"],
+    "dense_weight": [0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0],
     "rrf_k": [2, 5, 20, 60],
     "context_turns": [0, 1, 2, 3, 4, 5],
     "context_weight": [0.0, 0.25, 0.5, 0.75, 1.0],

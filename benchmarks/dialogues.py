@@ -18,6 +18,10 @@ Each fact comes with questions whose *evidence turns* are annotated. The questio
 * ``temporal``: a date: "when did ...", or a question bounded to a month ("What broke on
   Maya's car in July 2023?") where the same kind of event also happened at other times.
 * ``inference``: the evidence implies the answer without stating it.
+* ``identifier``: a lookup by a code the turn holds (a tracking number, a booking
+  reference, a case number, a model number), often with little else in the question
+  ("What was QX-7781 about?"): the words around the code rarely match, the code always
+  does, and the same kind of turn with other codes recurs in every dialogue.
 
 Questions paraphrase the evidence and never copy it: the only words they share with it are
 names and the occasional topic word. Every dialogue has other people and values, so at
@@ -43,7 +47,7 @@ from datetime import UTC, datetime, timedelta
 
 __all__ = ["KINDS", "Corpus", "Question", "Turn", "generate"]
 
-KINDS = ("single", "reference", "multi", "temporal", "inference")
+KINDS = ("single", "reference", "multi", "temporal", "inference", "identifier")
 
 
 @dataclass(frozen=True)
@@ -982,6 +986,122 @@ def _fear(rng: random.Random, o: str, p: str) -> Fact:
     )
 
 
+BRANDS = ["Thermex", "Vaillor", "Kessling", "Ardenta", "Boschen", "Calorix", "Nordvarm"]
+LETTERS = "ABCDEFGHJKLMNPQRSTUVWXYZ"
+
+
+def _code(rng: random.Random) -> str:
+    """A code as people copy them from emails: ``QX-7781``, ``RB4420K``, ``58213``."""
+    letters = "".join(rng.choice(LETTERS) for _ in range(rng.randrange(2, 4)))
+    digits = str(rng.randrange(1000, 99999))
+    style = rng.randrange(3)
+    if style == 0:
+        return f"{letters}-{digits}"
+    if style == 1:
+        return f"{letters}{digits}{rng.choice(LETTERS)}"
+    return digits
+
+
+def _parcel(rng: random.Random, o: str, p: str) -> Fact:
+    code, city, day = _code(rng), rng.choice(CITIES), rng.choice(WEEKDAYS)
+    s = Scene(
+        [
+            (
+                0,
+                f"The courier finally sent me a tracking number, {code}, and apparently "
+                f"the thing has been sitting in a depot outside {city} since {day}.",
+            ),
+            (1, "Classic. Did they at least say when it'll move again?"),
+        ],
+        {"fact": 0},
+    )
+    return Fact(
+        "parcel",
+        [s],
+        [
+            ("identifier", f"Where is shipment {code} held up?", ("0.fact",), city),
+            ("identifier", f"Any update on {code}?", ("0.fact",), city),
+        ],
+    )
+
+
+def _booking(rng: random.Random, o: str, p: str) -> Fact:
+    code = _code(rng)
+    hour = rng.choice(["three", "four", "five"])
+    s = Scene(
+        [
+            (
+                0,
+                f"Booked the cabin for the long weekend, reference {code}. We can't get "
+                f"in before {hour} and they want the rest paid a week ahead.",
+            ),
+            (1, "Send me the link, I might grab the one next door if it's free."),
+        ],
+        {"fact": 0},
+    )
+    return Fact(
+        "booking",
+        [s],
+        [
+            (
+                "identifier",
+                f"What time does check-in open for reservation {code}?",
+                ("0.fact",),
+                hour,
+            ),
+            ("identifier", f"What was {code} for?", ("0.fact",), "cabin"),
+        ],
+    )
+
+
+def _case(rng: random.Random, o: str, p: str) -> Fact:
+    code = _code(rng)
+    days = rng.choice(["ten", "fifteen", "twenty"])
+    s = Scene(
+        [
+            (
+                0,
+                f"Rang the bank about being charged twice. They opened case {code} and "
+                f"say it takes {days} working days, which is a joke.",
+            ),
+            (1, "Ugh, banks. At least you caught it, I never check my statements."),
+        ],
+        {"fact": 0},
+    )
+    return Fact(
+        "case",
+        [s],
+        [
+            ("identifier", f"How long will the complaint {code} take?", ("0.fact",), days),
+            ("identifier", f"Remind me what {code} is.", ("0.fact",), "double charge"),
+        ],
+    )
+
+
+def _repair(rng: random.Random, o: str, p: str) -> Fact:
+    brand = rng.choice(BRANDS)
+    model = f"{rng.choice(LETTERS)}{rng.choice(LETTERS)}-{rng.randrange(100, 999)}"
+    s = Scene(
+        [
+            (
+                0,
+                f"The plumber says ours is a {brand} {model} and the valve it needs is out "
+                "of stock until the end of the month. Cold showers it is.",
+            ),
+            (1, "Oh no. Come over and use ours whenever you like, seriously."),
+        ],
+        {"fact": 0},
+    )
+    return Fact(
+        "repair",
+        [s],
+        [
+            ("identifier", f"Which part does the {model} need?", ("0.fact",), "valve"),
+            ("identifier", f"Is {o}'s {brand} {model} working?", ("0.fact",), "no"),
+        ],
+    )
+
+
 MAKERS: list[Maker] = [
     _pet,
     _sibling,
@@ -1000,6 +1120,10 @@ MAKERS: list[Maker] = [
     _volunteer,
     _cat,
     _fear,
+    _parcel,
+    _booking,
+    _case,
+    _repair,
 ]
 
 # every template's questions belong to one split; kinds alternate between the splits
@@ -1021,6 +1145,10 @@ SPLIT: dict[str, str] = {
     "volunteer": "train",
     "cat": "train",
     "fear": "test",
+    "parcel": "train",
+    "booking": "test",
+    "case": "train",
+    "repair": "test",
 }
 
 

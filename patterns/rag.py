@@ -17,11 +17,16 @@ Ranking (``mode``):
     candidate is scored, on each side, by its own score plus its previous turns' (weighted
     ``context_weight``, its square, ...) and its next turn's (``reply_weight``). A reply
     such as "Yes! That's the one I told you about" is found through the turn it answers.
-  - *Fusion* (``fusion``) of the two sides: ``"minmax"`` (default), the weighted mean of
-    both scores min-max normalised over the candidates; ``"convex"``, ``(dense_weight *
-    cosine + bm25_weight * bm25 / best_bm25) / (dense_weight + bm25_weight)``; ``"rrf"``,
-    weighted reciprocal rank fusion ``sum(weight / (rrf_k + rank))``, divided by its
-    maximum. Hybrid scores are at most 1.0 (1.0: best on both sides).
+  - *Fusion* (``fusion``) of the two sides: ``"zscore"`` (default), the weighted mean of
+    both sides' standard scores over the candidates (how many deviations a candidate
+    stands out by), rescaled to 1.0 for the best candidate and 0.0 for the weakest; a
+    message that alone holds a rare query word (an order number, an id) stands out on the
+    keyword side by many deviations and stays on top even when its cosine is weak;
+    ``"minmax"``, the weighted mean of both scores min-max normalised over the candidates
+    (which buries such a match under the dense side's spread); ``"convex"``,
+    ``(dense_weight * cosine + bm25_weight * bm25 / best_bm25) / (dense_weight +
+    bm25_weight)``; ``"rrf"``, weighted reciprocal rank fusion ``sum(weight / (rrf_k +
+    rank))``, divided by its maximum. Hybrid scores are between 0.0 and 1.0.
   - *Time* (``time_weight``, ``when_weight``): a query naming a period ("in July 2023")
     prefers messages sent then; a "when did ..." query prefers turns that say when.
   - *Sessions* (``diversity``, off by default): spread the top hits over sessions.
@@ -148,11 +153,13 @@ class RAGMemory(SharedVectors, Closing):
         dense_weight: weight of the dense list in the fusion.
         bm25_weight: weight of the BM25 list in the fusion.
         rrf_k: the reciprocal rank fusion constant (larger: flatter), for ``fusion="rrf"``.
-        fusion: ``"minmax"`` (normalised scores, the default), ``"convex"`` (raw scores)
-            or ``"rrf"`` (ranks); see the module docs. The defaults of the fusion and
-            context options were tuned on the train questions of
-            ``benchmarks/bench_recall.py``: min-max score fusion found more evidence turns
-            than RRF (whose ranks throw away how much better the best matches are).
+        fusion: ``"zscore"`` (standard scores, the default), ``"minmax"`` (min-max
+            normalised scores), ``"convex"`` (raw scores) or ``"rrf"`` (ranks); see the
+            module docs. The defaults of the fusion and context options were tuned on the
+            train questions of ``benchmarks/bench_recall.py``: score fusion found more
+            evidence turns than RRF (whose ranks throw away how much better the best
+            matches are), and standard scores keep an exact match on a rare word (a code,
+            an id) on top where min-max let the dense side's spread bury it.
         background: embed in a background thread (``add`` never waits for the model).
             ``False``: ``add`` embeds before returning, and a failing embedder makes the
             ``add`` fail with nothing changed.
@@ -221,10 +228,10 @@ class RAGMemory(SharedVectors, Closing):
         key: tuple[str, str, str] = ("default", "rag", "main"),
         index_path: str | Path | None = None,
         mode: SearchMode = "hybrid",
-        dense_weight: float = 2.5,
+        dense_weight: float = 1.5,
         bm25_weight: float = 1.0,
         rrf_k: int = 5,
-        fusion: Fusion = "minmax",
+        fusion: Fusion = "zscore",
         background: bool = True,
         candidates: int = 100,
         max_chars: int = 100_000,
@@ -236,10 +243,10 @@ class RAGMemory(SharedVectors, Closing):
         thread_key: str | None = "thread",
         context_turns: int = 5,
         context_weight: float = 0.5,
-        reply_weight: float = 0.5,
+        reply_weight: float = 0.25,
         diversity: float = 0.0,
         time_weight: float = 0.5,
-        when_weight: float = 0.15,
+        when_weight: float = 0.2,
         index_names: bool = True,
     ) -> None:
         if mode not in MODES:

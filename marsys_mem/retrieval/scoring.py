@@ -4,9 +4,10 @@
 
 * :class:`ScoredMessage`: one hit, with the score it is ranked by and both retrievers'.
 * :func:`make_filter`: the agent / role / time / metadata predicate of a search.
-* :func:`fuse_scores`: the hybrid ranking of a dense and a BM25 candidate list, by weighted
-  reciprocal rank fusion (``"rrf"``), a convex blend of the scores (``"convex"``) or of
-  the min-max normalised scores (``"minmax"``).
+* :func:`fuse_scores`: the hybrid ranking of a dense and a BM25 candidate list, by the
+  weighted mean of both sides' standard scores (``"zscore"``), weighted reciprocal rank
+  fusion (``"rrf"``), a convex blend of the scores (``"convex"``) or of the min-max
+  normalised scores (``"minmax"``).
 * :func:`diversify`: a ranking that spreads the top hits over conversation sessions.
 * :func:`check_query`, :func:`positive_int`, :func:`finite_number`: argument checks that
   name the argument and the value.
@@ -46,8 +47,8 @@ __all__ = [
 
 SearchMode = Literal["hybrid", "dense", "bm25"]
 MODES: frozenset[str] = frozenset(("hybrid", "dense", "bm25"))
-Fusion = Literal["rrf", "convex", "minmax"]
-FUSIONS: frozenset[str] = frozenset(("rrf", "convex", "minmax"))
+Fusion = Literal["zscore", "rrf", "convex", "minmax"]
+FUSIONS: frozenset[str] = frozenset(("zscore", "rrf", "convex", "minmax"))
 
 Candidate = tuple[str, float, float | None, float | None]
 """A ranked candidate: ``(message_id, score, dense_score, bm25_score)``."""
@@ -174,8 +175,14 @@ def fuse_scores(
         bm25: ``(id, bm25)`` from the keyword retriever, best first.
         dense_of: the cosine of every candidate that has one (at least those in ``dense``).
         bm25_of: the BM25 score of every candidate (at least those in ``bm25``).
-        fusion: ``"rrf"``: ``sum(weight / (rrf_k + rank))`` over the lists a candidate is
-            in, divided by its maximum (1.0: ranked first by both); ``"convex"``:
+        fusion: ``"zscore"``: on each side, a candidate's standard score over the
+            candidates (``(score - mean) / std``: how far it stands out), the weighted
+            mean of both sides, rescaled so the best candidate scores 1.0 and the weakest
+            0.0. A strong match on one side (a rare word only one message holds) stands
+            out by many deviations (alone among ``n`` candidates: ``sqrt(n - 1)``) and is
+            not drowned by the other side's spread, as it is with ``"minmax"``.
+            ``"rrf"``: ``sum(weight / (rrf_k + rank))`` over the lists a candidate is in,
+            divided by its maximum (1.0: ranked first by both); ``"convex"``:
             ``(dense_weight * cosine + bm25_weight * bm25 / best_bm25) / (dense_weight +
             bm25_weight)``; ``"minmax"``: the same blend of both scores min-max normalised
             over the candidates (best 1.0, worst 0.0 on each side).
@@ -262,12 +269,28 @@ def fuse_arrays(
         top = float(bm25[bm25_rank[0]]) if len(bm25_rank) else 0.0
         scale = 1.0 / top if top > 0 else 0.0
         fused = (dw * dense[members] + bw * bm25[members] * scale) / (dw + bw)
+    elif fusion == "zscore":
+        d = dense[members]
+        b = bm25[members]
+        if len(members) < 2:  # nothing to stand out from: a match is the best there is
+            fused = np.where((d > 0) | (b > 0), 1.0, 0.0)
+        else:
+            fused = _minmax_array((dw * _zscore_array(d) + bw * _zscore_array(b)) / (dw + bw))
     else:
         d = _minmax_array(dense[members])
         b = _minmax_array(bm25[members])
         fused = (dw * d + bw * b) / (dw + bw)
     order = np.argsort(-fused, kind="stable")
     return members[order], fused[order]
+
+
+def _zscore_array(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """``(values - mean) / std`` (all 0.0 when the values are all equal)."""
+    sd = float(values.std())
+    if sd <= 0.0:
+        return np.zeros(len(values))
+    out: npt.NDArray[np.float64] = (values - float(values.mean())) * (1.0 / sd)
+    return out
 
 
 def _minmax_array(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:

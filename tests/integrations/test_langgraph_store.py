@@ -210,7 +210,7 @@ def test_query_search_is_hybrid_ranked_with_scores(store: MarsysStore) -> None:
     assert hits[0].key == "m2"
     scored = [h for h in hits if h.score is not None]
     assert [h.key for h in hits[len(scored) :]] == ["m4"]  # unindexed: after, no score
-    # min-max fusion: 1.0 for the best candidate, 0.0 for the weakest one
+    # hybrid fusion: 1.0 for the best candidate, 0.0 for the weakest one
     assert all(0 <= h.score <= 1.0 for h in scored)  # type: ignore[operator]
     assert [h.score for h in scored] == sorted((h.score for h in scored), reverse=True)
     assert hits[0].score == 1.0  # first by both retrievers

@@ -229,7 +229,7 @@ def test_hybrid_hits_carry_both_scores(corpus):
     assert 0.0 in scores.values()
 
 
-@pytest.mark.parametrize("fusion", ["rrf", "convex", "minmax"])
+@pytest.mark.parametrize("fusion", ["zscore", "rrf", "convex", "minmax"])
 def test_fusions_rank_the_exact_match_first(emb, fusion):
     # the fusion formula alone: no context turns (which would add the neighbours' scores)
     with RAGMemory(emb, fusion=fusion, context_weight=0, reply_weight=0) as mem:
@@ -322,8 +322,9 @@ def test_filter_by_time(mem):
     t0 = datetime(2024, 1, 1, tzinfo=UTC)
     for day in range(5):
         mem.add(f"daily standup notes for day {day}", timestamp=t0 + timedelta(days=day))
-    hits = mem.search("standup notes", k=10, since=t0 + timedelta(days=1),
-                      until=t0 + timedelta(days=3))
+    hits = mem.search(
+        "standup notes", k=10, since=t0 + timedelta(days=1), until=t0 + timedelta(days=3)
+    )
     assert sorted(h.message.timestamp.day for h in hits) == [2, 3]
     with pytest.raises(ValueError, match="timezone-aware"):
         mem.search("standup", since=datetime(2024, 1, 1))
@@ -450,9 +451,7 @@ def test_nan_vectors_in_background_raise_on_flush_and_corrupt_nothing():
         assert mem.failed.keys() == {bad}
         # the message itself is kept (it is in the store) and found by keywords
         assert bad in mem
-        assert _texts(mem.search("poison", mode="bm25")) == [
-            "this poison message breaks the model"
-        ]
+        assert _texts(mem.search("poison", mode="bm25")) == ["this poison message breaks the model"]
         for h in mem.search("message breaks the model", k=10, mode="dense"):
             assert np.isfinite(h.score)
         assert store.count_messages(KEY) == 3
@@ -590,8 +589,7 @@ def test_closed_memory_raises(emb):
     mem.close()
     mem.close()  # idempotent
     assert mem.closed
-    for call in (lambda: mem.add("y"), lambda: mem.search("x"), lambda: mem.remove("a"),
-                 mem.flush):
+    for call in (lambda: mem.add("y"), lambda: mem.search("x"), lambda: mem.remove("a"), mem.flush):
         with pytest.raises(StoreError, match="closed"):
             call()
     assert len(mem) == 1
@@ -822,6 +820,43 @@ def test_minilm_hybrid_finds_keyword_only_and_paraphrase_only_matches(model_mem)
     hits = model_mem.search("zx4471", k=3)
     assert hits[0].text == "The deploy key lives in vault path kv/ops/zx4471"
     assert hits[0].bm25_score is not None
+
+
+def _token_text(i: int) -> tuple[str, str]:
+    """A message with a token only it holds, among words shared by many messages."""
+    words = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike".split()
+    token = f"tokh{i // 40}x{i % 40}xlog"
+    topic = " ".join(words[(i * 3 + j) % 13] for j in range(3))
+    return token, f"note {token} about the {topic} report"
+
+
+@pytest.mark.parametrize("threads", ["one thread", "own threads"])
+def test_minilm_hybrid_finds_every_rare_token_first(minilm, threads):
+    # the regression of min-max fusion (dense 2.5 : 1): an exact match on a word only one
+    # message holds, whose cosine is no better than its look-alikes', ranked below
+    # dense-only matches (85 of 120 missed the top hit with a thread per message)
+    with RAGMemory(minilm, background=False) as mem:
+        items = [_token_text(i) for i in range(120)]
+        ids = mem.add_many(
+            [
+                Message.user(text, metadata={"thread": f"t{i}"} if threads == "own threads" else {})
+                for i, (_, text) in enumerate(items)
+            ]
+        )
+        missed = [
+            tok
+            for (tok, _), mid in zip(items, ids, strict=True)
+            if mem.search(tok, k=1)[0].id != mid
+        ]
+        assert len(missed) <= 1, missed  # minmax: 34 (one thread) and 85 (own threads)
+        assert all(mem.search(tok, k=3)[0].id in ids for tok, _ in items[:5])
+        # the minmax fusion, kept as an option, still buries them
+        mem.fusion = "minmax"
+        mem.dense_weight = 2.5
+        buried = sum(
+            mem.search(tok, k=1)[0].id != mid for (tok, _), mid in zip(items, ids, strict=True)
+        )
+        assert buried > 20  # measured: 56 (one thread), 80 (own threads)
 
 
 def test_minilm_filters_and_min_score(model_mem):

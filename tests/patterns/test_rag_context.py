@@ -3,6 +3,7 @@
 import itertools
 from datetime import UTC, datetime, timedelta
 
+import numpy as np
 import pytest
 
 from marsys_mem.model.messages import Message
@@ -163,6 +164,40 @@ def test_minmax_fusion_scales_both_sides_to_the_candidates():
     assert fused[0][1] == 0.5  # a lone candidate: its cosine is the best (1.0), BM25 none (0.0)
     fused = fuse_scores([("a", -0.2)], [], {"a": -0.2}, {"a": 0.0}, **one)  # type: ignore[arg-type]
     assert fused[0][1] == 0.0  # nothing matched on either side
+
+
+def test_zscore_fusion_keeps_a_one_sided_standout_on_top():
+    # "x" alone holds the query's rare word (BM25 8.0, all others 0) but its cosine is the
+    # weakest; the 60 others' cosines spread evenly from 0.40 to 0.70. Alone on a side
+    # among n candidates, x stands out there by sqrt(n - 1) deviations (here 7.8)
+    cos = {f"c{i}": 0.40 + 0.005 * i for i in range(61)}
+    cos["x"] = 0.35
+    dense = sorted(cos.items(), key=lambda kv: -kv[1])
+    bm25 = {mid: 0.0 for mid in cos}
+    bm25["x"] = 8.0
+    weights = {"dense_weight": 1.5, "bm25_weight": 1.0}
+    z = fuse_scores(dense, [("x", 8.0)], cos, bm25, fusion="zscore", **weights)  # type: ignore[arg-type]
+    assert z[0][0] == "x"
+    assert z[0][1] == 1.0
+    assert min(s for _, s, _, _ in z) == 0.0
+    # min-max weighs the spread of the cosines like the one keyword match: x sinks
+    weights["dense_weight"] = 2.5
+    mm = fuse_scores(dense, [("x", 8.0)], cos, bm25, fusion="minmax", **weights)  # type: ignore[arg-type]
+    assert [mid for mid, *_ in mm].index("x") > 10
+    # the standard scores: mean of both sides' z, then rescaled to [0, 1]
+    ids = [mid for mid, *_ in z]
+    d = np.array([cos[m] for m in ids])
+    b = np.array([bm25[m] for m in ids])
+    raw = (1.5 * (d - d.mean()) / d.std() + (b - b.mean()) / b.std()) / 2.5
+    expected = (raw - raw.min()) / (raw.max() - raw.min())
+    assert [s for _, s, _, _ in z] == pytest.approx(expected.tolist())
+    # one candidate: 1.0 if it matched on either side, else 0.0; all equal: all 0.0
+    one = fuse_scores([("a", 0.2)], [], {"a": 0.2}, {"a": 0.0}, fusion="zscore")
+    assert one[0][1] == 1.0
+    none = fuse_scores([("a", -0.2)], [], {"a": -0.2}, {"a": 0.0}, fusion="zscore")
+    assert none[0][1] == 0.0
+    tie = fuse_scores([("a", 0.5), ("b", 0.5)], [], {"a": 0.5, "b": 0.5}, {}, fusion="zscore")
+    assert [s for _, s, _, _ in tie] == [0.0, 0.0]
 
 
 def test_diversify_spreads_groups_and_keeps_scores_sorted():

@@ -91,12 +91,13 @@ def _reference(mem: RAGMemory, query: str, qvec: np.ndarray, depth: int) -> list
     "options",
     [
         {},
+        {"fusion": "minmax"},
         {"fusion": "convex"},
         {"fusion": "rrf"},
         {"reply_weight": 0.0, "context_turns": 2},
         {"context_turns": 8, "context_weight": 0.9},
     ],
-    ids=["minmax", "convex", "rrf", "no-reply", "long-context"],
+    ids=["zscore", "minmax", "convex", "rrf", "no-reply", "long-context"],
 )
 def test_vectorised_ranking_equals_the_per_candidate_reference(options):
     messages = _corpus(seed=3)
