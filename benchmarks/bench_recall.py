@@ -281,27 +281,30 @@ OLD_DEFAULTS: dict[str, Any] = {
     "when_weight": 0.0,
     "diversity": 0.0,
 }
-STEPS: list[tuple[str, bool, dict[str, Any]]] = [
+_CONTEXT = {
+    "fusion": "minmax",
+    "dense_weight": 2.5,
+    "candidates": 100,
+    "context_turns": 5,
+    "context_weight": 0.5,
+    "reply_weight": 0.5,
+}
+# (label, speaker names in BM25, options over the 0.x defaults; None: the new defaults)
+STEPS: list[tuple[str, bool, dict[str, Any] | None]] = [
     ("0.x defaults (RRF of the messages' own ranks)", False, {}),
     ("+ speaker names in BM25", True, {}),
     (
-        "+ min-max score fusion, tuned weights",
+        "+ min-max score fusion (dense 2.5 : BM25 1), 100 candidates",
         True,
         {"fusion": "minmax", "dense_weight": 2.5, "candidates": 100},
     ),
+    ("+ 5 context turns and the reply (0.5)", True, _CONTEXT),
     (
-        "+ 5 context turns and the reply",
+        "+ time cues (the previous defaults)",
         True,
-        {
-            "fusion": "minmax",
-            "dense_weight": 2.5,
-            "candidates": 100,
-            "context_turns": 5,
-            "context_weight": 0.5,
-            "reply_weight": 0.5,
-        },
+        dict(_CONTEXT, time_weight=0.5, when_weight=0.15),
     ),
-    ("+ time cues (= new defaults)", True, {}),
+    ("+ z-score fusion (dense 1.5 : BM25 1), reply 0.25, when 0.2 (= new defaults)", True, None),
     ("  (new defaults + session diversity 0.05)", True, {"diversity": 0.05}),
 ]
 
@@ -320,7 +323,9 @@ def ablation(emb: VectorCache, corpora: dict[int, Corpus], split: str) -> None:
         }
         for label, names, setting in STEPS:
             mem = named if names else plain
-            if label.startswith("+ time") or label.startswith("  (new"):
+            if setting is None:
+                options = dict(defaults)
+            elif label.startswith("  (new"):
                 options = dict(defaults, **setting)
             else:
                 options = dict(OLD_DEFAULTS, **setting)
