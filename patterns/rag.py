@@ -14,9 +14,11 @@ Ranking (``mode``):
 
   - *Context* (``context_turns``, ``context_weight``, ``reply_weight``): the hits and the
     turns after them in their thread (``metadata[thread_key]``) are candidates, and each
-    candidate is scored, on each side, by its own score plus its previous turns' (weighted
-    ``context_weight``, its square, ...) and its next turn's (``reply_weight``). A reply
-    such as "Yes! That's the one I told you about" is found through the turn it answers.
+    candidate is scored, on each side, by its own score plus what its previous turns
+    (weighted ``context_weight``, its square, ...) and its next turn (``reply_weight``)
+    score above the candidates' mean. A reply such as "Yes! That's the one I told you
+    about" is found through the turn it answers; a turn among unrelated chatter gains
+    nothing from it.
   - *Fusion* (``fusion``) of the two sides: ``"zscore"`` (default), the weighted mean of
     both sides' standard scores over the candidates (how many deviations a candidate
     stands out by), rescaled to 1.0 for the best candidate and 0.0 for the weakest; a
@@ -789,9 +791,10 @@ class RAGMemory(SharedVectors, Closing):
 
         The candidates are the retrievers' hits and the turns around them (a turn after a
         hit may owe its meaning to it). On each side (cosine, BM25) a candidate's score in
-        context is ``own + sum(context_weight ** i * own(i-th turn before)) +
-        reply_weight * own(next turn)``; the two sides are then fused as usual. Candidates
-        carry their own cosine and BM25 scores.
+        context is ``own + sum(context_weight ** i * lent(i-th turn before)) +
+        reply_weight * lent(next turn)``, where a turn lends ``max(0, own - mean)`` (the
+        mean of the candidates' own scores on that side); the two sides are then fused as
+        usual. Candidates carry their own cosine and BM25 scores.
         """
         links = self._links
         turns = self.context_turns
@@ -823,16 +826,22 @@ class RAGMemory(SharedVectors, Closing):
         cand_at = at[cand_slots]
         ctx_d = own_d[cand_at]
         ctx_b = own_b[cand_at]
+        # a neighbour lends only what it scores above the candidates' mean on that side:
+        # every turn has some cosine to any query, and summing that noise over 6 neighbours
+        # ranked messages by how chatty their surroundings are
+        nb_d = np.maximum(own_d - ctx_d.mean(), 0.0)
+        nb_b = np.maximum(own_b - ctx_b.mean(), 0.0)
+        nb_d[-1] = nb_b[-1] = 0.0  # "no such turn"
         w = 1.0
         for lane in lanes:
             w *= self.context_weight
             idx = at[lane]
-            ctx_d += w * own_d[idx]
-            ctx_b += w * own_b[idx]
+            ctx_d += w * nb_d[idx]
+            ctx_b += w * nb_b[idx]
         if reply:
             idx = at[nxt[0]]
-            ctx_d += self.reply_weight * own_d[idx]
-            ctx_b += self.reply_weight * own_b[idx]
+            ctx_d += self.reply_weight * nb_d[idx]
+            ctx_b += self.reply_weight * nb_b[idx]
         if self.fusion == "convex":  # keep the blend <= 1: cosines in context, rescaled
             cw = self.context_weight
             ctx_d /= 1.0 + sum(cw**i for i in range(1, turns + 1)) + self.reply_weight

@@ -56,16 +56,26 @@ def _reference(mem: RAGMemory, query: str, qvec: np.ndarray, depth: int) -> list
     def keywords(mid: str) -> float:
         return mem._bm25.score_docs(query, [mid])[mid]
 
+    # a neighbour lends what it scores above the candidates' mean (0.0 if below)
+    mean_d = sum(cosine(m) or 0.0 for m in cands) / len(cands)
+    mean_b = sum(keywords(m) for m in cands) / len(cands)
+
+    def lent_d(mid: str) -> float:
+        return max(0.0, (cosine(mid) or 0.0) - mean_d)
+
+    def lent_b(mid: str) -> float:
+        return max(0.0, keywords(mid) - mean_b)
+
     dense_of: dict[str, float] = {}
     bm25_of: dict[str, float] = {}
     for mid in cands:
         d, b = cosine(mid) or 0.0, keywords(mid)
         for step, other in enumerate(links.before(mid, mem.context_turns), 1):
-            d += mem.context_weight**step * (cosine(other) or 0.0)
-            b += mem.context_weight**step * keywords(other)
+            d += mem.context_weight**step * lent_d(other)
+            b += mem.context_weight**step * lent_b(other)
         for other in links.after(mid, reply):
-            d += mem.reply_weight * (cosine(other) or 0.0)
-            b += mem.reply_weight * keywords(other)
+            d += mem.reply_weight * lent_d(other)
+            b += mem.reply_weight * lent_b(other)
         if mem.fusion == "convex":
             cw = mem.context_weight
             d /= 1.0 + sum(cw**i for i in range(1, mem.context_turns + 1)) + mem.reply_weight
