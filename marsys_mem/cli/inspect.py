@@ -32,6 +32,7 @@ from marsys_mem.patterns.agent import index_file
 from marsys_mem.patterns.rag import RAGMemory
 from marsys_mem.retrieval.bm25 import BM25Index
 from marsys_mem.retrieval.embeddings import Embedder, default_embedder
+from marsys_mem.retrieval.scoring import ScoredMessage, fuse_scores
 from marsys_mem.store.base import Key
 from marsys_mem.store.keys import KeyInfo, parse_key
 from marsys_mem.store.sqlite import SQLiteStore
@@ -484,7 +485,11 @@ def _search_rag(
     embedder: Embedder,
 ) -> list[SearchHit]:
     db = Path(store.path)
-    scored: list[tuple[float, Key, Message]] = []
+    # every memory's candidates, fused once: hybrid scores are relative to a memory's own
+    # candidates (its best scores 1.0), so they cannot be compared across memories; the
+    # cosines and BM25 scores each hit carries can
+    found: list[tuple[ScoredMessage, Key | str, Message | SharedFact]] = []
+    weights = (1.0, 1.0)
     for key in keys:
         saved = _index_file(db, key)
         rag = RAGMemory(
@@ -493,24 +498,34 @@ def _search_rag(
             key=key,
             index_path=saved if saved.is_file() else None,
         )
+        weights = (rag.dense_weight, rag.bm25_weight)
         try:
             rag.flush()  # messages without a saved vector are embedded first
-            for hit in rag.search(query, k=k):
-                scored.append((hit.score, key, hit.message))
+            found.extend((hit, key, hit.message) for hit in rag.search(query, k=k))
         finally:
             rag.close()
-    fact_scored: list[tuple[float, str, SharedFact]] = []
     if facts:  # ranked by the same hybrid retrieval, in a memory of their own (not saved)
         rag = RAGMemory(embedder)
         try:
             ids = rag.add_many(fact.text for _, fact in facts)  # embedded in one batch
             by_id = dict(zip(ids, facts, strict=True))
             for hit in rag.search(query, k=k):
-                fact_scored.append((hit.score, *by_id[hit.message.message_id]))
+                scope, fact = by_id[hit.message.message_id]
+                found.append((hit, scope, fact))
         finally:
             rag.close()
-    ranked: list[tuple[float, Key | str, Message | SharedFact]] = [*scored, *fact_scored]
-    ranked.sort(key=lambda t: -t[0])
+    cosine = {str(i): h.dense_score or 0.0 for i, (h, _, _) in enumerate(found)}
+    keyword = {str(i): h.bm25_score or 0.0 for i, (h, _, _) in enumerate(found)}
+    fused = fuse_scores(
+        sorted(((i, c) for i, c in cosine.items()), key=lambda p: -p[1]),
+        sorted(((i, b) for i, b in keyword.items() if b > 0), key=lambda p: -p[1]),
+        cosine,
+        keyword,
+        fusion="zscore",
+        dense_weight=weights[0],
+        bm25_weight=weights[1],
+    )
+    ranked = [(score, found[int(i)][1], found[int(i)][2]) for i, score, _, _ in fused]
     hits = []
     for rank, (score, where, item) in enumerate(ranked[:k], 1):
         if isinstance(item, SharedFact):
