@@ -1002,78 +1002,47 @@ def _code(rng: random.Random) -> str:
     return digits
 
 
+def _lookup(template: str, said: str, reply: str, asked: list[tuple[str, str]]) -> Fact:
+    """A fact told in one turn (and a reply), asked about by ``(question, answer)`` lookups."""
+    scene = Scene([(0, said), (1, reply)], {"fact": 0})
+    return Fact(template, [scene], [("identifier", q, ("0.fact",), a) for q, a in asked])
+
+
 def _parcel(rng: random.Random, o: str, p: str) -> Fact:
     code, city, day = _code(rng), rng.choice(CITIES), rng.choice(WEEKDAYS)
-    s = Scene(
-        [
-            (
-                0,
-                f"The courier finally sent me a tracking number, {code}, and apparently "
-                f"the thing has been sitting in a depot outside {city} since {day}.",
-            ),
-            (1, "Classic. Did they at least say when it'll move again?"),
-        ],
-        {"fact": 0},
-    )
-    return Fact(
+    return _lookup(
         "parcel",
-        [s],
-        [
-            ("identifier", f"Where is shipment {code} held up?", ("0.fact",), city),
-            ("identifier", f"Any update on {code}?", ("0.fact",), city),
-        ],
+        f"The courier finally sent me a tracking number, {code}, and apparently the thing "
+        f"has been sitting in a depot outside {city} since {day}.",
+        "Classic. Did they at least say when it'll move again?",
+        [(f"Where is shipment {code} held up?", city), (f"Any update on {code}?", city)],
     )
 
 
 def _booking(rng: random.Random, o: str, p: str) -> Fact:
-    code = _code(rng)
-    hour = rng.choice(["three", "four", "five"])
-    s = Scene(
-        [
-            (
-                0,
-                f"Booked the cabin for the long weekend, reference {code}. We can't get "
-                f"in before {hour} and they want the rest paid a week ahead.",
-            ),
-            (1, "Send me the link, I might grab the one next door if it's free."),
-        ],
-        {"fact": 0},
-    )
-    return Fact(
+    code, hour = _code(rng), rng.choice(["three", "four", "five"])
+    return _lookup(
         "booking",
-        [s],
+        f"Booked the cabin for the long weekend, reference {code}. We can't get in before "
+        f"{hour} and they want the rest paid a week ahead.",
+        "Send me the link, I might grab the one next door if it's free.",
         [
-            (
-                "identifier",
-                f"What time does check-in open for reservation {code}?",
-                ("0.fact",),
-                hour,
-            ),
-            ("identifier", f"What was {code} for?", ("0.fact",), "cabin"),
+            (f"What time does check-in open for reservation {code}?", hour),
+            (f"What was {code} for?", "cabin"),
         ],
     )
 
 
 def _case(rng: random.Random, o: str, p: str) -> Fact:
-    code = _code(rng)
-    days = rng.choice(["ten", "fifteen", "twenty"])
-    s = Scene(
-        [
-            (
-                0,
-                f"Rang the bank about being charged twice. They opened case {code} and "
-                f"say it takes {days} working days, which is a joke.",
-            ),
-            (1, "Ugh, banks. At least you caught it, I never check my statements."),
-        ],
-        {"fact": 0},
-    )
-    return Fact(
+    code, days = _code(rng), rng.choice(["ten", "fifteen", "twenty"])
+    return _lookup(
         "case",
-        [s],
+        f"Rang the bank about being charged twice. They opened case {code} and say it takes "
+        f"{days} working days, which is a joke.",
+        "Ugh, banks. At least you caught it, I never check my statements.",
         [
-            ("identifier", f"How long will the complaint {code} take?", ("0.fact",), days),
-            ("identifier", f"Remind me what {code} is.", ("0.fact",), "double charge"),
+            (f"How long will the complaint {code} take?", days),
+            (f"Remind me what {code} is.", "double charge"),
         ],
     )
 
@@ -1081,26 +1050,16 @@ def _case(rng: random.Random, o: str, p: str) -> Fact:
 def _repair(rng: random.Random, o: str, p: str) -> Fact:
     brand = rng.choice(BRANDS)
     model = f"{rng.choice(LETTERS)}{rng.choice(LETTERS)}-{rng.randrange(100, 999)}"
-    s = Scene(
-        [
-            (
-                0,
-                f"The plumber says ours is a {brand} {model} and the valve it needs is out "
-                "of stock until the end of the month. Cold showers it is.",
-            ),
-            (1, "Oh no. Come over and use ours whenever you like, seriously."),
-        ],
-        {"fact": 0},
-    )
-    return Fact(
+    return _lookup(
         "repair",
-        [s],
+        f"The plumber says ours is a {brand} {model} and the valve it needs is out of stock "
+        "until the end of the month. Cold showers it is.",
+        "Oh no. Come over and use ours whenever you like, seriously.",
         [
-            ("identifier", f"Which part does the {model} need?", ("0.fact",), "valve"),
-            ("identifier", f"Is {o}'s {brand} {model} working?", ("0.fact",), "no"),
+            (f"Which part does the {model} need?", "valve"),
+            (f"Is {o}'s {brand} {model} working?", "no"),
         ],
     )
-
 
 MAKERS: list[Maker] = [
     _pet,
