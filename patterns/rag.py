@@ -108,7 +108,7 @@ from marsys_mem.retrieval.scoring import (
     make_filter,
     positive_int,
 )
-from marsys_mem.retrieval.threads import ThreadLinks
+from marsys_mem.retrieval.threads import SlotMemo, ThreadLinks
 from marsys_mem.store.base import Append, Key, MemoryStore, PutVectors, validate_key
 
 __all__ = ["Fusion", "RAGMemory", "ScoredMessage", "SearchMode"]
@@ -311,6 +311,9 @@ class RAGMemory(SharedVectors, Closing):
         self._says_when: dict[str, bool] = {}  # message -> mentions_time(text), when first asked
         self._bm25 = BM25Index(k1=k1, b=b)
         self._links = ThreadLinks()
+        # per thread slot: the message's BM25 slot and vector label, looked up once
+        self._bm25_memo = SlotMemo()
+        self._label_memo: tuple[FaissIndex | None, SlotMemo] = (None, SlotMemo())
         self._index: FaissIndex | None = None
         self._queue: EmbeddingQueue | None = None
         self._pending: dict[str, int] = {}  # message id -> queue ticket of its text
@@ -811,15 +814,20 @@ class RAGMemory(SharedVectors, Closing):
         # holds them sorted by slot; own_*[-1] stays 0.0 for "no such turn" (-1)
         need, at = links.positions(np.concatenate([cand_slots, lanes.ravel(), nxt.ravel()]))
         m = len(need)
-        need_ids = links.ids_of(need)
         own_d = np.zeros(m + 1)
         has_vec = np.zeros(m + 1, dtype=bool)
-        if qvec is not None and self._index is not None:
-            cosines = self._index.inner_products(need_ids, qvec[0])
+        index = self._index
+        if qvec is not None and index is not None:
+            if self._label_memo[0] is not index:  # labels belong to one index
+                self._label_memo = (index, SlotMemo())
+            labels = self._label_memo[1].get(links, need, index.labels, index.live_labels)
+            cosines = index.label_inner_products(labels, qvec[0])
             has_vec[:-1] = ~np.isnan(cosines)
             own_d[:-1] = np.where(has_vec[:-1], cosines, 0.0)
         own_b = np.zeros(m + 1)
-        own_b[:-1] = self._bm25.score_array(query, need_ids)
+        # BM25 slots never change while a message is in memory (removed: from both)
+        bm25_slots = self._bm25_memo.get(links, need, self._bm25.slots)
+        own_b[:-1] = self._bm25.slot_scores(query, bm25_slots)
         cand_at = at[cand_slots]
         ctx_d = own_d[cand_at]
         ctx_b = own_b[cand_at]

@@ -290,8 +290,8 @@ class FaissIndex:
     def _drop_labels(self, labels: list[int]) -> None:
         if not labels:
             return
+        self._rows = None  # flat: the storage closes the gaps (rows move); HNSW: tombstones
         if self._kind == "flat":
-            self._rows = None  # the flat storage closes the gaps: rows move
             removed = self._index.remove_ids(
                 faiss.IDSelectorBatch(np.asarray(labels, dtype=np.int64))
             )
@@ -404,9 +404,8 @@ class FaissIndex:
     def inner_products(self, ids: Sequence[str], query: FloatArray) -> npt.NDArray[np.float64]:
         """The inner product of ``query`` with the stored vector of each of ``ids``.
 
-        For scoring hundreds of candidates at once: one lookup per id, then one faiss call
-        that reads the stored vectors in place (one thread, no copy; numpy's threaded BLAS
-        is avoided: on a busy machine its threads wait for each other for milliseconds).
+        For scoring hundreds of candidates at once: :meth:`labels`, then
+        :meth:`label_inner_products`.
 
         Args:
             ids: message ids; those not in the index get NaN.
@@ -418,17 +417,52 @@ class FaissIndex:
             >>> index.inner_products(["b", "x"], np.array([0.6, 0.8], dtype=np.float32))
             array([0.80000001,        nan])
         """
-        out = np.full(len(ids), np.nan)
+        with self._lock:
+            return self.label_inner_products(self.labels(ids), query)
+
+    def labels(self, ids: Sequence[str]) -> npt.NDArray[np.int64]:
+        """The label of each of ``ids`` (``-1``: not in the index).
+
+        A label names one stored vector: replacing an id's vector gives it a new label, and
+        a label is never reused, so a label kept from an earlier call still names the same
+        vector while :meth:`live_labels` says so.
+        """
+        get = self._label_of.get
+        return np.fromiter((get(i, -1) for i in ids), dtype=np.int64, count=len(ids))
+
+    def live_labels(self, labels: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        """Whether each label still names a vector in the index (``-1``: no)."""
+        with self._lock:
+            live: npt.NDArray[np.bool_] = self._storage_rows()[labels] >= 0
+            live[labels < 0] = False
+            return live
+
+    def label_inner_products(
+        self, labels: npt.NDArray[np.int64], query: FloatArray
+    ) -> npt.NDArray[np.float64]:
+        """The inner product of ``query`` with the vector of each label (NaN: not live).
+
+        One faiss call reads the stored vectors in place (one thread, no copy; numpy's
+        threaded BLAS is avoided: on a busy machine its threads wait for each other for
+        milliseconds).
+
+        Args:
+            labels: from :meth:`labels`.
+            query: one vector, shape ``(dim,)``.
+
+        Raises:
+            EmbeddingError: ``query`` has the wrong dimension.
+        """
+        out = np.full(len(labels), np.nan)
         vector = np.ascontiguousarray(query, dtype=np.float32).reshape(-1)
         if vector.shape[0] != self._dim:
             raise EmbeddingError(f"query has dimension {vector.shape[0]}, expected {self._dim}")
         with self._lock:
-            get = self._label_of.get
-            labels = np.fromiter((get(i, -1) for i in ids), dtype=np.int64, count=len(ids))
-            known = labels >= 0
+            rows = self._storage_rows()[labels]
+            known = (rows >= 0) & (labels >= 0)
             if not known.any():
                 return out
-            rows = np.ascontiguousarray(self._storage_rows()[labels[known]])
+            rows = np.ascontiguousarray(rows[known])
             found = np.empty(len(rows), dtype=np.float32)
             _faiss_untyped.fvec_inner_products_by_idx(
                 faiss.swig_ptr(found),
@@ -449,11 +483,16 @@ class FaissIndex:
         return faiss.downcast_index(self._inner.storage)
 
     def _storage_rows(self) -> npt.NDArray[np.int64]:
-        """``label -> row`` in :meth:`_storage` (``-1``: no such label), kept until a change."""
+        """``label -> row`` in :meth:`_storage` (``-1``: not live), kept until a change.
+
+        One spare cell at the end stays ``-1``, so the label ``-1`` maps to ``-1``.
+        """
         if self._rows is None:
             labels = faiss.vector_to_array(self._index.id_map).astype(np.int64, copy=False)
-            rows = np.full(self._next_label, -1, dtype=np.int64)
+            rows = np.full(self._next_label + 1, -1, dtype=np.int64)
             rows[labels] = np.arange(len(labels), dtype=np.int64)
+            if self._dead:
+                rows[np.fromiter(self._dead, dtype=np.int64, count=len(self._dead))] = -1
             self._rows = rows
         return self._rows
 
