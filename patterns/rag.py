@@ -759,10 +759,11 @@ class RAGMemory(SharedVectors, Closing):
         if mode != "bm25" and qvec is not None and self._index is not None and len(self._index):
             n = len(self._index)
             ids, scores = self._index.search(qvec, min(depth, n))
+            messages = self._messages
             dense = [
-                (mid, float(s))
+                (mid, s)
                 for mid, s in zip(ids[0], scores[0].tolist(), strict=False)
-                if mid in self._messages
+                if mid in messages
             ]
             dense_done = depth >= n
         bm25: list[tuple[str, float]] = []
@@ -857,14 +858,17 @@ class RAGMemory(SharedVectors, Closing):
             rrf_k=self.rrf_k,
         )
         where = cand_at[order]
-        ids = links.ids_of(cand_slots[order])
-        dense_own = np.where(has_vec[where], own_d[where], np.nan).tolist()
-        return [
-            (mid, f, None if d != d else d, b)  # NaN: no vector
-            for mid, f, d, b in zip(
-                ids, fused.tolist(), dense_own, own_b[where].tolist(), strict=True
+        dense_own = own_d[where].astype(object)
+        dense_own[~has_vec[where]] = None  # no vector
+        return list(
+            zip(
+                links.ids_of(cand_slots[order]),
+                fused.tolist(),
+                dense_own.tolist(),
+                own_b[where].tolist(),
+                strict=True,
             )
-        ]
+        )
 
     def _adjust(self, query: str, ranked: list[Candidate]) -> list[Candidate]:
         """Time cues (``time_weight``, ``when_weight``), then session diversity."""

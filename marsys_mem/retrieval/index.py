@@ -540,12 +540,11 @@ class FaissIndex:
             id_of = self._id_of
             out: list[list[str]] = []
             for row in range(nq):
-                found: list[str] = []
-                for col, label in enumerate(labels[row].tolist()):
-                    id_ = id_of.get(label)
-                    if id_ is not None:  # -1 (nothing found) and tombstones are skipped
-                        scores[row, len(found)] = distances[row, col]
-                        found.append(id_)
+                named = [id_of.get(label) for label in labels[row].tolist()]
+                # -1 (nothing found) and tombstones are skipped
+                cols = [col for col, id_ in enumerate(named) if id_ is not None]
+                found = [id_ for id_ in named if id_ is not None]
+                scores[row, : len(cols)] = distances[row, cols]
                 out.append(found)
             return out, scores
 
