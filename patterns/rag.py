@@ -73,7 +73,7 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -135,6 +135,104 @@ _SPREAD = 2
 """How many turns after a hit become candidates (each is still scored with all its context)."""
 _CUED = 100
 """How many of the best hybrid candidates the time cues may lift."""
+
+
+class _Ranked(Sequence[Candidate]):
+    """Hybrid candidates best first, made into tuples only when read.
+
+    A search reads few of its hundreds of candidates (the ``k`` hits; the ``_CUED`` best
+    for the time cues), so the candidates stay in arrays (thread slots, scores, cosines
+    with NaN for "no vector", BM25 scores) after the ``head``: candidates already made.
+    Valid while the thread links do not change: read it under the memory's lock.
+    """
+
+    __slots__ = ("_bm25", "_dense", "_fused", "_head", "_links", "_slots")
+
+    def __init__(
+        self,
+        links: ThreadLinks,
+        slots: npt.NDArray[np.intp],
+        fused: npt.NDArray[np.float64],
+        dense: npt.NDArray[np.float64],
+        bm25: npt.NDArray[np.float64],
+        head: Sequence[Candidate] = (),
+    ) -> None:
+        self._links = links
+        self._slots = slots
+        self._fused = fused
+        self._dense = dense
+        self._bm25 = bm25
+        self._head = list(head)
+
+    @classmethod
+    def of(cls, links: ThreadLinks, candidates: Sequence[Candidate]) -> _Ranked:
+        """Candidates already made."""
+        empty = np.zeros(0)
+        return cls(links, np.zeros(0, dtype=np.intp), empty, empty, empty, candidates)
+
+    def __len__(self) -> int:
+        return len(self._head) + len(self._slots)
+
+    @overload
+    def __getitem__(self, i: int) -> Candidate: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Candidate]: ...
+    def __getitem__(self, i: int | slice) -> Candidate | list[Candidate]:
+        if isinstance(i, slice):
+            return list(self)[i]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(i)
+        i %= n
+        if i < len(self._head):
+            return self._head[i]
+        return self._made(i - len(self._head), i - len(self._head) + 1)[0]
+
+    def __iter__(self) -> Iterator[Candidate]:
+        yield from self._head
+        start, n = 0, len(self._slots)
+        while start < n:  # in growing chunks: a search mostly stops after the first
+            stop = min(n, max(16, 2 * start))
+            yield from self._made(start, stop)
+            start = stop
+
+    def _made(self, start: int, stop: int) -> list[Candidate]:
+        dense = self._dense[start:stop].astype(object)
+        dense[np.isnan(self._dense[start:stop])] = None  # no vector
+        return list(
+            zip(
+                self._links.ids_of(self._slots[start:stop]),
+                self._fused[start:stop].tolist(),
+                dense.tolist(),
+                self._bm25[start:stop].tolist(),
+                strict=True,
+            )
+        )
+
+    def split(self, n: int) -> tuple[list[Candidate], _Ranked]:
+        """The first ``n`` candidates, made, and the rest."""
+        head = self._head[:n]
+        k = n - len(head)
+        rest = _Ranked(
+            self._links,
+            self._slots[k:],
+            self._fused[k:],
+            self._dense[k:],
+            self._bm25[k:],
+            self._head[n:],
+        )
+        return head + self._made(0, max(k, 0)), rest
+
+    def divided(self, norm: float, head: Sequence[Candidate] = ()) -> _Ranked:
+        """``head``, then these candidates with their scores divided by ``norm``."""
+        return _Ranked(
+            self._links,
+            self._slots,
+            self._fused / norm,
+            self._dense,
+            self._bm25,
+            [*head, *((mid, score / norm, d, b) for mid, score, d, b in self._head)],
+        )
 
 
 class RAGMemory(SharedVectors, Closing):
@@ -752,7 +850,7 @@ class RAGMemory(SharedVectors, Closing):
         qvec: npt.NDArray[np.float32] | None,
         mode: SearchMode,
         depth: int,
-    ) -> tuple[list[Candidate], bool]:
+    ) -> tuple[Sequence[Candidate], bool]:
         """Candidates ``(id, score, dense, bm25)`` best first, and whether none are left."""
         dense: list[tuple[str, float]] = []
         dense_done = True
@@ -779,7 +877,7 @@ class RAGMemory(SharedVectors, Closing):
         if self.context_turns and (self.context_weight or self.reply_weight):
             ranked = self._rank_in_context(query, qvec, dense, bm25)
         else:
-            ranked = self._fuse(query, qvec, dense, bm25)
+            ranked = _Ranked.of(self._links, self._fuse(query, qvec, dense, bm25))
         return self._adjust(query, ranked), done
 
     def _rank_in_context(
@@ -788,7 +886,7 @@ class RAGMemory(SharedVectors, Closing):
         qvec: npt.NDArray[np.float32] | None,
         dense: list[tuple[str, float]],
         bm25: list[tuple[str, float]],
-    ) -> list[Candidate]:
+    ) -> _Ranked:
         """Rank the hits and the turns around them by their scores in context (hybrid).
 
         The candidates are the retrievers' hits and the turns around them (a turn after a
@@ -808,7 +906,7 @@ class RAGMemory(SharedVectors, Closing):
         )
         n = len(cand_slots)
         if not n:
-            return []
+            return _Ranked.of(links, [])
         lanes = links.walk(cand_slots, turns, forward=False)  # row i: the turn i + 1 before
         nxt = links.walk(cand_slots, reply, forward=True)
         # own scores of the candidates and of their neighbours, once per message: `need`
@@ -858,32 +956,23 @@ class RAGMemory(SharedVectors, Closing):
             rrf_k=self.rrf_k,
         )
         where = cand_at[order]
-        dense_own = own_d[where].astype(object)
-        dense_own[~has_vec[where]] = None  # no vector
-        return list(
-            zip(
-                links.ids_of(cand_slots[order]),
-                fused.tolist(),
-                dense_own.tolist(),
-                own_b[where].tolist(),
-                strict=True,
-            )
-        )
+        dense_own = np.where(has_vec[where], own_d[where], np.nan)
+        return _Ranked(links, cand_slots[order], fused, dense_own, own_b[where])
 
-    def _adjust(self, query: str, ranked: list[Candidate]) -> list[Candidate]:
+    def _adjust(self, query: str, ranked: _Ranked) -> Sequence[Candidate]:
         """Time cues (``time_weight``, ``when_weight``), then session diversity."""
-        if not ranked:
+        if not len(ranked):
             return ranked
         period = query_period(query) if self.time_weight else None
         when = bool(self.when_weight) and asks_when(query)
         if period is not None or when:
-            rest = ranked[_CUED:]  # only the best candidates are looked at (regex per text)
-            ranked = ranked[:_CUED]
-            top = abs(ranked[0][1]) or 1.0
+            # only the best candidates are looked at (regex per text)
+            best, rest = ranked.split(_CUED)
+            top = abs(best[0][1]) or 1.0
             norm = 1.0 + (self.time_weight if period is not None else 0.0)
             norm += self.when_weight if when else 0.0
             out: list[Candidate] = []
-            for mid, score, dense, bm25 in ranked:
+            for mid, score, dense, bm25 in best:
                 m = self._messages.get(mid)
                 bonus = 0.0
                 if m is not None:
@@ -892,10 +981,9 @@ class RAGMemory(SharedVectors, Closing):
                     if when and self._mentions_time(mid, m):
                         bonus += self.when_weight
                 out.append((mid, (score + bonus * top) / norm, dense, bm25))
-            ranked = sorted(out, key=lambda c: -c[1])
-            ranked.extend((mid, score / norm, dense, bm25) for mid, score, dense, bm25 in rest)
+            ranked = rest.divided(norm, head=sorted(out, key=lambda c: -c[1]))
         if self.diversity:
-            ranked = diversify(ranked, self._session_of, self.diversity)
+            return diversify(ranked, self._session_of, self.diversity)
         return ranked
 
     def _mentions_time(self, mid: str, m: Message) -> bool:

@@ -141,3 +141,30 @@ def test_vectorised_ranking_equals_the_per_candidate_reference(options):
         _check(mem, rng, 12)
     finally:
         mem.close()
+
+
+def test_lazy_candidates_read_like_the_list_they_stand_for():
+    """The hybrid ranking hands its candidates over in arrays, made into tuples on reading."""
+    mem = RAGMemory(HashingEmbedder(), background=False, candidates=40)
+    try:
+        mem.add_many(_corpus(seed=7)[:300])
+        query = "beagle photo Saturday"
+        qvec = mem._embed_query(query)
+        ids, scores = mem._index.search(qvec, 40)  # type: ignore[union-attr]
+        dense = list(zip(ids[0], scores[0].tolist(), strict=False))
+        ranked = mem._rank_in_context(query, qvec, dense, mem._bm25.search(query, 40))
+        made = list(ranked)
+        assert len(made) == len(ranked) > 40
+        assert made[:5] == ranked[:5]
+        assert made[-1] == ranked[-1] == ranked[len(made) - 1]
+        with pytest.raises(IndexError):
+            ranked[len(made)]
+        for n in (0, 1, 17, len(made), len(made) + 5):
+            head, rest = ranked.split(n)
+            assert head == made[:n]
+            assert list(rest) == made[n:]
+            halved = rest.divided(2.0, head=head)
+            assert list(halved) == head + [(m, f / 2.0, d, b) for m, f, d, b in made[n:]]
+            assert list(halved.divided(4.0)) == [(m, f / 4.0, d, b) for m, f, d, b in halved]
+    finally:
+        mem.close()
