@@ -852,17 +852,20 @@ class RAGMemory(SharedVectors, Closing):
         depth: int,
     ) -> tuple[Sequence[Candidate], bool]:
         """Candidates ``(id, score, dense, bm25)`` best first, and whether none are left."""
+        in_context = (
+            mode == "hybrid"
+            and bool(self.context_turns)
+            and bool(self.context_weight or self.reply_weight)
+        )
         dense: list[tuple[str, float]] = []
         dense_done = True
         if mode != "bm25" and qvec is not None and self._index is not None and len(self._index):
             n = len(self._index)
             ids, scores = self._index.search(qvec, min(depth, n))
+            hits = zip(ids[0], scores[0].tolist(), strict=False)
+            # ids the index holds and the memory not: in context, the thread links drop them
             messages = self._messages
-            dense = [
-                (mid, s)
-                for mid, s in zip(ids[0], scores[0].tolist(), strict=False)
-                if mid in messages
-            ]
+            dense = list(hits) if in_context else [(m, s) for m, s in hits if m in messages]
             dense_done = depth >= n
         bm25: list[tuple[str, float]] = []
         bm25_done = True
@@ -874,7 +877,7 @@ class RAGMemory(SharedVectors, Closing):
             return [(mid, s, s, None) for mid, s in dense], done
         if mode == "bm25":
             return [(mid, s, None, s) for mid, s in bm25], done
-        if self.context_turns and (self.context_weight or self.reply_weight):
+        if in_context:
             ranked = self._rank_in_context(query, qvec, dense, bm25)
         else:
             ranked = _Ranked.of(self._links, self._fuse(query, qvec, dense, bm25))
@@ -898,12 +901,11 @@ class RAGMemory(SharedVectors, Closing):
         links = self._links
         turns = self.context_turns
         reply = 1 if self.reply_weight else 0
-        seeds = dict.fromkeys(itertools.chain((i for i, _ in dense), (i for i, _ in bm25)))
         # candidates: the hits and the turns around them, as slots of the thread links
-        # (which hold exactly the memory's messages), in first-seen order
-        cand_slots = links.around_slots(
-            links.slots(list(seeds)), before=reply, after=min(turns, _SPREAD)
-        )
+        # (which hold exactly the memory's messages: other ids get -1 and are dropped), in
+        # first-seen order (a hit of both retrievers comes again, and is dropped)
+        hits = [mid for mid, _ in dense] + [mid for mid, _ in bm25]
+        cand_slots = links.around_slots(links.slots(hits), before=reply, after=min(turns, _SPREAD))
         n = len(cand_slots)
         if not n:
             return _Ranked.of(links, [])
