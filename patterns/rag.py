@@ -929,19 +929,17 @@ class RAGMemory(SharedVectors, Closing):
         # BM25 slots never change while a message is in memory (removed: from both)
         bm25_slots = self._bm25_memo.get(links, need, self._bm25.slots)
         own_b[:-1] = self._bm25.slot_scores(query, bm25_slots)
-        cand_at = at[cand_slots]
-        ctx_d = own_d[cand_at]
-        ctx_b = own_b[cand_at]
-        w = 1.0
-        for lane in lanes:
-            w *= self.context_weight
-            idx = at[lane]
-            ctx_d += w * own_d[idx]
-            ctx_b += w * own_b[idx]
-        if reply:
-            idx = at[nxt[0]]
-            ctx_d += self.reply_weight * own_d[idx]
-            ctx_b += self.reply_weight * own_b[idx]
+        # rows: the candidates, the turns 1 .. turns before them, the next turn; summed
+        # row by row (own + w * before + w**2 * ...), each row weighted
+        grid = at[np.concatenate([cand_slots[None, :], lanes, nxt])]
+        weights = [1.0]
+        for _ in range(turns):
+            weights.append(weights[-1] * self.context_weight)
+        weights += [self.reply_weight] * reply
+        scale = np.array(weights)[:, None]
+        ctx_d = np.add.reduce(own_d[grid] * scale, axis=0)
+        ctx_b = np.add.reduce(own_b[grid] * scale, axis=0)
+        cand_at = grid[0]
         if self.fusion == "convex":  # keep the blend <= 1: cosines in context, rescaled
             cw = self.context_weight
             ctx_d /= 1.0 + sum(cw**i for i in range(1, turns + 1)) + self.reply_weight
