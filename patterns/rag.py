@@ -75,7 +75,7 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -110,7 +110,7 @@ from marsys_mem.retrieval.scoring import (
     make_filter,
     positive_int,
 )
-from marsys_mem.retrieval.threads import ThreadLinks
+from marsys_mem.retrieval.threads import SlotMemo, ThreadLinks
 from marsys_mem.store.base import Append, Key, MemoryStore, PutVectors, validate_key
 
 __all__ = ["Fusion", "RAGMemory", "ScoredMessage", "SearchMode"]
@@ -137,6 +137,104 @@ _SPREAD = 2
 """How many turns after a hit become candidates (each is still scored with all its context)."""
 _CUED = 100
 """How many of the best hybrid candidates the time cues may lift."""
+
+
+class _Ranked(Sequence[Candidate]):
+    """Hybrid candidates best first, made into tuples only when read.
+
+    A search reads few of its hundreds of candidates (the ``k`` hits; the ``_CUED`` best
+    for the time cues), so the candidates stay in arrays (thread slots, scores, cosines
+    with NaN for "no vector", BM25 scores) after the ``head``: candidates already made.
+    Valid while the thread links do not change: read it under the memory's lock.
+    """
+
+    __slots__ = ("_bm25", "_dense", "_fused", "_head", "_links", "_slots")
+
+    def __init__(
+        self,
+        links: ThreadLinks,
+        slots: npt.NDArray[np.intp],
+        fused: npt.NDArray[np.float64],
+        dense: npt.NDArray[np.float64],
+        bm25: npt.NDArray[np.float64],
+        head: Sequence[Candidate] = (),
+    ) -> None:
+        self._links = links
+        self._slots = slots
+        self._fused = fused
+        self._dense = dense
+        self._bm25 = bm25
+        self._head = list(head)
+
+    @classmethod
+    def of(cls, links: ThreadLinks, candidates: Sequence[Candidate]) -> _Ranked:
+        """Candidates already made."""
+        empty = np.zeros(0)
+        return cls(links, np.zeros(0, dtype=np.intp), empty, empty, empty, candidates)
+
+    def __len__(self) -> int:
+        return len(self._head) + len(self._slots)
+
+    @overload
+    def __getitem__(self, i: int) -> Candidate: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Candidate]: ...
+    def __getitem__(self, i: int | slice) -> Candidate | list[Candidate]:
+        if isinstance(i, slice):
+            return list(self)[i]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(i)
+        i %= n
+        if i < len(self._head):
+            return self._head[i]
+        return self._made(i - len(self._head), i - len(self._head) + 1)[0]
+
+    def __iter__(self) -> Iterator[Candidate]:
+        yield from self._head
+        start, n = 0, len(self._slots)
+        while start < n:  # in growing chunks: a search mostly stops after the first
+            stop = min(n, max(16, 2 * start))
+            yield from self._made(start, stop)
+            start = stop
+
+    def _made(self, start: int, stop: int) -> list[Candidate]:
+        dense = self._dense[start:stop].astype(object)
+        dense[np.isnan(self._dense[start:stop])] = None  # no vector
+        return list(
+            zip(
+                self._links.ids_of(self._slots[start:stop]),
+                self._fused[start:stop].tolist(),
+                dense.tolist(),
+                self._bm25[start:stop].tolist(),
+                strict=True,
+            )
+        )
+
+    def split(self, n: int) -> tuple[list[Candidate], _Ranked]:
+        """The first ``n`` candidates, made, and the rest."""
+        head = self._head[:n]
+        k = n - len(head)
+        rest = _Ranked(
+            self._links,
+            self._slots[k:],
+            self._fused[k:],
+            self._dense[k:],
+            self._bm25[k:],
+            self._head[n:],
+        )
+        return head + self._made(0, max(k, 0)), rest
+
+    def divided(self, norm: float, head: Sequence[Candidate] = ()) -> _Ranked:
+        """``head``, then these candidates with their scores divided by ``norm``."""
+        return _Ranked(
+            self._links,
+            self._slots,
+            self._fused / norm,
+            self._dense,
+            self._bm25,
+            [*head, *((mid, score / norm, d, b) for mid, score, d, b in self._head)],
+        )
 
 
 class RAGMemory(SharedVectors, Closing):
@@ -313,6 +411,9 @@ class RAGMemory(SharedVectors, Closing):
         self._says_when: dict[str, bool] = {}  # message -> mentions_time(text), when first asked
         self._bm25 = BM25Index(k1=k1, b=b)
         self._links = ThreadLinks()
+        # per thread slot: the message's BM25 slot and vector label, looked up once
+        self._bm25_memo = SlotMemo()
+        self._label_memo: tuple[FaissIndex | None, SlotMemo] = (None, SlotMemo())
         self._index: FaissIndex | None = None
         self._queue: EmbeddingQueue | None = None
         self._pending: dict[str, int] = {}  # message id -> queue ticket of its text
@@ -751,18 +852,22 @@ class RAGMemory(SharedVectors, Closing):
         qvec: npt.NDArray[np.float32] | None,
         mode: SearchMode,
         depth: int,
-    ) -> tuple[list[Candidate], bool]:
+    ) -> tuple[Sequence[Candidate], bool]:
         """Candidates ``(id, score, dense, bm25)`` best first, and whether none are left."""
+        in_context = (
+            mode == "hybrid"
+            and bool(self.context_turns)
+            and bool(self.context_weight or self.reply_weight)
+        )
         dense: list[tuple[str, float]] = []
         dense_done = True
         if mode != "bm25" and qvec is not None and self._index is not None and len(self._index):
             n = len(self._index)
             ids, scores = self._index.search(qvec, min(depth, n))
-            dense = [
-                (mid, float(s))
-                for mid, s in zip(ids[0], scores[0].tolist(), strict=False)
-                if mid in self._messages
-            ]
+            hits = zip(ids[0], scores[0].tolist(), strict=False)
+            # ids the index holds and the memory not: in context, the thread links drop them
+            messages = self._messages
+            dense = list(hits) if in_context else [(m, s) for m, s in hits if m in messages]
             dense_done = depth >= n
         bm25: list[tuple[str, float]] = []
         bm25_done = True
@@ -774,10 +879,10 @@ class RAGMemory(SharedVectors, Closing):
             return [(mid, s, s, None) for mid, s in dense], done
         if mode == "bm25":
             return [(mid, s, None, s) for mid, s in bm25], done
-        if self.context_turns and (self.context_weight or self.reply_weight):
+        if in_context:
             ranked = self._rank_in_context(query, qvec, dense, bm25)
         else:
-            ranked = self._fuse(query, qvec, dense, bm25)
+            ranked = _Ranked.of(self._links, self._fuse(query, qvec, dense, bm25))
         return self._adjust(query, ranked), done
 
     def _rank_in_context(
@@ -786,7 +891,7 @@ class RAGMemory(SharedVectors, Closing):
         qvec: npt.NDArray[np.float32] | None,
         dense: list[tuple[str, float]],
         bm25: list[tuple[str, float]],
-    ) -> list[Candidate]:
+    ) -> _Ranked:
         """Rank the hits and the turns around them by their scores in context (hybrid).
 
         The candidates are the retrievers' hits and the turns around them (a turn after a
@@ -799,49 +904,50 @@ class RAGMemory(SharedVectors, Closing):
         links = self._links
         turns = self.context_turns
         reply = 1 if self.reply_weight else 0
-        seeds = dict.fromkeys(itertools.chain((i for i, _ in dense), (i for i, _ in bm25)))
         # candidates: the hits and the turns around them, as slots of the thread links
-        # (which hold exactly the memory's messages), in first-seen order
-        cand_slots = links.around_slots(
-            links.slots(list(seeds)), before=reply, after=min(turns, _SPREAD)
-        )
+        # (which hold exactly the memory's messages: other ids get -1 and are dropped), in
+        # first-seen order (a hit of both retrievers comes again, and is dropped)
+        hits = [mid for mid, _ in dense] + [mid for mid, _ in bm25]
+        cand_slots = links.around_slots(links.slots(hits), before=reply, after=min(turns, _SPREAD))
         n = len(cand_slots)
         if not n:
-            return []
+            return _Ranked.of(links, [])
         lanes = links.walk(cand_slots, turns, forward=False)  # row i: the turn i + 1 before
         nxt = links.walk(cand_slots, reply, forward=True)
         # own scores of the candidates and of their neighbours, once per message: `need`
         # holds them sorted by slot; own_*[-1] stays 0.0 for "no such turn" (-1)
         need, at = links.positions(np.concatenate([cand_slots, lanes.ravel(), nxt.ravel()]))
         m = len(need)
-        need_ids = links.ids_of(need)
         own_d = np.zeros(m + 1)
         has_vec = np.zeros(m + 1, dtype=bool)
-        if qvec is not None and self._index is not None:
-            cosines = self._index.inner_products(need_ids, qvec[0])
+        index = self._index
+        if qvec is not None and index is not None:
+            if self._label_memo[0] is not index:  # labels belong to one index
+                self._label_memo = (index, SlotMemo())
+            labels = self._label_memo[1].get(links, need, index.labels, index.live_labels)
+            cosines = index.label_inner_products(labels, qvec[0])
             has_vec[:-1] = ~np.isnan(cosines)
             own_d[:-1] = np.where(has_vec[:-1], cosines, 0.0)
         own_b = np.zeros(m + 1)
-        own_b[:-1] = self._bm25.score_array(query, need_ids)
-        cand_at = at[cand_slots]
-        ctx_d = own_d[cand_at]
-        ctx_b = own_b[cand_at]
+        # BM25 slots never change while a message is in memory (removed: from both)
+        bm25_slots = self._bm25_memo.get(links, need, self._bm25.slots)
+        own_b[:-1] = self._bm25.slot_scores(query, bm25_slots)
+        # rows: the candidates, the turns 1 .. turns before them, the next turn
+        grid = at[np.concatenate([cand_slots[None, :], lanes, nxt])]
+        cand_at = grid[0]
         # a neighbour lends only what it scores above the candidates' mean on that side:
         # every turn has some cosine to any query, and summing that noise over 6 neighbours
         # ranked messages by how chatty their surroundings are
-        nb_d = np.maximum(own_d - ctx_d.mean(), 0.0)
-        nb_b = np.maximum(own_b - ctx_b.mean(), 0.0)
-        nb_d[-1] = nb_b[-1] = 0.0  # "no such turn"
-        w = 1.0
-        for lane in lanes:
-            w *= self.context_weight
-            idx = at[lane]
-            ctx_d += w * nb_d[idx]
-            ctx_b += w * nb_b[idx]
-        if reply:
-            idx = at[nxt[0]]
-            ctx_d += self.reply_weight * nb_d[idx]
-            ctx_b += self.reply_weight * nb_b[idx]
+        lent_d = np.maximum(own_d - own_d[cand_at].mean(), 0.0)
+        lent_b = np.maximum(own_b - own_b[cand_at].mean(), 0.0)
+        lent_d[-1] = lent_b[-1] = 0.0  # "no such turn"
+        weights = [self.context_weight]
+        for _ in range(turns - 1):
+            weights.append(weights[-1] * self.context_weight)
+        weights = weights[:turns] + [self.reply_weight] * reply
+        scale = np.array(weights)[:, None]
+        ctx_d = own_d[cand_at] + np.add.reduce(lent_d[grid[1:]] * scale, axis=0)
+        ctx_b = own_b[cand_at] + np.add.reduce(lent_b[grid[1:]] * scale, axis=0)
         if self.fusion == "convex":  # keep the blend <= 1: cosines in context, rescaled
             cw = self.context_weight
             ctx_d /= 1.0 + sum(cw**i for i in range(1, turns + 1)) + self.reply_weight
@@ -858,29 +964,23 @@ class RAGMemory(SharedVectors, Closing):
             rrf_k=self.rrf_k,
         )
         where = cand_at[order]
-        ids = links.ids_of(cand_slots[order])
-        dense_own = np.where(has_vec[where], own_d[where], np.nan).tolist()
-        return [
-            (mid, f, None if d != d else d, b)  # NaN: no vector
-            for mid, f, d, b in zip(
-                ids, fused.tolist(), dense_own, own_b[where].tolist(), strict=True
-            )
-        ]
+        dense_own = np.where(has_vec[where], own_d[where], np.nan)
+        return _Ranked(links, cand_slots[order], fused, dense_own, own_b[where])
 
-    def _adjust(self, query: str, ranked: list[Candidate]) -> list[Candidate]:
+    def _adjust(self, query: str, ranked: _Ranked) -> Sequence[Candidate]:
         """Time cues (``time_weight``, ``when_weight``), then session diversity."""
-        if not ranked:
+        if not len(ranked):
             return ranked
         period = query_period(query) if self.time_weight else None
         when = bool(self.when_weight) and asks_when(query)
         if period is not None or when:
-            rest = ranked[_CUED:]  # only the best candidates are looked at (regex per text)
-            ranked = ranked[:_CUED]
-            top = abs(ranked[0][1]) or 1.0
+            # only the best candidates are looked at (regex per text)
+            best, rest = ranked.split(_CUED)
+            top = abs(best[0][1]) or 1.0
             norm = 1.0 + (self.time_weight if period is not None else 0.0)
             norm += self.when_weight if when else 0.0
             out: list[Candidate] = []
-            for mid, score, dense, bm25 in ranked:
+            for mid, score, dense, bm25 in best:
                 m = self._messages.get(mid)
                 bonus = 0.0
                 if m is not None:
@@ -889,10 +989,9 @@ class RAGMemory(SharedVectors, Closing):
                     if when and self._mentions_time(mid, m):
                         bonus += self.when_weight
                 out.append((mid, (score + bonus * top) / norm, dense, bm25))
-            ranked = sorted(out, key=lambda c: -c[1])
-            ranked.extend((mid, score / norm, dense, bm25) for mid, score, dense, bm25 in rest)
+            ranked = rest.divided(norm, head=sorted(out, key=lambda c: -c[1]))
         if self.diversity:
-            ranked = diversify(ranked, self._session_of, self.diversity)
+            return diversify(ranked, self._session_of, self.diversity)
         return ranked
 
     def _mentions_time(self, mid: str, m: Message) -> bool:

@@ -129,6 +129,7 @@ class BM25Index:
         "_generation",
         "_ids",
         "_last",
+        "_last_terms",
         "_len_array",
         "_lengths",
         "_postings",
@@ -160,6 +161,8 @@ class BM25Index:
         # hybrid search asks for the best documents, then for its candidates' scores)
         self._generation = 0
         self._last: tuple[tuple[Any, ...], _Accumulated] | None = None
+        # the last query's terms, (query, generation, terms): hybrid search tokenises once
+        self._last_terms: tuple[str, int, list[str]] | None = None
 
     # ------------------------------------------------------------------ container protocol
     def __len__(self) -> int:
@@ -343,17 +346,26 @@ class BM25Index:
         """BM25 scores of ``query`` for ``doc_ids`` as an array (0.0: no match or not indexed).
 
         Vectorised over the query terms' postings: for scoring hundreds of documents at
-        once (:meth:`score_docs` is cheaper for a few).
+        once (:meth:`score_docs` is cheaper for a few). :meth:`slots`, then
+        :meth:`slot_scores`.
         """
-        out = np.zeros(len(doc_ids))
-        terms = self._query_terms(query)
-        if not terms or not doc_ids:
-            return out
+        return self.slot_scores(query, self.slots(doc_ids))
+
+    def slots(self, doc_ids: Sequence[str]) -> npt.NDArray[np.intp]:
+        """The slot of each of ``doc_ids`` (``-1``: not indexed), for :meth:`slot_scores`.
+
+        A document keeps its slot until it is removed.
+        """
         get = self._slots.get
-        slots = np.fromiter((get(d, -1) for d in doc_ids), dtype=np.intp, count=len(doc_ids))
-        known = slots >= 0
-        if not known.any():
+        return np.fromiter((get(d, -1) for d in doc_ids), dtype=np.intp, count=len(doc_ids))
+
+    def slot_scores(self, query: str, slots: npt.NDArray[np.intp]) -> npt.NDArray[np.float64]:
+        """BM25 scores of ``query`` for the documents in ``slots`` (0.0: no match, or ``-1``)."""
+        out = np.zeros(len(slots))
+        terms = self._query_terms(query)
+        if not terms or not len(slots):
             return out
+        known = slots >= 0
         acc, _ = self._accumulate(terms)
         out[known] = acc[slots[known]]
         return out
@@ -361,8 +373,13 @@ class BM25Index:
     def _query_terms(self, query: str) -> list[str]:
         if not isinstance(query, str):
             raise TypeError(f"query must be a string, got {type(query).__name__}")
+        last = self._last_terms
+        if last is not None and last[0] == query and last[1] == self._generation:
+            return last[2]
         postings = self._postings
-        return [t for t in dict.fromkeys(tokenize(query)) if t in postings]
+        terms = [t for t in dict.fromkeys(tokenize(query)) if t in postings]
+        self._last_terms = (query, self._generation, terms)
+        return terms
 
     def _weights(self) -> tuple[float, float, float]:
         """``(k1 + 1, base, slope)``: the length norm is ``base + slope * length``."""

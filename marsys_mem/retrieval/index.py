@@ -201,6 +201,9 @@ class FaissIndex:
         self._index: Any = None
         self._inner: Any = None
         self._index, self._inner = self._new_faiss(self._kind)
+        # label -> row of the vector in the faiss storage (-1: none); rebuilt lazily after
+        # any change to the faiss index (None: stale)
+        self._rows: npt.NDArray[np.int64] | None = None
 
     # ----------------------------------------------------------------- properties
 
@@ -268,6 +271,7 @@ class FaissIndex:
                     np.ascontiguousarray(labels[keep]),
                 )
         self._index, self._inner, self._kind = index, inner, kind
+        self._rows = None
         self._dead.clear()
         self._dead_selector = None
 
@@ -286,6 +290,7 @@ class FaissIndex:
     def _drop_labels(self, labels: list[int]) -> None:
         if not labels:
             return
+        self._rows = None  # flat: the storage closes the gaps (rows move); HNSW: tombstones
         if self._kind == "flat":
             removed = self._index.remove_ids(
                 faiss.IDSelectorBatch(np.asarray(labels, dtype=np.int64))
@@ -331,6 +336,7 @@ class FaissIndex:
             start = self._next_label
             labels = np.arange(start, start + len(items), dtype=np.int64)
             self._index.add_with_ids(array, labels)
+            self._rows = None
             self._next_label = start + len(items)
             old = [self._label_of[i] for i in items if i in self._label_of]
             for id_, label in zip(items, labels.tolist(), strict=True):
@@ -370,6 +376,7 @@ class FaissIndex:
             self._id_of.clear()
             self._kind = "hnsw" if self._requested == "hnsw" else "flat"
             self._index, self._inner = self._new_faiss(self._kind)
+            self._rows = None
             self._dead.clear()
             self._dead_selector = None
 
@@ -397,8 +404,8 @@ class FaissIndex:
     def inner_products(self, ids: Sequence[str], query: FloatArray) -> npt.NDArray[np.float64]:
         """The inner product of ``query`` with the stored vector of each of ``ids``.
 
-        For scoring hundreds of candidates at once: one lookup per id, one batch of
-        vectors fetched (with one faiss thread), one matrix product.
+        For scoring hundreds of candidates at once: :meth:`labels`, then
+        :meth:`label_inner_products`.
 
         Args:
             ids: message ids; those not in the index get NaN.
@@ -410,17 +417,84 @@ class FaissIndex:
             >>> index.inner_products(["b", "x"], np.array([0.6, 0.8], dtype=np.float32))
             array([0.80000001,        nan])
         """
-        out = np.full(len(ids), np.nan)
         with self._lock:
-            get = self._label_of.get
-            labels = np.fromiter((get(i, -1) for i in ids), dtype=np.int64, count=len(ids))
-            known = labels >= 0
+            return self.label_inner_products(self.labels(ids), query)
+
+    def labels(self, ids: Sequence[str]) -> npt.NDArray[np.int64]:
+        """The label of each of ``ids`` (``-1``: not in the index).
+
+        A label names one stored vector: replacing an id's vector gives it a new label, and
+        a label is never reused, so a label kept from an earlier call still names the same
+        vector while :meth:`live_labels` says so.
+        """
+        get = self._label_of.get
+        return np.fromiter((get(i, -1) for i in ids), dtype=np.int64, count=len(ids))
+
+    def live_labels(self, labels: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        """Whether each label still names a vector in the index (``-1``: no)."""
+        with self._lock:
+            live: npt.NDArray[np.bool_] = self._storage_rows()[labels] >= 0
+            live[labels < 0] = False
+            return live
+
+    def label_inner_products(
+        self, labels: npt.NDArray[np.int64], query: FloatArray
+    ) -> npt.NDArray[np.float64]:
+        """The inner product of ``query`` with the vector of each label (NaN: not live).
+
+        One faiss call reads the stored vectors in place (one thread, no copy; numpy's
+        threaded BLAS is avoided: on a busy machine its threads wait for each other for
+        milliseconds).
+
+        Args:
+            labels: from :meth:`labels`.
+            query: one vector, shape ``(dim,)``.
+
+        Raises:
+            EmbeddingError: ``query`` has the wrong dimension.
+        """
+        out = np.full(len(labels), np.nan)
+        vector = np.ascontiguousarray(query, dtype=np.float32).reshape(-1)
+        if vector.shape[0] != self._dim:
+            raise EmbeddingError(f"query has dimension {vector.shape[0]}, expected {self._dim}")
+        with self._lock:
+            rows = self._storage_rows()[labels]
+            known = (rows >= 0) & (labels >= 0)
             if not known.any():
                 return out
-            with single_thread():
-                vectors: FloatArray = self._index.reconstruct_batch(labels[known])
-        out[known] = vectors.reshape(-1, self._dim) @ query
+            rows = np.ascontiguousarray(rows[known])
+            found = np.empty(len(rows), dtype=np.float32)
+            _faiss_untyped.fvec_inner_products_by_idx(
+                faiss.swig_ptr(found),
+                faiss.swig_ptr(vector),
+                self._storage().get_xb(),
+                faiss.swig_ptr(rows),
+                self._dim,
+                1,
+                len(rows),
+            )
+        out[known] = found
         return out
+
+    def _storage(self) -> Any:
+        """The faiss ``IndexFlat`` holding the vectors (the HNSW graph's storage for HNSW)."""
+        if self._kind == "flat":
+            return self._inner
+        return faiss.downcast_index(self._inner.storage)
+
+    def _storage_rows(self) -> npt.NDArray[np.int64]:
+        """``label -> row`` in :meth:`_storage` (``-1``: not live), kept until a change.
+
+        One spare cell at the end stays ``-1``, so the label ``-1`` maps to ``-1``.
+        """
+        if self._rows is None:
+            labels = faiss.vector_to_array(self._index.id_map).astype(np.int64, copy=False)
+            rows = np.full(self._next_label + 1, -1, dtype=np.int64)
+            rows[labels] = np.arange(len(labels), dtype=np.int64)
+            if self._dead:
+                rows[np.fromiter(self._dead, dtype=np.int64, count=len(self._dead))] = -1
+            self._rows = rows
+        return self._rows
 
     # --------------------------------------------------------------------- search
 
@@ -466,12 +540,11 @@ class FaissIndex:
             id_of = self._id_of
             out: list[list[str]] = []
             for row in range(nq):
-                found: list[str] = []
-                for col, label in enumerate(labels[row].tolist()):
-                    id_ = id_of.get(label)
-                    if id_ is not None:  # -1 (nothing found) and tombstones are skipped
-                        scores[row, len(found)] = distances[row, col]
-                        found.append(id_)
+                named = [id_of.get(label) for label in labels[row].tolist()]
+                # -1 (nothing found) and tombstones are skipped
+                cols = [col for col, id_ in enumerate(named) if id_ is not None]
+                found = [id_ for id_ in named if id_ is not None]
+                scores[row, : len(cols)] = distances[row, cols]
                 out.append(found)
             return out, scores
 
@@ -634,6 +707,7 @@ class FaissIndex:
         if max(stored, default=-1) >= header["next_label"]:
             raise IndexCorruptError("next_label is behind the stored labels")
         index._index, index._inner, index._kind = raw, inner, kind
+        index._rows = None
         index._label_of = dict(zip(ids, labels, strict=True))
         index._id_of = dict(zip(labels, ids, strict=True))
         index._dead = stored_set.difference(labels)

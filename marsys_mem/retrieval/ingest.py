@@ -309,7 +309,8 @@ class EmbeddingQueue:
         with self._progress:
             target = self._submitted
             self._flushers += 1
-            self._has_items.notify()  # a lingering worker goes now
+            if self._done < target:  # a lingering worker goes now (an idle one sleeps on)
+                self._has_items.notify()
             try:
                 while self._done < target:
                     if deadline is None:

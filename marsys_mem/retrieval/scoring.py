@@ -201,9 +201,11 @@ def fuse_scores(
     """
     ids = list(dict.fromkeys(itertools.chain((i for i, _ in dense), (i for i, _ in bm25))))
     pos = {mid: i for i, mid in enumerate(ids)}
+    dense_ids = list(dict.fromkeys(mid for mid, _ in dense))  # an id listed twice: once
+    bm25_ids = list(dict.fromkeys(mid for mid, _ in bm25))
     order, fused = fuse_arrays(
-        np.fromiter((pos[mid] for mid, _ in dense), dtype=np.intp, count=len(dense)),
-        np.fromiter((pos[mid] for mid, _ in bm25), dtype=np.intp, count=len(bm25)),
+        np.fromiter((pos[mid] for mid in dense_ids), dtype=np.intp, count=len(dense_ids)),
+        np.fromiter((pos[mid] for mid in bm25_ids), dtype=np.intp, count=len(bm25_ids)),
         np.fromiter((dense_of.get(mid, 0.0) for mid in ids), dtype=np.float64, count=len(ids)),
         np.fromiter((bm25_of.get(mid, 0.0) for mid in ids), dtype=np.float64, count=len(ids)),
         fusion=fusion,
@@ -236,8 +238,8 @@ def fuse_arrays(
     dense_rank]`` and ``[(i, bm25[i]) for i in bm25_rank]`` and every candidate's scores.
 
     Args:
-        dense_rank: the dense list, best first (positions of candidates).
-        bm25_rank: the BM25 list, best first.
+        dense_rank: the dense list, best first (positions of candidates, each once).
+        bm25_rank: the BM25 list, best first (each position once).
         dense: the cosine of every candidate (0.0 where it has none).
         bm25: the BM25 score of every candidate.
         fusion: see :func:`fuse_scores`.
@@ -254,9 +256,11 @@ def fuse_arrays(
         >>> order.tolist(), [round(f, 3) for f in fused.tolist()]
         ([1, 0], [0.992, 0.5])
     """
-    both = np.concatenate([dense_rank, bm25_rank])
-    _, first = np.unique(both, return_index=True)
-    members = both[np.sort(first)]
+    # the candidates of either list, in first-seen order (plain ufuncs: np.unique's
+    # Python wrapper alone costs tens of us when the caches are cold, as after a model run)
+    in_dense = np.zeros(len(dense), dtype=bool)
+    in_dense[dense_rank] = True
+    members = np.concatenate([dense_rank, bm25_rank[~in_dense[bm25_rank]]])
     dw, bw = dense_weight, bm25_weight
     fused: npt.NDArray[np.float64]
     if fusion == "rrf":
@@ -285,11 +289,17 @@ def fuse_arrays(
 
 
 def _zscore_array(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-    """``(values - mean) / std`` (all 0.0 when the values are all equal)."""
-    sd = float(values.std())
+    """``(values - mean) / std`` (all 0.0 when the values are all equal).
+
+    The arithmetic of ``values.mean()`` and ``values.std()`` (same sums, same rounding),
+    spelled out in ufuncs: their Python wrappers cost more than the sums on a cold cache.
+    """
+    n = len(values)
+    dev = values - float(np.add.reduce(values)) / n
+    sd = math.sqrt(float(np.add.reduce(dev * dev)) / n)
     if sd <= 0.0:
-        return np.zeros(len(values))
-    out: npt.NDArray[np.float64] = (values - float(values.mean())) * (1.0 / sd)
+        return np.zeros(n)
+    out: npt.NDArray[np.float64] = dev * (1.0 / sd)
     return out
 
 
@@ -301,7 +311,7 @@ def _minmax_array(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     """
     if not len(values):
         return values
-    lo, hi = float(values.min()), float(values.max())
+    lo, hi = float(np.minimum.reduce(values)), float(np.maximum.reduce(values))
     if hi <= lo:
         return np.full(len(values), 1.0 if hi > 0 else 0.0)
     out: npt.NDArray[np.float64] = (values - lo) * (1.0 / (hi - lo))

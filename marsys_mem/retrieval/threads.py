@@ -13,12 +13,13 @@ of candidates are found with a few array lookups (:meth:`ThreadLinks.slots`,
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["ThreadLinks"]
+__all__ = ["SlotMemo", "ThreadLinks"]
 
 SlotArray = npt.NDArray[np.intp]
 
@@ -44,7 +45,17 @@ class ThreadLinks:
         (['a'], 't1')
     """
 
-    __slots__ = ("_free", "_ids", "_next", "_prev", "_slot", "_tail", "_thread")
+    __slots__ = (
+        "_added",
+        "_free",
+        "_ids",
+        "_next",
+        "_prev",
+        "_serial",
+        "_slot",
+        "_tail",
+        "_thread",
+    )
 
     def __init__(self) -> None:
         self._slot: dict[str, int] = {}  # message -> slot
@@ -56,6 +67,9 @@ class ThreadLinks:
         # indexing with -1 ("no such message") gives -1 again
         self._prev: SlotArray = np.full(65, -1, dtype=np.intp)
         self._next: SlotArray = np.full(65, -1, dtype=np.intp)
+        # slot -> serial number of the add that filled it (a slot reused gets a new one)
+        self._serial: npt.NDArray[np.int64] = np.full(65, -1, dtype=np.int64)
+        self._added = 0
 
     def __len__(self) -> int:
         return len(self._slot)
@@ -83,7 +97,10 @@ class ThreadLinks:
                 self._prev = np.concatenate([self._prev[:-1], grow])
                 self._next = np.concatenate([self._next[:-1], grow])
                 self._ids = np.concatenate([self._ids[:-1], np.full(len(grow), None)])
+                self._serial = np.concatenate([self._serial[:-1], grow.astype(np.int64)])
             self._ids[slot] = mid
+        self._serial[slot] = self._added
+        self._added += 1
         last = self._tail.get(thread, -1)
         self._prev[slot] = last
         self._next[slot] = -1
@@ -123,6 +140,7 @@ class ThreadLinks:
         self._tail.clear()
         self._prev = np.full(65, -1, dtype=np.intp)
         self._next = np.full(65, -1, dtype=np.intp)
+        self._serial = np.full(65, -1, dtype=np.int64)
 
     def thread_of(self, mid: str) -> str | None:
         """The thread of ``mid`` (``None`` if it is not linked)."""
@@ -161,6 +179,16 @@ class ThreadLinks:
         """The message of each slot (of linked messages: not ``-1``)."""
         ids: list[str] = self._ids[slots].tolist()
         return ids
+
+    def serials(self, slots: SlotArray) -> npt.NDArray[np.int64]:
+        """Which add filled each slot: a number never given twice (even by :meth:`clear`)."""
+        out: npt.NDArray[np.int64] = self._serial[slots]
+        return out
+
+    @property
+    def capacity(self) -> int:
+        """One more than the largest slot there can be now."""
+        return len(self._prev)
 
     def walk(self, slots: SlotArray, n: int, *, forward: bool) -> SlotArray:
         """Shape ``(n, len(slots))``: row ``i`` holds the turn ``i + 1`` steps away, or -1."""
@@ -219,3 +247,68 @@ class ThreadLinks:
             out.append(found)
             cur = int(links[cur])
         return out
+
+
+class SlotMemo:
+    """An integer looked up once per message by id (a BM25 slot, a vector label), by slot.
+
+    Looking up hundreds of ids in dicts costs about 0.3 us each when the dicts are cold
+    (every search); the memo keeps each message's value in an array indexed by its
+    :class:`ThreadLinks` slot, valid while the slot holds the same add (its serial) and,
+    optionally, while a check passes (a vector label is replaced when the message is
+    embedded again). Not thread-safe: callers serialise access.
+
+    Example:
+        >>> links = ThreadLinks()
+        >>> links.add("a", "t"); links.add("b", "t")
+        >>> memo, asked = SlotMemo(), []
+        >>> def lookup(ids):
+        ...     asked.extend(ids)
+        ...     return np.array([ord(i) for i in ids])
+        >>> memo.get(links, links.slots(["a", "b"]), lookup).tolist()
+        [97, 98]
+        >>> memo.get(links, links.slots(["b"]), lookup).tolist(), asked
+        ([98], ['a', 'b'])
+        >>> links.remove("b"); links.add("c", "t")  # "c" reuses the slot of "b"
+        >>> memo.get(links, links.slots(["c"]), lookup).tolist(), asked
+        ([99], ['a', 'b', 'c'])
+    """
+
+    __slots__ = ("_serial", "_value")
+
+    def __init__(self) -> None:
+        self._serial: npt.NDArray[np.int64] = np.full(0, -1, dtype=np.int64)
+        self._value: npt.NDArray[np.int64] = np.full(0, -1, dtype=np.int64)
+
+    def get(
+        self,
+        links: ThreadLinks,
+        slots: SlotArray,
+        lookup: Callable[[list[str]], npt.NDArray[Any]],
+        valid: Callable[[npt.NDArray[np.int64]], npt.NDArray[np.bool_]] | None = None,
+    ) -> npt.NDArray[np.int64]:
+        """The value of each of ``slots`` (linked slots: not ``-1``).
+
+        Args:
+            links: the thread links the slots belong to.
+            slots: the slots.
+            lookup: the values of message ids (called only for the slots not memoised).
+            valid: which memoised values still hold (the others are looked up again).
+        """
+        if len(self._serial) < links.capacity:
+            grow = links.capacity - len(self._serial)
+            self._serial = np.concatenate([self._serial, np.full(grow, -1, dtype=np.int64)])
+            self._value = np.concatenate([self._value, np.full(grow, -1, dtype=np.int64)])
+        serials = links.serials(slots)
+        values = self._value[slots]
+        fresh = self._serial[slots] == serials
+        if valid is not None:
+            fresh &= valid(values)
+        if not fresh.all():
+            stale = ~fresh
+            missing = slots[stale]
+            found = np.asarray(lookup(links.ids_of(missing)), dtype=np.int64)
+            self._value[missing] = found
+            self._serial[missing] = serials[stale]
+            values[stale] = found
+        return values

@@ -97,6 +97,23 @@ def _reference(mem: RAGMemory, query: str, qvec: np.ndarray, depth: int) -> list
     return [(mid, f, cosine(mid), keywords(mid)) for mid, f, _, _ in fused]
 
 
+def _check(mem: RAGMemory, rng: random.Random, queries: int) -> None:
+    for _ in range(queries):
+        query = " ".join(rng.choices(WORDS, k=rng.randint(2, 6)))
+        qvec = mem._embed_query(query)
+        ids, scores = mem._index.search(qvec, 40)  # type: ignore[union-attr]
+        dense = list(zip(ids[0], scores[0].tolist(), strict=False))
+        got = mem._rank_in_context(query, qvec, dense, mem._bm25.search(query, 40))
+        want = _reference(mem, query, qvec, 40)
+        assert len(got) > 40
+        assert [c[0] for c in got] == [c[0] for c in want]
+        for (_, f, d, b), (_, wf, wd, wb) in zip(got, want, strict=True):
+            assert f == pytest.approx(wf, abs=1e-6)
+            assert (d is None) == (wd is None)
+            assert d == pytest.approx(wd, abs=1e-6)
+            assert b == pytest.approx(wb, abs=1e-6)
+
+
 @pytest.mark.parametrize(
     "options",
     [
@@ -117,19 +134,47 @@ def test_vectorised_ranking_equals_the_per_candidate_reference(options):
         mem.remove([m.message_id for m in messages[::7]])  # freed slots, relinked threads
         mem.add_many(_corpus(seed=4)[:100])  # reuse the freed slots
         rng = random.Random(5)
-        for _ in range(12):
-            query = " ".join(rng.choices(WORDS, k=rng.randint(2, 6)))
-            qvec = mem._embed_query(query)
-            ids, scores = mem._index.search(qvec, 40)  # type: ignore[union-attr]
-            dense = list(zip(ids[0], scores[0].tolist(), strict=False))
-            got = mem._rank_in_context(query, qvec, dense, mem._bm25.search(query, 40))
-            want = _reference(mem, query, qvec, 40)
-            assert len(got) > 40
-            assert [c[0] for c in got] == [c[0] for c in want]
-            for (_, f, d, b), (_, wf, wd, wb) in zip(got, want, strict=True):
-                assert f == pytest.approx(wf, abs=1e-6)
-                assert (d is None) == (wd is None)
-                assert d == pytest.approx(wd, abs=1e-6)
-                assert b == pytest.approx(wb, abs=1e-6)
+        _check(mem, rng, 12)
+        # the memoised BM25 slots and vector labels must follow every change: slots freed
+        # and reused by other messages, ids removed and added again with another text,
+        # vectors replaced, and messages with no vector
+        assert mem._index is not None
+        mem.remove([m.message_id for m in messages[1::9]])
+        mem.add_many(_corpus(seed=6)[:60])
+        mem.add_many(
+            Message.user(" ".join(rng.choices(WORDS, k=6)), message_id=m.message_id, name="maya")
+            for m in messages[1::9][:30]
+        )
+        shuffled = [m.message_id for m in messages[2::5] if m.message_id in mem._index]
+        mem._index.add(shuffled, mem._index.vectors(shuffled[::-1]))  # new labels
+        mem._index.remove([m.message_id for m in messages[3::11]])  # no vector now
+        _check(mem, rng, 12)
+    finally:
+        mem.close()
+
+
+def test_lazy_candidates_read_like_the_list_they_stand_for():
+    """The hybrid ranking hands its candidates over in arrays, made into tuples on reading."""
+    mem = RAGMemory(HashingEmbedder(), background=False, candidates=40)
+    try:
+        mem.add_many(_corpus(seed=7)[:300])
+        query = "beagle photo Saturday"
+        qvec = mem._embed_query(query)
+        ids, scores = mem._index.search(qvec, 40)  # type: ignore[union-attr]
+        dense = list(zip(ids[0], scores[0].tolist(), strict=False))
+        ranked = mem._rank_in_context(query, qvec, dense, mem._bm25.search(query, 40))
+        made = list(ranked)
+        assert len(made) == len(ranked) > 40
+        assert made[:5] == ranked[:5]
+        assert made[-1] == ranked[-1] == ranked[len(made) - 1]
+        with pytest.raises(IndexError):
+            ranked[len(made)]
+        for n in (0, 1, 17, len(made), len(made) + 5):
+            head, rest = ranked.split(n)
+            assert head == made[:n]
+            assert list(rest) == made[n:]
+            halved = rest.divided(2.0, head=head)
+            assert list(halved) == head + [(m, f / 2.0, d, b) for m, f, d, b in made[n:]]
+            assert list(halved.divided(4.0)) == [(m, f / 4.0, d, b) for m, f, d, b in halved]
     finally:
         mem.close()

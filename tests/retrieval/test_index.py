@@ -60,6 +60,41 @@ def test_add_search_exact_neighbours(kind):
 
 
 @pytest.mark.parametrize("kind", ["flat", "hnsw"])
+def test_inner_products_follow_removals_replacements_and_reloads(kind, tmp_path):
+    """The stored vectors are read in place, by row: rows move when the flat index closes
+    the gaps of removed vectors, and HNSW keeps tombstones; every read is checked."""
+    index, model = filled(kind, n=60)
+    rng = np.random.default_rng(1)
+    query = unit(rng, 1)[0]
+
+    def check(ix: FaissIndex) -> None:
+        asked = [*model, "nope", *list(model)[::3]]
+        got = ix.inner_products(asked, query)
+        want = [float(model[i] @ query) if i in model else np.nan for i in asked]
+        np.testing.assert_allclose(got, want, atol=1e-6)
+        assert got.dtype == np.float64
+
+    check(index)
+    gone = [f"id{i}" for i in range(0, 60, 4)]
+    index.remove(gone)
+    for mid in gone:
+        del model[mid]
+    check(index)
+    fresh = unit(rng, 5)
+    index.add(["id1", "id2", "new1", "new2", "new3"], fresh)  # replaced and new
+    model.update(zip(["id1", "id2", "new1", "new2", "new3"], fresh, strict=True))
+    check(index)
+    index.save(tmp_path / "ix")
+    check(FaissIndex.load(tmp_path / "ix"))
+    assert np.isnan(index.inner_products(["nope"], query)).all()
+    assert index.inner_products([], query).shape == (0,)
+    with pytest.raises(EmbeddingError, match="dimension"):
+        index.inner_products(["id3"], np.zeros(DIM + 1, dtype=np.float32))
+    index.clear()
+    assert np.isnan(index.inner_products(["id3"], query)).all()
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw"])
 def test_remove_and_replace(kind):
     index, model = filled(kind, n=20)
     assert index.remove(["id0", "id1", "nope", "id0"]) == 2
