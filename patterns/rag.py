@@ -110,7 +110,7 @@ from marsys_mem.retrieval.scoring import (
     make_filter,
     positive_int,
 )
-from marsys_mem.retrieval.threads import SlotMemo, ThreadLinks
+from marsys_mem.retrieval.threads import LabelSlots, SlotArray, SlotMemo, ThreadLinks
 from marsys_mem.store.base import Append, Key, MemoryStore, PutVectors, validate_key
 
 __all__ = ["Fusion", "RAGMemory", "ScoredMessage", "SearchMode"]
@@ -414,6 +414,7 @@ class RAGMemory(SharedVectors, Closing):
         # per thread slot: the message's BM25 slot and vector label, looked up once
         self._bm25_memo = SlotMemo()
         self._label_memo: tuple[FaissIndex | None, SlotMemo] = (None, SlotMemo())
+        self._slot_memo: tuple[FaissIndex | None, LabelSlots] = (None, LabelSlots())
         self._index: FaissIndex | None = None
         self._queue: EmbeddingQueue | None = None
         self._pending: dict[str, int] = {}  # message id -> queue ticket of its text
@@ -860,14 +861,21 @@ class RAGMemory(SharedVectors, Closing):
             and bool(self.context_weight or self.reply_weight)
         )
         dense: list[tuple[str, float]] = []
+        dense_slots: SlotArray | None = None
         dense_done = True
-        if mode != "bm25" and qvec is not None and self._index is not None and len(self._index):
-            n = len(self._index)
-            ids, scores = self._index.search(qvec, min(depth, n))
-            hits = zip(ids[0], scores[0].tolist(), strict=False)
-            # ids the index holds and the memory not: in context, the thread links drop them
-            messages = self._messages
-            dense = list(hits) if in_context else [(m, s) for m, s in hits if m in messages]
+        index = self._index
+        if mode != "bm25" and qvec is not None and index is not None and len(index):
+            n = len(index)
+            if in_context:  # the hits' labels go straight to thread slots
+                labels, _ = index.search_labels(qvec, min(depth, n))
+                if self._slot_memo[0] is not index:  # labels belong to one index
+                    self._slot_memo = (index, LabelSlots())
+                dense_slots = self._slot_memo[1].get(self._links, labels, index.ids_of_labels)
+            else:
+                ids, scores = index.search(qvec, min(depth, n))
+                messages = self._messages
+                hits = zip(ids[0], scores[0].tolist(), strict=False)
+                dense = [(m, s) for m, s in hits if m in messages]
             dense_done = depth >= n
         bm25: list[tuple[str, float]] = []
         bm25_done = True
@@ -880,7 +888,7 @@ class RAGMemory(SharedVectors, Closing):
         if mode == "bm25":
             return [(mid, s, None, s) for mid, s in bm25], done
         if in_context:
-            ranked = self._rank_in_context(query, qvec, dense, bm25)
+            ranked = self._rank_in_context(query, qvec, dense_slots, bm25)
         else:
             ranked = _Ranked.of(self._links, self._fuse(query, qvec, dense, bm25))
         return self._adjust(query, ranked), done
@@ -889,7 +897,7 @@ class RAGMemory(SharedVectors, Closing):
         self,
         query: str,
         qvec: npt.NDArray[np.float32] | None,
-        dense: list[tuple[str, float]],
+        dense_slots: SlotArray | None,
         bm25: list[tuple[str, float]],
     ) -> _Ranked:
         """Rank the hits and the turns around them by their scores in context (hybrid).
@@ -907,8 +915,10 @@ class RAGMemory(SharedVectors, Closing):
         # candidates: the hits and the turns around them, as slots of the thread links
         # (which hold exactly the memory's messages: other ids get -1 and are dropped), in
         # first-seen order (a hit of both retrievers comes again, and is dropped)
-        hits = [mid for mid, _ in dense] + [mid for mid, _ in bm25]
-        cand_slots = links.around_slots(links.slots(hits), before=reply, after=min(turns, _SPREAD))
+        hits = links.slots([mid for mid, _ in bm25])
+        if dense_slots is not None:  # the dense hits' slots (-1: ids the memory lacks)
+            hits = np.concatenate([dense_slots, hits])
+        cand_slots = links.around_slots(hits, before=reply, after=min(turns, _SPREAD))
         n = len(cand_slots)
         if not n:
             return _Ranked.of(links, [])

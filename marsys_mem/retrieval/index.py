@@ -129,6 +129,12 @@ def _check_ids(ids: Sequence[str], what: str = "ids") -> list[str]:
     return items
 
 
+def _check_k(k: object) -> int:
+    if not isinstance(k, int | np.integer) or isinstance(k, bool) or k <= 0:
+        raise EmbeddingError(f"k must be a positive int, got {k!r}")
+    return int(k)
+
+
 def _check_int(name: str, value: object, minimum: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
@@ -514,39 +520,96 @@ class FaissIndex:
         Raises:
             EmbeddingError: ``k`` is not a positive int, or bad query vectors.
         """
-        if not isinstance(k, int | np.integer) or isinstance(k, bool) or k <= 0:
-            raise EmbeddingError(f"k must be a positive int, got {k!r}")
+        k_int = _check_k(k)
         queries = check_vectors(vectors, self._dim)
         nq = queries.shape[0]
         with self._lock:
-            k_eff = min(int(k), len(self._label_of))
+            if nq == 1:  # one query: no per-row bookkeeping
+                labels, found = self._search_one(queries, k_int)
+                k_eff = min(k_int, len(self._label_of))
+                scores = np.full((1, k_eff), -np.inf, dtype=np.float32)
+                scores[0, : len(found)] = found
+                return [self.ids_of_labels(labels)], scores
+            k_eff = min(k_int, len(self._label_of))
             scores = np.full((nq, k_eff), -np.inf, dtype=np.float32)
             if k_eff == 0 or nq == 0:
                 return [[] for _ in range(nq)], scores
-            with single_thread() if nq == 1 else contextlib.nullcontext():
-                if self._kind == "flat":
-                    distances, labels = self._index.search(queries, k_eff)
-                else:
-                    params = _faiss_untyped.SearchParametersHNSW()
-                    params.efSearch = max(self._ef_search, k_eff)
-                    if self._dead:
-                        if self._dead_selector is None:
-                            batch = faiss.IDSelectorBatch(
-                                np.fromiter(self._dead, dtype=np.int64, count=len(self._dead))
-                            )
-                            self._dead_selector = (faiss.IDSelectorNot(batch), batch)
-                        params.sel = self._dead_selector[0]
-                    distances, labels = self._index.search(queries, k_eff, params=params)
+            distances, all_labels = self._faiss_search(queries, k_eff)
             id_of = self._id_of
             out: list[list[str]] = []
             for row in range(nq):
-                named = [id_of.get(label) for label in labels[row].tolist()]
+                named = [id_of.get(label) for label in all_labels[row].tolist()]
                 # -1 (nothing found) and tombstones are skipped
                 cols = [col for col, id_ in enumerate(named) if id_ is not None]
-                found = [id_ for id_ in named if id_ is not None]
+                out.append([id_ for id_ in named if id_ is not None])
                 scores[row, : len(cols)] = distances[row, cols]
-                out.append(found)
             return out, scores
+
+    def search_labels(
+        self, vector: FloatArray, k: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+        """The labels of the ``k`` best live vectors for one query, and their scores.
+
+        The same hits, scores and order as :meth:`search` with one query row, as labels
+        (see :meth:`labels`) for callers that map them on themselves.
+
+        Args:
+            vector: one query, shape ``(1, dim)``.
+            k: results wanted (>= 1).
+
+        Returns:
+            ``(labels, scores)``, best first; at most ``min(k, len(self))`` of each.
+
+        Raises:
+            EmbeddingError: ``k`` is not a positive int, or a bad query vector.
+        """
+        k_int = _check_k(k)
+        query = check_vectors(vector, self._dim)
+        if query.shape[0] != 1:
+            raise EmbeddingError(f"search_labels takes one query row, got {query.shape[0]}")
+        with self._lock:
+            return self._search_one(query, k_int)
+
+    def ids_of_labels(self, labels: npt.NDArray[np.int64]) -> list[str]:
+        """The id of each live label (from :meth:`search_labels`)."""
+        id_of = self._id_of
+        return [id_of[label] for label in labels.tolist()]
+
+    def _search_one(
+        self, query: FloatArray, k: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+        """One checked query row: the best live labels and their scores (lock held)."""
+        k_eff = min(k, len(self._label_of))
+        if k_eff == 0:
+            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
+        with single_thread():
+            distances, labels = self._faiss_search(query, k_eff)
+        found: npt.NDArray[np.int64] = labels[0]
+        scores: npt.NDArray[np.float32] = distances[0]
+        if self._kind == "hnsw" or found[-1] < 0:  # skip -1 (nothing found) and tombstones
+            id_of = self._id_of
+            keep = [col for col, label in enumerate(found.tolist()) if label in id_of]
+            if len(keep) < len(found):
+                found, scores = found[keep], scores[keep]
+        return found, scores
+
+    def _faiss_search(self, queries: FloatArray, k: int) -> tuple[Any, Any]:
+        """``(distances, labels)`` from faiss (tombstones filtered for HNSW; lock held)."""
+        found: tuple[Any, Any]
+        if self._kind == "flat":
+            found = self._index.search(queries, k)
+            return found
+        params = _faiss_untyped.SearchParametersHNSW()
+        params.efSearch = max(self._ef_search, k)
+        if self._dead:
+            if self._dead_selector is None:
+                batch = faiss.IDSelectorBatch(
+                    np.fromiter(self._dead, dtype=np.int64, count=len(self._dead))
+                )
+                self._dead_selector = (faiss.IDSelectorNot(batch), batch)
+            params.sel = self._dead_selector[0]
+        found = self._index.search(queries, k, params=params)
+        return found
 
     # ------------------------------------------------------------------------ files
 

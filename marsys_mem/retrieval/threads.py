@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["SlotMemo", "ThreadLinks"]
+__all__ = ["LabelSlots", "SlotMemo", "ThreadLinks"]
 
 SlotArray = npt.NDArray[np.intp]
 
@@ -312,3 +312,63 @@ class SlotMemo:
             self._serial[missing] = serials[stale]
             values[stale] = found
         return values
+
+
+class LabelSlots:
+    """The :class:`ThreadLinks` slot of each vector label, memoised by label.
+
+    A vector label names one stored vector of one message and is never reused (see
+    :meth:`~marsys_mem.retrieval.index.FaissIndex.labels`), so a label's slot holds while
+    the slot holds the same add (its serial). Mapping a search's labels through this memo
+    skips a dict lookup per hit from label to id and from id to slot. Not thread-safe:
+    callers serialise access.
+
+    Example:
+        >>> links = ThreadLinks()
+        >>> links.add("a", "t"); links.add("b", "t")
+        >>> memo, asked = LabelSlots(), []
+        >>> def ids_of(labels):
+        ...     asked.extend(labels.tolist())
+        ...     return ["ab"[label] for label in labels.tolist()]
+        >>> memo.get(links, np.array([1, 0]), ids_of).tolist()
+        [1, 0]
+        >>> memo.get(links, np.array([1]), ids_of).tolist(), asked
+        ([1], [1, 0])
+        >>> links.remove("b"); links.add("b", "t")  # the same id, a new add
+        >>> memo.get(links, np.array([1]), ids_of).tolist(), asked
+        ([1], [1, 0, 1])
+    """
+
+    __slots__ = ("_serial", "_slot")
+
+    def __init__(self) -> None:
+        self._slot: SlotArray = np.full(0, -1, dtype=np.intp)
+        self._serial: npt.NDArray[np.int64] = np.full(0, -1, dtype=np.int64)
+
+    def get(
+        self,
+        links: ThreadLinks,
+        labels: npt.NDArray[np.int64],
+        ids_of: Callable[[npt.NDArray[np.int64]], list[str]],
+    ) -> SlotArray:
+        """The slot of the message of each label (``-1``: not linked).
+
+        Args:
+            links: the thread links the slots belong to.
+            labels: live vector labels (``>= 0``).
+            ids_of: the message id of each label (called only for the labels not memoised).
+        """
+        if len(labels) and int(labels.max()) >= len(self._slot):
+            grow = int(labels.max()) + 1 - len(self._slot)
+            self._slot = np.concatenate([self._slot, np.full(grow, -1, dtype=np.intp)])
+            self._serial = np.concatenate([self._serial, np.full(grow, -1, dtype=np.int64)])
+        slots = self._slot[labels]
+        fresh = (slots >= 0) & (links.serials(slots) == self._serial[labels])
+        if not fresh.all():
+            stale = ~fresh
+            missing = labels[stale]
+            found = links.slots(ids_of(missing))
+            self._slot[missing] = found
+            self._serial[missing] = links.serials(found)
+            slots[stale] = found
+        return slots

@@ -101,8 +101,8 @@ def _check(mem: RAGMemory, rng: random.Random, queries: int) -> None:
     for _ in range(queries):
         query = " ".join(rng.choices(WORDS, k=rng.randint(2, 6)))
         qvec = mem._embed_query(query)
-        ids, scores = mem._index.search(qvec, 40)  # type: ignore[union-attr]
-        dense = list(zip(ids[0], scores[0].tolist(), strict=False))
+        ids, _ = mem._index.search(qvec, 40)  # type: ignore[union-attr]
+        dense = mem._links.slots(ids[0])  # the dense hits as thread slots
         got = mem._rank_in_context(query, qvec, dense, mem._bm25.search(query, 40))
         want = _reference(mem, query, qvec, 40)
         assert len(got) > 40
@@ -160,8 +160,8 @@ def test_lazy_candidates_read_like_the_list_they_stand_for():
         mem.add_many(_corpus(seed=7)[:300])
         query = "beagle photo Saturday"
         qvec = mem._embed_query(query)
-        ids, scores = mem._index.search(qvec, 40)  # type: ignore[union-attr]
-        dense = list(zip(ids[0], scores[0].tolist(), strict=False))
+        ids, _ = mem._index.search(qvec, 40)  # type: ignore[union-attr]
+        dense = mem._links.slots(ids[0])  # the dense hits as thread slots
         ranked = mem._rank_in_context(query, qvec, dense, mem._bm25.search(query, 40))
         made = list(ranked)
         assert len(made) == len(ranked) > 40
