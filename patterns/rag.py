@@ -875,9 +875,9 @@ class RAGMemory(SharedVectors, Closing):
                     self._slot_memo = (index, LabelSlots())
                 dense_slots = self._slot_memo[1].get(self._links, labels, index.ids_of_labels)
             else:
-                ids, scores = index.search(qvec, min(depth, n))
+                top, scores = index.query_scores(qvec).top(min(depth, n))
                 messages = self._messages
-                hits = zip(ids[0], scores[0].tolist(), strict=False)
+                hits = zip(index.ids_of_labels(top), scores.tolist(), strict=False)
                 dense = [(m, s) for m, s in hits if m in messages]
             dense_done = depth >= n
         bm25: list[tuple[str, float]] = []
