@@ -92,7 +92,7 @@ from marsys_mem.patterns.shared_vectors import SharedVectors
 from marsys_mem.retrieval.bm25 import BM25Index
 from marsys_mem.retrieval.dates import asks_when, mentions_time, query_period
 from marsys_mem.retrieval.embeddings import Embedder, default_embedder, embed_query
-from marsys_mem.retrieval.index import FaissIndex
+from marsys_mem.retrieval.index import FaissIndex, QueryScores
 from marsys_mem.retrieval.ingest import EmbeddingQueue
 from marsys_mem.retrieval.scoring import (
     FUSIONS,
@@ -862,19 +862,22 @@ class RAGMemory(SharedVectors, Closing):
         )
         dense: list[tuple[str, float]] = []
         dense_slots: SlotArray | None = None
+        query_scores: QueryScores | None = None
         dense_done = True
         index = self._index
         if mode != "bm25" and qvec is not None and index is not None and len(index):
             n = len(index)
             if in_context:  # the hits' labels go straight to thread slots
-                labels, _ = index.search_labels(qvec, min(depth, n))
+                # one read of the vectors gives the hits and, later, the candidates' cosines
+                query_scores = index.query_scores(qvec)
+                labels, _ = query_scores.top(min(depth, n))
                 if self._slot_memo[0] is not index:  # labels belong to one index
                     self._slot_memo = (index, LabelSlots())
                 dense_slots = self._slot_memo[1].get(self._links, labels, index.ids_of_labels)
             else:
-                ids, scores = index.search(qvec, min(depth, n))
+                top, scores = index.query_scores(qvec).top(min(depth, n))
                 messages = self._messages
-                hits = zip(ids[0], scores[0].tolist(), strict=False)
+                hits = zip(index.ids_of_labels(top), scores.tolist(), strict=False)
                 dense = [(m, s) for m, s in hits if m in messages]
             dense_done = depth >= n
         bm25: list[tuple[str, float]] = []
@@ -888,7 +891,7 @@ class RAGMemory(SharedVectors, Closing):
         if mode == "bm25":
             return [(mid, s, None, s) for mid, s in bm25], done
         if in_context:
-            ranked = self._rank_in_context(query, qvec, dense_slots, bm25)
+            ranked = self._rank_in_context(query, query_scores, dense_slots, bm25)
         else:
             ranked = _Ranked.of(self._links, self._fuse(query, qvec, dense, bm25))
         return self._adjust(query, ranked), done
@@ -896,7 +899,7 @@ class RAGMemory(SharedVectors, Closing):
     def _rank_in_context(
         self,
         query: str,
-        qvec: npt.NDArray[np.float32] | None,
+        query_scores: QueryScores | None,
         dense_slots: SlotArray | None,
         bm25: list[tuple[str, float]],
     ) -> _Ranked:
@@ -907,7 +910,8 @@ class RAGMemory(SharedVectors, Closing):
         context is ``own + sum(context_weight ** i * lent(i-th turn before)) +
         reply_weight * lent(next turn)``, where a turn lends ``max(0, own - mean)`` (the
         mean of the candidates' own scores on that side); the two sides are then fused as
-        usual. Candidates carry their own cosine and BM25 scores.
+        usual. Candidates carry their own cosine and BM25 scores. ``query_scores`` (None:
+        no dense side) gives the cosines, of the index the dense hits came from.
         """
         links = self._links
         turns = self.context_turns
@@ -931,11 +935,11 @@ class RAGMemory(SharedVectors, Closing):
         own_d = np.zeros(m + 1)
         has_vec = np.zeros(m + 1, dtype=bool)
         index = self._index
-        if qvec is not None and index is not None:
+        if query_scores is not None and index is not None:
             if self._label_memo[0] is not index:  # labels belong to one index
                 self._label_memo = (index, SlotMemo())
             labels = self._label_memo[1].get(links, need, index.labels, index.live_labels)
-            cosines = index.label_inner_products(labels, qvec[0])
+            cosines = query_scores.label_scores(labels)
             has_vec[:-1] = ~np.isnan(cosines)
             own_d[:-1] = np.where(has_vec[:-1], cosines, 0.0)
         own_b = np.zeros(m + 1)

@@ -39,6 +39,7 @@ __all__ = [
     "FORMAT_VERSION",
     "FaissIndex",
     "IndexKind",
+    "QueryScores",
     "VectorIndex",
     "single_thread",
 ]
@@ -141,6 +142,79 @@ def _check_int(name: str, value: object, minimum: int) -> int:
     return value
 
 
+class QueryScores:
+    """One query's inner products with a :class:`FaissIndex`, from :meth:`~FaissIndex.query_scores`.
+
+    A flat index takes the query's inner product with every stored vector in one pass
+    (faiss's kernel, one thread, the vectors read in place) when it is made; :meth:`top`
+    and :meth:`label_scores` then read that array, so the best vectors and the scores of
+    any others (their neighbours in a thread) cost one read of the vectors, not two. It
+    answers for the vectors stored when it was made (later changes are not seen). An HNSW
+    index searches its graph for :meth:`top` and reads the asked-for vectors for
+    :meth:`label_scores`, at call time.
+    """
+
+    def __init__(
+        self,
+        index: FaissIndex,
+        query: npt.NDArray[np.float32],
+        scores: npt.NDArray[np.float32] | None,
+        rows: npt.NDArray[np.int64] | None,
+        row_labels: npt.NDArray[np.int64] | None,
+    ) -> None:
+        self._index = index
+        self._query = query
+        self._scores = scores  # row -> inner product (flat), None: HNSW
+        self._rows = rows  # label -> row, -1: none (one spare -1 cell at the end)
+        self._row_labels = row_labels  # row -> label
+
+    def top(self, k: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+        """The labels of the ``k`` best live vectors and their scores, best first.
+
+        The same hits in the same order as :meth:`FaissIndex.search` with this query:
+        for a flat index, faiss's own heap takes the rows in storage order (which is label
+        order), so equal scores come out as they do from a faiss search; scores may differ
+        from a search's by float rounding.
+
+        Args:
+            k: results wanted (>= 1); at most the number of vectors come back.
+
+        Raises:
+            EmbeddingError: ``k`` is not a positive int.
+        """
+        k_int = _check_k(k)
+        if self._scores is None:
+            return self._index.search_labels(self._query[None, :], k_int)
+        assert self._row_labels is not None
+        n = len(self._scores)
+        k_eff = min(k_int, n)
+        scores = np.empty(k_eff, dtype=np.float32)
+        rows = np.empty(k_eff, dtype=np.int64)
+        if k_eff:
+            heap = _faiss_untyped.float_minheap_array_t()
+            heap.nh, heap.k = 1, k_eff
+            heap.val, heap.ids = faiss.swig_ptr(scores), faiss.swig_ptr(rows)
+            heap.heapify()
+            heap.addn(n, faiss.swig_ptr(self._scores), 0, 0, 1)
+            heap.reorder()
+        return self._row_labels[rows], scores
+
+    def label_scores(self, labels: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+        """The inner product with the vector of each label (NaN: none, or not live).
+
+        Args:
+            labels: from :meth:`FaissIndex.labels` or :meth:`top`.
+        """
+        if self._scores is None:
+            return self._index.label_inner_products(labels, self._query)
+        assert self._rows is not None
+        rows = self._rows[np.where((labels >= 0) & (labels < len(self._rows)), labels, -1)]
+        out = np.full(len(labels), np.nan)
+        known = rows >= 0
+        out[known] = self._scores[rows[known]]
+        return out
+
+
 class FaissIndex:
     """A faiss inner-product index with string ids, replace/remove, and safe files.
 
@@ -210,6 +284,8 @@ class FaissIndex:
         # label -> row of the vector in the faiss storage (-1: none); rebuilt lazily after
         # any change to the faiss index (None: stale)
         self._rows: npt.NDArray[np.int64] | None = None
+        # row -> label, set with ``_rows`` (and stale with it)
+        self._row_labels: npt.NDArray[np.int64] | None = None
 
     # ----------------------------------------------------------------- properties
 
@@ -497,6 +573,7 @@ class FaissIndex:
             labels = faiss.vector_to_array(self._index.id_map).astype(np.int64, copy=False)
             rows = np.full(self._next_label + 1, -1, dtype=np.int64)
             rows[labels] = np.arange(len(labels), dtype=np.int64)
+            self._row_labels = labels
             if self._dead:
                 rows[np.fromiter(self._dead, dtype=np.int64, count=len(self._dead))] = -1
             self._rows = rows
@@ -569,6 +646,39 @@ class FaissIndex:
             raise EmbeddingError(f"search_labels takes one query row, got {query.shape[0]}")
         with self._lock:
             return self._search_one(query, k_int)
+
+    def query_scores(self, vector: FloatArray) -> QueryScores:
+        """One query's scores against the index: its best labels and any labels' scores.
+
+        For a caller that wants both the ``k`` best vectors and the scores of other vectors
+        (their neighbours) for the same query; see :class:`QueryScores`.
+
+        Args:
+            vector: one query, shape ``(1, dim)``.
+
+        Raises:
+            EmbeddingError: a bad query vector, or more than one row.
+        """
+        query = check_vectors(vector, self._dim)
+        if query.shape[0] != 1:
+            raise EmbeddingError(f"query_scores takes one query row, got {query.shape[0]}")
+        row = np.ascontiguousarray(query[0])
+        with self._lock:
+            if self._kind == "hnsw":
+                return QueryScores(self, row, None, None, None)
+            rows = self._storage_rows()
+            ntotal = int(self._inner.ntotal)
+            scores = np.empty(ntotal, dtype=np.float32)
+            if ntotal:  # a plain loop in faiss (no OpenMP threads)
+                _faiss_untyped.fvec_inner_products_ny(
+                    faiss.swig_ptr(scores),
+                    faiss.swig_ptr(row),
+                    self._inner.get_xb(),
+                    self._dim,
+                    ntotal,
+                )
+            assert self._row_labels is not None  # set by _storage_rows
+            return QueryScores(self, row, scores, rows, self._row_labels)
 
     def ids_of_labels(self, labels: npt.NDArray[np.int64]) -> list[str]:
         """The id of each live label (from :meth:`search_labels`)."""

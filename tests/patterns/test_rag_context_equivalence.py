@@ -103,7 +103,8 @@ def _check(mem: RAGMemory, rng: random.Random, queries: int) -> None:
         qvec = mem._embed_query(query)
         ids, _ = mem._index.search(qvec, 40)  # type: ignore[union-attr]
         dense = mem._links.slots(ids[0])  # the dense hits as thread slots
-        got = mem._rank_in_context(query, qvec, dense, mem._bm25.search(query, 40))
+        scores = mem._index.query_scores(qvec)  # type: ignore[union-attr]
+        got = mem._rank_in_context(query, scores, dense, mem._bm25.search(query, 40))
         want = _reference(mem, query, qvec, 40)
         assert len(got) > 40
         assert [c[0] for c in got] == [c[0] for c in want]
@@ -162,7 +163,8 @@ def test_lazy_candidates_read_like_the_list_they_stand_for():
         qvec = mem._embed_query(query)
         ids, _ = mem._index.search(qvec, 40)  # type: ignore[union-attr]
         dense = mem._links.slots(ids[0])  # the dense hits as thread slots
-        ranked = mem._rank_in_context(query, qvec, dense, mem._bm25.search(query, 40))
+        scores = mem._index.query_scores(qvec)  # type: ignore[union-attr]
+        ranked = mem._rank_in_context(query, scores, dense, mem._bm25.search(query, 40))
         made = list(ranked)
         assert len(made) == len(ranked) > 40
         assert made[:5] == ranked[:5]

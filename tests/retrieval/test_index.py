@@ -95,6 +95,48 @@ def test_inner_products_follow_removals_replacements_and_reloads(kind, tmp_path)
 
 
 @pytest.mark.parametrize("kind", ["flat", "hnsw"])
+def test_query_scores_match_search_and_inner_products(kind):
+    """One query's scores: the best labels as a search finds them (ties included: equal
+    vectors come in faiss's order), and any label's score, NaN once it is gone."""
+    index, _ = filled(kind, n=80)
+    rng = np.random.default_rng(3)
+    dup = unit(rng, 1)
+    index.add([f"dup{i}" for i in range(6)], np.repeat(dup, 6, axis=0))  # equal scores
+    index.remove([f"id{i}" for i in range(0, 80, 5)])
+    index.add(["id1"], unit(rng, 1))  # replaced: a new label
+    for query in (dup[0], unit(rng, 1)[0]):
+        scores = index.query_scores(query[None, :])
+        for k in (1, 5, 10, 200):
+            ids, want = index.search(query[None, :], k)
+            labels, got = scores.top(k)
+            assert index.ids_of_labels(labels) == ids[0]
+            np.testing.assert_allclose(got, want[0], atol=1e-6)
+        asked = [*index.ids(), "id0", "nope"]  # id0 was removed
+        labels = index.labels(asked)
+        labels[-2] = 0  # id0's old label: not live
+        got_ip = scores.label_scores(labels)
+        np.testing.assert_allclose(got_ip, index.inner_products(asked, query), atol=1e-6)
+        assert np.isnan(got_ip[-2:]).all()
+    with pytest.raises(EmbeddingError, match="one query row"):
+        index.query_scores(np.zeros((2, DIM), dtype=np.float32))
+
+
+def test_query_scores_see_the_vectors_of_their_time():
+    """A flat index's scores are taken when asked; later removals do not move them."""
+    index, model = filled("flat", n=30)
+    query = unit(np.random.default_rng(4), 1)[0]
+    scores = index.query_scores(query[None, :])
+    labels = index.labels(["id5", "id20"])
+    index.remove(["id0", "id1"])  # rows move
+    index.add(["late"], unit(np.random.default_rng(5), 1))
+    np.testing.assert_allclose(
+        scores.label_scores(labels), [model["id5"] @ query, model["id20"] @ query], atol=1e-6
+    )
+    assert np.isnan(scores.label_scores(index.labels(["late"]))).all()
+    assert FaissIndex(DIM, "flat").query_scores(query[None, :]).top(3)[0].size == 0
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw"])
 def test_remove_and_replace(kind):
     index, model = filled(kind, n=20)
     assert index.remove(["id0", "id1", "nope", "id0"]) == 2
