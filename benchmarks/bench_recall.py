@@ -226,6 +226,7 @@ TUNE_GRID: dict[str, list[Any]] = {
     "context_turns": [0, 1, 2, 3, 4, 5],
     "context_weight": [0.0, 0.25, 0.5, 0.75, 1.0],
     "reply_weight": [0.0, 0.25, 0.5],
+    "thread_weight": [0.0, 0.05, 0.1, 0.15, 0.2, 0.3],
     "candidates": [30, 50, 100],
     "diversity": [0.0, 0.02, 0.05, 0.1, 0.2],
     "time_weight": [0.0, 0.05, 0.1, 0.2, 0.5],

@@ -285,6 +285,11 @@ class RAGMemory(SharedVectors, Closing):
             the one" is found through the turn it answers.
         reply_weight: weight of the next turn's scores (a question is found through its
             answer).
+        thread_weight: weight of the thread's keyword relevance in a hybrid score: each
+            candidate gains this share of what all candidates of its thread score above
+            the candidates' mean on the BM25 side, so the conversation the query is about
+            (its names, its topic, said over many turns) ranks above look-alike lines of
+            other conversations. No effect when every message shares one thread.
         diversity: how much a hit is lowered (a share of the best score) for each better
             hit already taken from its session (``metadata["session"]``, else its thread
             and day), so questions whose parts lie in several sessions get them all.
@@ -328,7 +333,7 @@ class RAGMemory(SharedVectors, Closing):
         key: tuple[str, str, str] = ("default", "rag", "main"),
         index_path: str | Path | None = None,
         mode: SearchMode = "hybrid",
-        dense_weight: float = 1.5,
+        dense_weight: float = 1.0,
         bm25_weight: float = 1.0,
         rrf_k: int = 5,
         fusion: Fusion = "zscore",
@@ -341,12 +346,13 @@ class RAGMemory(SharedVectors, Closing):
         k1: float = 1.5,
         b: float = 0.75,
         thread_key: str | None = "thread",
-        context_turns: int = 5,
-        context_weight: float = 0.5,
+        context_turns: int = 3,
+        context_weight: float = 0.25,
         reply_weight: float = 0.25,
+        thread_weight: float = 0.2,
         diversity: float = 0.0,
         time_weight: float = 0.5,
-        when_weight: float = 0.2,
+        when_weight: float = 0.3,
         index_names: bool = True,
     ) -> None:
         if mode not in MODES:
@@ -374,6 +380,7 @@ class RAGMemory(SharedVectors, Closing):
         self.context_turns = context_turns
         self.context_weight = finite_number("context_weight", context_weight, minimum=0.0)
         self.reply_weight = finite_number("reply_weight", reply_weight, minimum=0.0)
+        self.thread_weight = finite_number("thread_weight", thread_weight, minimum=0.0)
         self.diversity = finite_number("diversity", diversity, minimum=0.0)
         self.time_weight = finite_number("time_weight", time_weight, minimum=0.0)
         self.when_weight = finite_number("when_weight", when_weight, minimum=0.0)
@@ -855,10 +862,9 @@ class RAGMemory(SharedVectors, Closing):
         depth: int,
     ) -> tuple[Sequence[Candidate], bool]:
         """Candidates ``(id, score, dense, bm25)`` best first, and whether none are left."""
-        in_context = (
-            mode == "hybrid"
-            and bool(self.context_turns)
-            and bool(self.context_weight or self.reply_weight)
+        in_context = mode == "hybrid" and (
+            bool(self.thread_weight)
+            or (bool(self.context_turns) and bool(self.context_weight or self.reply_weight))
         )
         dense: list[tuple[str, float]] = []
         dense_slots: SlotArray | None = None
@@ -962,6 +968,15 @@ class RAGMemory(SharedVectors, Closing):
         scale = np.array(weights)[:, None]
         ctx_d = own_d[cand_at] + np.add.reduce(lent_d[grid[1:]] * scale, axis=0)
         ctx_b = own_b[cand_at] + np.add.reduce(lent_b[grid[1:]] * scale, axis=0)
+        if self.thread_weight and n > 1:
+            # the thread's keyword relevance: what its candidates score above the mean, in
+            # context, summed, over the weakest thread's; the same for every candidate of a
+            # thread (so with one thread, nothing changes)
+            _, thread_of = np.unique(links.thread_numbers(cand_slots), return_inverse=True)
+            if thread_of[np.argmax(thread_of)] > 0:  # two threads or more
+                above = lent_b[cand_at]
+                relevance = np.bincount(thread_of, weights=above)
+                ctx_b += self.thread_weight * (relevance - relevance.min())[thread_of]
         if self.fusion == "convex":  # keep the blend <= 1: cosines in context, rescaled
             cw = self.context_weight
             ctx_d /= 1.0 + sum(cw**i for i in range(1, turns + 1)) + self.reply_weight

@@ -236,7 +236,7 @@ class RagPatternConfig(BaseModel):
     k: int = Field(default=4, ge=1, le=100)
     min_score: float | None = None
     mode: Literal["hybrid", "dense", "bm25"] = "hybrid"
-    dense_weight: float = Field(default=1.5, ge=0.0)  # RAGMemory's defaults
+    dense_weight: float = Field(default=1.0, ge=0.0)  # RAGMemory's defaults
     bm25_weight: float = Field(default=1.0, ge=0.0)
 
 

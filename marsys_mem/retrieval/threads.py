@@ -55,6 +55,8 @@ class ThreadLinks:
         "_slot",
         "_tail",
         "_thread",
+        "_thread_no",
+        "_thread_nos",
     )
 
     def __init__(self) -> None:
@@ -69,6 +71,9 @@ class ThreadLinks:
         self._next: SlotArray = np.full(65, -1, dtype=np.intp)
         # slot -> serial number of the add that filled it (a slot reused gets a new one)
         self._serial: npt.NDArray[np.int64] = np.full(65, -1, dtype=np.int64)
+        # slot -> number of its thread (numbers are never reused; -1: empty slot)
+        self._thread_no: SlotArray = np.full(65, -1, dtype=np.intp)
+        self._thread_nos: dict[str, int] = {}  # thread -> its number
         self._added = 0
 
     def __len__(self) -> int:
@@ -98,8 +103,10 @@ class ThreadLinks:
                 self._next = np.concatenate([self._next[:-1], grow])
                 self._ids = np.concatenate([self._ids[:-1], np.full(len(grow), None)])
                 self._serial = np.concatenate([self._serial[:-1], grow.astype(np.int64)])
+                self._thread_no = np.concatenate([self._thread_no[:-1], grow])
             self._ids[slot] = mid
         self._serial[slot] = self._added
+        self._thread_no[slot] = self._thread_nos.setdefault(thread, len(self._thread_nos))
         self._added += 1
         last = self._tail.get(thread, -1)
         self._prev[slot] = last
@@ -129,6 +136,7 @@ class ThreadLinks:
         self._prev[slot] = self._next[slot] = -1
         self._ids[slot] = None
         self._thread[slot] = None
+        self._thread_no[slot] = -1
         self._free.append(slot)
 
     def clear(self) -> None:
@@ -141,6 +149,8 @@ class ThreadLinks:
         self._prev = np.full(65, -1, dtype=np.intp)
         self._next = np.full(65, -1, dtype=np.intp)
         self._serial = np.full(65, -1, dtype=np.int64)
+        self._thread_no = np.full(65, -1, dtype=np.intp)
+        self._thread_nos.clear()
 
     def thread_of(self, mid: str) -> str | None:
         """The thread of ``mid`` (``None`` if it is not linked)."""
@@ -183,6 +193,11 @@ class ThreadLinks:
     def serials(self, slots: SlotArray) -> npt.NDArray[np.int64]:
         """Which add filled each slot: a number never given twice (even by :meth:`clear`)."""
         out: npt.NDArray[np.int64] = self._serial[slots]
+        return out
+
+    def thread_numbers(self, slots: SlotArray) -> SlotArray:
+        """The number of each slot's thread: equal numbers, same thread (``-1``: no message)."""
+        out: SlotArray = self._thread_no[slots]
         return out
 
     @property

