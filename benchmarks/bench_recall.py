@@ -281,6 +281,7 @@ OLD_DEFAULTS: dict[str, Any] = {
     "time_weight": 0.0,
     "when_weight": 0.0,
     "diversity": 0.0,
+    "thread_weight": 0.0,
 }
 _CONTEXT = {
     "fusion": "minmax",
@@ -290,6 +291,8 @@ _CONTEXT = {
     "context_weight": 0.5,
     "reply_weight": 0.5,
 }
+_ZSCORE = dict(_CONTEXT, fusion="zscore", dense_weight=1.5, reply_weight=0.25, time_weight=0.5,
+               when_weight=0.2)
 # (label, speaker names in BM25, options over the 0.x defaults; None: the new defaults)
 STEPS: list[tuple[str, bool, dict[str, Any] | None]] = [
     ("0.x defaults (RRF of the messages' own ranks)", False, {}),
@@ -305,7 +308,13 @@ STEPS: list[tuple[str, bool, dict[str, Any] | None]] = [
         True,
         dict(_CONTEXT, time_weight=0.5, when_weight=0.15),
     ),
-    ("+ z-score fusion (dense 1.5 : BM25 1), reply 0.25, when 0.2 (= new defaults)", True, None),
+    (
+        "+ z-score fusion (dense 1.5 : BM25 1), reply 0.25, when 0.2 (the previous defaults)",
+        True,
+        _ZSCORE,
+    ),
+    ("+ thread relevance on the keyword side (0.2)", True, dict(_ZSCORE, thread_weight=0.2)),
+    ("+ re-tuned: dense 1.0, context 0.25 over 3 turns, when 0.3 (= new defaults)", True, None),
     ("  (new defaults + session diversity 0.05)", True, {"diversity": 0.05}),
 ]
 
