@@ -921,7 +921,7 @@ class RAGMemory(SharedVectors, Closing):
         """
         links = self._links
         turns = self.context_turns
-        reply = 1 if self.reply_weight else 0
+        reply = 1 if self.reply_weight and turns else 0  # no context turns: no reply either
         # candidates: the hits and the turns around them, as slots of the thread links
         # (which hold exactly the memory's messages: other ids get -1 and are dropped), in
         # first-seen order (a hit of both retrievers comes again, and is dropped)
@@ -969,14 +969,18 @@ class RAGMemory(SharedVectors, Closing):
         ctx_d = own_d[cand_at] + np.add.reduce(lent_d[grid[1:]] * scale, axis=0)
         ctx_b = own_b[cand_at] + np.add.reduce(lent_b[grid[1:]] * scale, axis=0)
         if self.thread_weight and n > 1:
-            # the thread's keyword relevance: what its candidates score above the mean, in
-            # context, summed, over the weakest thread's; the same for every candidate of a
-            # thread (so with one thread, nothing changes)
-            _, thread_of = np.unique(links.thread_numbers(cand_slots), return_inverse=True)
-            if thread_of[np.argmax(thread_of)] > 0:  # two threads or more
-                above = lent_b[cand_at]
-                relevance = np.bincount(thread_of, weights=above)
-                ctx_b += self.thread_weight * (relevance - relevance.min())[thread_of]
+            # the thread's keyword relevance: what its candidates score above the mean, summed,
+            # over the weakest thread's; the same for every candidate of a thread (so with
+            # one thread, nothing changes)
+            numbers = links.thread_numbers(cand_slots)
+            lo, hi = int(np.minimum.reduce(numbers)), int(np.maximum.reduce(numbers))
+            if lo != hi:
+                if hi - lo <= 4 * n:  # thread numbers are dense: count them directly
+                    group = numbers - lo
+                else:
+                    _, group = np.unique(numbers, return_inverse=True)
+                per = np.bincount(group, weights=lent_b[cand_at])[group]
+                ctx_b += self.thread_weight * (per - np.minimum.reduce(per))
         if self.fusion == "convex":  # keep the blend <= 1: cosines in context, rescaled
             cw = self.context_weight
             ctx_d /= 1.0 + sum(cw**i for i in range(1, turns + 1)) + self.reply_weight

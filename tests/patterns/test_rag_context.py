@@ -57,6 +57,18 @@ def test_a_reply_is_found_through_the_turn_it_answers():
         assert reply not in [h.id for h in mem.search("beagle floppy ears", k=2)]
 
 
+def test_no_context_turns_means_no_reply_either():
+    results = []
+    for reply_weight in (0.0, 0.25, 1.0):
+        with RAGMemory(
+            HashingEmbedder(), background=False, context_turns=0, reply_weight=reply_weight
+        ) as mem:
+            _fill(mem)
+            hits = mem.search("beagle floppy ears", k=6)
+            results.append([(h.text, h.score, h.dense_score, h.bm25_score) for h in hits])
+    assert results[0] == results[1] == results[2]
+
+
 def test_context_follows_the_thread_not_the_insertion_order():
     with RAGMemory(HashingEmbedder(), background=False, thread_key=None) as mem:
         _ask, reply = _fill(mem)  # one shared thread: the reply's previous turn is filler

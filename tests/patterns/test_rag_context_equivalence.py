@@ -44,7 +44,7 @@ def _reference(mem: RAGMemory, query: str, qvec: np.ndarray, depth: int) -> list
     dense = list(zip(ids[0], scores[0].tolist(), strict=False))
     bm25 = mem._bm25.search(query, depth)
     links = mem._links
-    reply = 1 if mem.reply_weight else 0
+    reply = 1 if mem.reply_weight and mem.context_turns else 0
     seeds = dict.fromkeys(itertools.chain((i for i, _ in dense), (i for i, _ in bm25)))
     cands = links.around(seeds, before=reply, after=min(mem.context_turns, 2))
 
@@ -146,8 +146,19 @@ def _check(mem: RAGMemory, rng: random.Random, queries: int) -> None:
         {"context_turns": 8, "context_weight": 0.9},
         {"thread_weight": 0.0},
         {"thread_weight": 1.0, "context_weight": 0.0, "reply_weight": 0.0},
+        {"thread_weight": 1.0, "context_turns": 0},  # the thread only: no neighbours, no reply
     ],
-    ids=["zscore", "minmax", "convex", "rrf", "no-reply", "long-context", "no-thread", "thread"],
+    ids=[
+        "zscore",
+        "minmax",
+        "convex",
+        "rrf",
+        "no-reply",
+        "long-context",
+        "no-thread",
+        "thread",
+        "thread-only",
+    ],
 )
 def test_vectorised_ranking_equals_the_per_candidate_reference(options):
     messages = _corpus(seed=3)
