@@ -18,7 +18,10 @@ Ranking (``mode``):
     (weighted ``context_weight``, its square, ...) and its next turn (``reply_weight``)
     score above the candidates' mean. A reply such as "Yes! That's the one I told you
     about" is found through the turn it answers; a turn among unrelated chatter gains
-    nothing from it.
+    nothing from it. ``context_turns=0``: no neighbours and no reply.
+  - *Thread relevance* (``thread_weight``): on the keyword side each candidate gains a
+    share of what all candidates of its thread score above the candidates' mean, so the
+    conversation a query is about outranks look-alike lines of other conversations.
   - *Fusion* (``fusion``) of the two sides: ``"zscore"`` (default), the weighted mean of
     both sides' standard scores over the candidates (how many deviations a candidate
     stands out by), rescaled to 1.0 for the best candidate and 0.0 for the weakest; a
@@ -38,10 +41,11 @@ Ranking (``mode``):
   embedded yet. BM25 indexes the speaker's name with the text (``index_names``). The
   defaults were tuned on the train questions of ``benchmarks/bench_recall.py`` (long
   multi-session dialogues); on its test questions at 10k messages hybrid puts
-  0.82 of the evidence turns in the top 10 (dense alone 0.45, BM25 alone
-  0.68; the 0.x hybrid 0.47). ``context_turns=0`` with ``fusion="rrf"``,
-  ``dense_weight=1.5``, ``candidates=50``, no time weights and ``index_names=False`` is
-  the 0.x ranking.
+  0.92 of the evidence turns in the top 10 (dense alone 0.45, BM25 alone 0.68; the 0.x
+  hybrid 0.47), at 100k 0.85 (dense 0.32, BM25 0.66). ``context_turns=0`` with
+  ``thread_weight=0``, ``fusion="rrf"``, ``dense_weight=1.5``, ``candidates=50``, no time
+  weights and ``index_names=False`` is the 0.x ranking. For a store of independent notes
+  (no conversation around them) ``context_turns=0, dense_weight=1.5`` ranks better.
 
 Persistence: with a ``store`` the store is the source of truth. Every add and remove is
 written through to it under ``key`` before memory changes, and a new ``RAGMemory`` loads
@@ -915,8 +919,10 @@ class RAGMemory(SharedVectors, Closing):
         hit may owe its meaning to it). On each side (cosine, BM25) a candidate's score in
         context is ``own + sum(context_weight ** i * lent(i-th turn before)) +
         reply_weight * lent(next turn)``, where a turn lends ``max(0, own - mean)`` (the
-        mean of the candidates' own scores on that side); the two sides are then fused as
-        usual. Candidates carry their own cosine and BM25 scores. ``query_scores`` (None:
+        mean of the candidates' own scores on that side). On the BM25 side each candidate
+        also gains ``thread_weight`` times the sum of what its thread's candidates lend,
+        less the weakest thread's sum. The two sides are then fused as usual. Candidates
+        carry their own cosine and BM25 scores. ``query_scores`` (None:
         no dense side) gives the cosines, of the index the dense hits came from.
         """
         links = self._links
