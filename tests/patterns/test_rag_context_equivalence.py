@@ -107,16 +107,16 @@ def _reference(mem: RAGMemory, query: str, qvec: np.ndarray, depth: int) -> list
     return [(mid, f, cosine(mid), keywords(mid)) for mid, f, _, _ in fused]
 
 
-def _check(mem: RAGMemory, rng: random.Random, queries: int) -> None:
+def _check(mem: RAGMemory, rng: random.Random, queries: int, depth: int = 40) -> None:
     for _ in range(queries):
         query = " ".join(rng.choices(WORDS, k=rng.randint(2, 6)))
         qvec = mem._embed_query(query)
-        ids, _ = mem._index.search(qvec, 40)  # type: ignore[union-attr]
+        ids, _ = mem._index.search(qvec, depth)  # type: ignore[union-attr]
         dense = mem._links.slots(ids[0])  # the dense hits as thread slots
         scores = mem._index.query_scores(qvec)  # type: ignore[union-attr]
-        got = mem._rank_in_context(query, scores, dense, mem._bm25.search(query, 40))
-        want = _reference(mem, query, qvec, 40)
-        assert len(got) > 40
+        got = mem._rank_in_context(query, scores, dense, mem._bm25.search(query, depth))
+        want = _reference(mem, query, qvec, depth)
+        assert len(got) > depth
         assert [c[0] for c in got] == [c[0] for c in want]
         for (_, f, d, b), (_, wf, wd, wb) in zip(got, want, strict=True):
             assert f == pytest.approx(wf, abs=1e-6)
@@ -183,6 +183,24 @@ def test_vectorised_ranking_equals_the_per_candidate_reference(options):
         mem._index.add(shuffled, mem._index.vectors(shuffled[::-1]))  # new labels
         mem._index.remove([m.message_id for m in messages[3::11]])  # no vector now
         _check(mem, rng, 12)
+    finally:
+        mem.close()
+
+
+def test_thread_relevance_over_many_sparse_threads_equals_the_reference():
+    # thread numbers far apart (thousands of threads, few candidates): the relevance is
+    # summed per thread through np.unique rather than by counting numbers directly
+    rng = random.Random(8)
+    mem = RAGMemory(HashingEmbedder(), background=False, candidates=20)
+    try:
+        mem.add_many(
+            Message.user(
+                " ".join(rng.choices(WORDS, k=rng.randint(3, 12))),
+                metadata={"thread": f"t{i}" if i % 3 else f"shared{i % 4}"},
+            )
+            for i in range(3000)
+        )
+        _check(mem, rng, 8, depth=20)
     finally:
         mem.close()
 
