@@ -77,6 +77,7 @@ import itertools
 import logging
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, overload
@@ -93,8 +94,9 @@ from marsys_mem.exceptions import (
 from marsys_mem.lifecycle import Closing
 from marsys_mem.model.messages import Message
 from marsys_mem.patterns.shared_vectors import SharedVectors
+from marsys_mem.retrieval.ahead import WorkAhead
 from marsys_mem.retrieval.bm25 import BM25Index
-from marsys_mem.retrieval.dates import asks_when, mentions_time, query_period
+from marsys_mem.retrieval.dates import Period, asks_when, mentions_time, query_period
 from marsys_mem.retrieval.embeddings import Embedder, default_embedder, embed_query
 from marsys_mem.retrieval.index import FaissIndex, QueryScores
 from marsys_mem.retrieval.ingest import EmbeddingQueue
@@ -141,6 +143,27 @@ _SPREAD = 2
 """How many turns after a hit become candidates (each is still scored with all its context)."""
 _CUED = 100
 """How many of the best hybrid candidates the time cues may lift."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Cues:
+    """What a hybrid query gives before its vector, worked out beside the forward pass.
+
+    ``bm25`` holds the best ``depth`` keyword hits and ``bm25_slots`` their thread slots,
+    read when the keyword index was at ``generation`` (used only while it still is, for
+    the same depth: the thread links change with the keyword index).
+    """
+
+    period: Period | None
+    when: bool
+    bm25: list[tuple[str, float]]
+    bm25_slots: SlotArray
+    depth: int
+    generation: int
+
+    def current(self, bm25: BM25Index, depth: int) -> bool:
+        """Whether the keyword hits still hold for ``bm25`` at ``depth``."""
+        return self.depth == depth and self.generation == bm25.generation
 
 
 class _Ranked(Sequence[Candidate]):
@@ -774,9 +797,33 @@ class RAGMemory(SharedVectors, Closing):
         if self._shared:
             self._catch_up()
         self._wait()
-        qvec = self._embed_query(query) if resolved != "bm25" else None
+        if resolved == "bm25":
+            with self._lock:
+                return self._search_locked(query, None, k, min_score, resolved, keep)
+        cues: WorkAhead[_Cues] | None = None
+        if resolved == "hybrid":  # the keyword side runs beside the model's forward pass
+            depth = self._depth(k, keep)
+            cues = WorkAhead.start(lambda: self._query_cues(query, depth))
+        qvec = self._embed_query(query)
+        # (the cues before the lock: their job takes it)
+        ready = cues.result() if cues is not None else None
         with self._lock:
-            return self._search_locked(query, qvec, k, min_score, resolved, keep)
+            return self._search_locked(query, qvec, k, min_score, resolved, keep, ready)
+
+    def _depth(self, k: int, keep: MessageFilter | None) -> int:
+        """How many candidates a search fetches first."""
+        return max(k, self.candidates) if keep is None else max(4 * k, self.candidates)
+
+    def _query_cues(self, query: str, depth: int) -> _Cues:
+        """The query's time cues and best ``depth`` keyword hits (see :class:`_Cues`)."""
+        period = query_period(query) if self.time_weight else None
+        when = bool(self.when_weight) and asks_when(query)
+        with self._lock:
+            bm25 = self._bm25
+            bm25.prepare(query)  # every document's score: the candidates' are read later
+            hits = bm25.search(query, depth)
+            slots = self._links.slots([mid for mid, _ in hits])
+            return _Cues(period, when, hits, slots, depth, bm25.generation)
 
     def _embed_query(self, query: str) -> npt.NDArray[np.float32]:
         """The query's vector, through the embedder's query cache when it has one."""
@@ -835,14 +882,15 @@ class RAGMemory(SharedVectors, Closing):
         min_score: float | None,
         mode: SearchMode,
         keep: MessageFilter | None,
+        cues: _Cues | None = None,
     ) -> list[ScoredMessage]:
         total = len(self._messages)
         if total == 0:
             return []
-        depth = max(k, self.candidates) if keep is None else max(4 * k, self.candidates)
+        depth = self._depth(k, keep)
         messages = self._messages
         while True:
-            ranked, exhausted = self._rank(query, qvec, mode, depth)
+            ranked, exhausted = self._rank(query, qvec, mode, depth, cues)
             hits: list[ScoredMessage] = []
             for mid, score, dense, bm25 in ranked:
                 if min_score is not None and score < min_score:
@@ -864,8 +912,13 @@ class RAGMemory(SharedVectors, Closing):
         qvec: npt.NDArray[np.float32] | None,
         mode: SearchMode,
         depth: int,
+        cues: _Cues | None = None,
     ) -> tuple[Sequence[Candidate], bool]:
-        """Candidates ``(id, score, dense, bm25)`` best first, and whether none are left."""
+        """Candidates ``(id, score, dense, bm25)`` best first, and whether none are left.
+
+        ``cues``: worked out ahead for this query (their keyword hits are used if still
+        current for this depth).
+        """
         in_context = mode == "hybrid" and (
             bool(self.thread_weight)
             or (bool(self.context_turns) and bool(self.context_weight or self.reply_weight))
@@ -891,9 +944,13 @@ class RAGMemory(SharedVectors, Closing):
                 dense = [(m, s) for m, s in hits if m in messages]
             dense_done = depth >= n
         bm25: list[tuple[str, float]] = []
+        bm25_slots: SlotArray | None = None
         bm25_done = True
         if mode != "dense":
-            bm25 = self._bm25.search(query, depth)
+            if cues is not None and cues.current(self._bm25, depth):
+                bm25, bm25_slots = cues.bm25, cues.bm25_slots
+            else:
+                bm25 = self._bm25.search(query, depth)
             bm25_done = len(bm25) < depth
         done = dense_done and bm25_done
         if mode == "dense":
@@ -901,17 +958,19 @@ class RAGMemory(SharedVectors, Closing):
         if mode == "bm25":
             return [(mid, s, None, s) for mid, s in bm25], done
         if in_context:
-            ranked = self._rank_in_context(query, query_scores, dense_slots, bm25)
+            if bm25_slots is None:
+                bm25_slots = self._links.slots([mid for mid, _ in bm25])
+            ranked = self._rank_in_context(query, query_scores, dense_slots, bm25_slots)
         else:
             ranked = _Ranked.of(self._links, self._fuse(query, qvec, dense, bm25))
-        return self._adjust(query, ranked), done
+        return self._adjust(query, ranked, cues), done
 
     def _rank_in_context(
         self,
         query: str,
         query_scores: QueryScores | None,
         dense_slots: SlotArray | None,
-        bm25: list[tuple[str, float]],
+        bm25_slots: SlotArray,
     ) -> _Ranked:
         """Rank the hits and the turns around them by their scores in context (hybrid).
 
@@ -931,8 +990,8 @@ class RAGMemory(SharedVectors, Closing):
         # candidates: the hits and the turns around them, as slots of the thread links
         # (which hold exactly the memory's messages: other ids get -1 and are dropped), in
         # first-seen order (a hit of both retrievers comes again, and is dropped)
-        hits = links.slots([mid for mid, _ in bm25])
-        if dense_slots is not None:  # the dense hits' slots (-1: ids the memory lacks)
+        hits = bm25_slots  # the keyword hits' slots (-1: ids the memory lacks)
+        if dense_slots is not None:  # the dense hits' slots
             hits = np.concatenate([dense_slots, hits])
         cand_slots = links.around_slots(hits, before=reply, after=min(turns, _SPREAD))
         n = len(cand_slots)
@@ -1006,12 +1065,15 @@ class RAGMemory(SharedVectors, Closing):
         dense_own = np.where(has_vec[where], own_d[where], np.nan)
         return _Ranked(links, cand_slots[order], fused, dense_own, own_b[where])
 
-    def _adjust(self, query: str, ranked: _Ranked) -> Sequence[Candidate]:
+    def _adjust(self, query: str, ranked: _Ranked, cues: _Cues | None) -> Sequence[Candidate]:
         """Time cues (``time_weight``, ``when_weight``), then session diversity."""
         if not len(ranked):
             return ranked
-        period = query_period(query) if self.time_weight else None
-        when = bool(self.when_weight) and asks_when(query)
+        if cues is not None:
+            period, when = cues.period, cues.when
+        else:
+            period = query_period(query) if self.time_weight else None
+            when = bool(self.when_weight) and asks_when(query)
         if period is not None or when:
             # only the best candidates are looked at (regex per text)
             best, rest = ranked.split(_CUED)

@@ -283,7 +283,28 @@ class BM25Index:
         self._last = None
         self._len_array = np.zeros(64)
 
+    @property
+    def generation(self) -> int:
+        """A number that changes whenever the index does.
+
+        Results read at one generation hold while it lasts.
+        """
+        return self._generation
+
     # ------------------------------------------------------------------ reading
+    def prepare(self, query: str) -> None:
+        """Do a query's work ahead: its terms and every document's score.
+
+        The next :meth:`search`, :meth:`slot_scores` or :meth:`score_array` for the same
+        query reuse it while the index is unchanged (another query's work replaces it).
+
+        Raises:
+            TypeError: ``query`` is not a string.
+        """
+        terms = self._query_terms(query)
+        if terms:
+            self._accumulate(terms)
+
     def search(self, query: str, k: int = 10) -> list[tuple[str, float]]:
         """The ``k`` best ``(doc_id, score)`` pairs for ``query``, best first.
 
@@ -300,7 +321,7 @@ class BM25Index:
         if not terms:
             return []
         ids = self._ids
-        if sum(len(self._postings[t]) for t in terms) <= _NUMPY_FROM:
+        if not self._prepared(terms) and sum(len(self._postings[t]) for t in terms) <= _NUMPY_FROM:
             scores = self._score_dict(terms)
             best = heapq.nlargest(k, scores.items(), key=_by_score_then_slot)
             return [(ids[slot], score) for slot, score in best]  # type: ignore[misc]
@@ -413,6 +434,11 @@ class BM25Index:
         acc, hit = self._accumulate(terms)
         found = np.flatnonzero(hit)
         return found, acc[found]
+
+    def _prepared(self, terms: list[str]) -> bool:
+        """Whether :meth:`_accumulate` has these terms' scores at hand."""
+        last = self._last
+        return last is not None and last[0] == (tuple(terms), self._generation, self.k1, self.b)
 
     def _accumulate(self, terms: list[str]) -> _Accumulated:
         """Every slot's score and whether it matches, vectorised (the last one is kept)."""

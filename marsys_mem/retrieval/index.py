@@ -50,6 +50,69 @@ _faiss_untyped: Any = faiss  # for the parts faiss's own type stubs leave out
 
 _TOMBSTONE_RATIO = 0.2
 
+COARSE_FROM = 4096
+"""Vectors from which a flat index scores one query's candidates from 8-bit codes first
+(see :meth:`FaissIndex.query_scores`)."""
+
+_COARSE_DEPTH = 2
+"""The codes pick ``_COARSE_DEPTH * k`` candidates for the exact ``k`` best (on MiniLM
+vectors, 1.5x already found every exact top 100 of 619 queries over 9,000 vectors)."""
+
+_COARSE_MARGIN = 0.1
+"""The codes' range: the trained vectors' min..max, widened by this share on each side."""
+
+
+class _Coarse:
+    """8-bit codes of a flat storage's vectors, row for row (a faiss scalar quantizer).
+
+    One code is a quarter of the vector's bytes, so scanning the codes of 10k vectors
+    right after the model's forward pass (which leaves none of them in the CPU caches)
+    takes about half the time of scanning the vectors. The range is trained on the
+    vectors present when the codes are made; rows appended later are coded as they come,
+    and a row outside that range has the codes retrained on every row.
+    """
+
+    __slots__ = ("_dim", "_range", "_sq")
+
+    def __init__(self, dim: int) -> None:
+        self._dim = dim
+        self._sq: Any = None
+        self._range = (0.0, 0.0)
+
+    @property
+    def rows(self) -> int:
+        """How many rows are coded."""
+        return 0 if self._sq is None else int(self._sq.ntotal)
+
+    def sync(self, vectors: FloatArray) -> None:
+        """Code the rows of ``vectors`` (the whole storage) that are not coded yet."""
+        start = self.rows
+        fresh = vectors[start:]
+        if not len(fresh):
+            return
+        lo, hi = self._range
+        if self._sq is None or fresh.min() < lo or fresh.max() > hi:
+            sq = _faiss_untyped.IndexScalarQuantizer(
+                self._dim, faiss.ScalarQuantizer.QT_8bit_uniform, faiss.METRIC_INNER_PRODUCT
+            )
+            sq.sq.rangestat_arg = _COARSE_MARGIN
+            sq.train(vectors)
+            vmin, vdiff = faiss.vector_to_array(sq.sq.trained).tolist()
+            self._sq, self._range, fresh = sq, (vmin, vmin + vdiff), vectors
+        self._sq.add(fresh)
+
+    def remove_rows(self, rows: npt.NDArray[np.int64]) -> None:
+        """Drop coded rows; the rest close up in order (as a flat storage's rows do)."""
+        rows = rows[rows < self.rows]
+        if len(rows):
+            self._sq.remove_ids(faiss.IDSelectorBatch(rows))
+
+    def best_rows(self, query: FloatArray, k: int) -> npt.NDArray[np.int64]:
+        """The rows of the ``k`` best codes for ``query`` (shape ``(dim,)``), ascending."""
+        _, rows = self._sq.search(query[None, :], k)
+        found: npt.NDArray[np.int64] = np.sort(rows[0][rows[0] >= 0])
+        return found
+
 
 @contextlib.contextmanager
 def single_thread() -> Iterator[None]:
@@ -149,9 +212,10 @@ class QueryScores:
     (faiss's kernel, one thread, the vectors read in place) when it is made; :meth:`top`
     and :meth:`label_scores` then read that array, so the best vectors and the scores of
     any others (their neighbours in a thread) cost one read of the vectors, not two. It
-    answers for the vectors stored when it was made (later changes are not seen). An HNSW
-    index searches its graph for :meth:`top` and reads the asked-for vectors for
-    :meth:`label_scores`, at call time.
+    answers for the vectors stored when it was made (later changes are not seen). From
+    :data:`COARSE_FROM` vectors, a flat index instead scans 8-bit codes of its vectors for
+    :meth:`top` (see :meth:`FaissIndex.query_scores`); an HNSW index searches its graph;
+    both then read the asked-for vectors for :meth:`label_scores`, at call time.
     """
 
     def __init__(
@@ -164,7 +228,7 @@ class QueryScores:
     ) -> None:
         self._index = index
         self._query = query
-        self._scores = scores  # row -> inner product (flat), None: HNSW
+        self._scores = scores  # row -> inner product (small flat), None: at call time
         self._rows = rows  # label -> row, -1: none (one spare -1 cell at the end)
         self._row_labels = row_labels  # row -> label
 
@@ -184,7 +248,7 @@ class QueryScores:
         """
         k_int = _check_k(k)
         if self._scores is None:
-            return self._index.search_labels(self._query[None, :], k_int)
+            return self._index.best_labels(self._query[None, :], k_int)
         assert self._row_labels is not None
         n = len(self._scores)
         k_eff = min(k_int, n)
@@ -286,6 +350,8 @@ class FaissIndex:
         self._rows: npt.NDArray[np.int64] | None = None
         # row -> label, set with ``_rows`` (and stale with it)
         self._row_labels: npt.NDArray[np.int64] | None = None
+        # 8-bit codes of a large flat storage, made by the first query_scores that wants them
+        self._coarse: _Coarse | None = None
 
     # ----------------------------------------------------------------- properties
 
@@ -354,6 +420,7 @@ class FaissIndex:
                 )
         self._index, self._inner, self._kind = index, inner, kind
         self._rows = None
+        self._coarse = None
         self._dead.clear()
         self._dead_selector = None
 
@@ -374,11 +441,16 @@ class FaissIndex:
             return
         self._rows = None  # flat: the storage closes the gaps (rows move); HNSW: tombstones
         if self._kind == "flat":
-            removed = self._index.remove_ids(
-                faiss.IDSelectorBatch(np.asarray(labels, dtype=np.int64))
-            )
+            dropped = np.asarray(labels, dtype=np.int64)
+            coded: npt.NDArray[np.int64] | None = None
+            if self._coarse is not None and self._coarse.rows:  # the rows that go, in order
+                row_labels = faiss.vector_to_array(self._index.id_map)
+                coded = np.flatnonzero(np.isin(row_labels, dropped)).astype(np.int64)
+            removed = self._index.remove_ids(faiss.IDSelectorBatch(dropped))
             if removed != len(labels):  # pragma: no cover - would be a bookkeeping bug
                 raise StoreError(f"faiss removed {removed} of {len(labels)} vectors")
+            if coded is not None and self._coarse is not None:
+                self._coarse.remove_rows(coded)
         else:
             self._dead.update(labels)
             self._dead_selector = None
@@ -459,6 +531,7 @@ class FaissIndex:
             self._kind = "hnsw" if self._requested == "hnsw" else "flat"
             self._index, self._inner = self._new_faiss(self._kind)
             self._rows = None
+            self._coarse = None
             self._dead.clear()
             self._dead_selector = None
 
@@ -664,7 +737,7 @@ class FaissIndex:
             raise EmbeddingError(f"query_scores takes one query row, got {query.shape[0]}")
         row = np.ascontiguousarray(query[0])
         with self._lock:
-            if self._kind == "hnsw":
+            if self._kind == "hnsw" or self._inner.ntotal >= COARSE_FROM:
                 return QueryScores(self, row, None, None, None)
             rows = self._storage_rows()
             ntotal = int(self._inner.ntotal)
@@ -679,6 +752,57 @@ class FaissIndex:
                 )
             assert self._row_labels is not None  # set by _storage_rows
             return QueryScores(self, row, scores, rows, self._row_labels)
+
+    def best_labels(
+        self, vector: FloatArray, k: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+        """The labels of the ``k`` best live vectors for one query, and their scores.
+
+        What :meth:`QueryScores.top` reads for a large flat or an HNSW index; for those
+        below :data:`COARSE_FROM` vectors, the same as :meth:`search_labels`. From
+        :data:`COARSE_FROM` vectors, a flat index scans the 8-bit codes of its vectors
+        for the ``2 * k`` best, then scores those exactly and keeps the ``k`` best (equal
+        scores: as faiss's own heap has them). That equals :meth:`search_labels` unless a
+        vector of the exact ``k`` best has a code outside the codes' ``2 * k`` best (the
+        codes' error is about 1e-3 on unit vectors; not seen on MiniLM's).
+
+        Args:
+            vector: one query, shape ``(1, dim)``.
+            k: results wanted (>= 1).
+
+        Raises:
+            EmbeddingError: ``k`` is not a positive int, or a bad query vector.
+        """
+        k = _check_k(k)
+        checked = check_vectors(vector, self._dim)
+        if checked.shape[0] != 1:
+            raise EmbeddingError(f"best_labels takes one query row, got {checked.shape[0]}")
+        query = np.ascontiguousarray(checked[0])
+        with self._lock:
+            if self._kind == "hnsw" or self._inner.ntotal < COARSE_FROM:
+                return self.search_labels(query[None, :], k)
+            ntotal = int(self._inner.ntotal)
+            vectors = faiss.rev_swig_ptr(self._inner.get_xb(), ntotal * self._dim)
+            if self._coarse is None:
+                self._coarse = _Coarse(self._dim)
+            self._coarse.sync(vectors.reshape(ntotal, self._dim))
+            rows = self._coarse.best_rows(query, min(_COARSE_DEPTH * k, ntotal))
+            exact = np.empty(len(rows), dtype=np.float32)
+            _faiss_untyped.fvec_inner_products_by_idx(
+                faiss.swig_ptr(exact),
+                faiss.swig_ptr(query),
+                self._inner.get_xb(),
+                faiss.swig_ptr(rows),
+                self._dim,
+                1,
+                len(rows),
+            )
+            # as faiss's heap: of equal scores the earlier rows are kept, the later listed first
+            kept = np.lexsort((rows, -exact))[:k]
+            best = kept[np.lexsort((-rows[kept], -exact[kept]))]
+            self._storage_rows()
+            assert self._row_labels is not None  # set by _storage_rows
+            return self._row_labels[rows[best]], exact[best]
 
     def ids_of_labels(self, labels: npt.NDArray[np.int64]) -> list[str]:
         """The id of each live label (from :meth:`search_labels`)."""

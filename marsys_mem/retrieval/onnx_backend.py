@@ -304,7 +304,14 @@ class OnnxModel:
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
         for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
-            encodings = self._tokenizer.encode_batch([texts[i] for i in rows])
+            if len(rows) == 1:
+                # not encode_batch: it lets go of the GIL, and a thread that takes it then
+                # (e.g. RAGMemory's work beside the forward pass) holds this one up for as
+                # long as it runs; encode keeps the GIL until the session does run (and
+                # releases it for the whole forward pass)
+                encodings = [self._tokenizer.encode(texts[rows[0]])]
+            else:
+                encodings = self._tokenizer.encode_batch([texts[i] for i in rows])
             feed = {
                 name: np.array([getattr(e, field) for e in encodings], dtype=np.int64)
                 for name, field in self._inputs

@@ -276,3 +276,33 @@ def test_diversify_spreads_groups_and_keeps_scores_sorted():
     assert sorted(c[0] for c in out) == sorted(c[0] for c in ranked)
     assert all(a[1] >= b[1] for a, b in itertools.pairwise(out))
     assert diversify(ranked, lambda mid: mid[:2], 0.0) == ranked
+
+
+def test_the_keyword_side_worked_out_beside_the_model_gives_the_same_ranking():
+    """search() works out the keyword hits and time cues on a helper thread while the
+    query is embedded; ranked with them or without, a query gets the same hits, and cues
+    read before the memory changed are not used (the new message is found)."""
+    with RAGMemory(HashingEmbedder(), background=False) as mem:
+        _fill(mem)
+        mem.add_many([_msg(f"{t} (day {i})", f"s{i % 3}") for i, t in
+                      enumerate(FILLER * 5)])
+        queries = [ASK, "Which ramen place for lunch?", "battery of the laptop last week",
+                   "when did it rain?", "offsite next quarter"]
+        for query in queries:
+            qvec = mem._embed_query(query)
+            depth = mem._depth(10, None)
+            cues = mem._query_cues(query, depth)
+            with mem._lock:
+                ahead = mem._search_locked(query, qvec, 10, None, "hybrid", None, cues)
+                alone = mem._search_locked(query, qvec, 10, None, "hybrid", None, None)
+            assert [(h.id, h.score) for h in ahead] == [(h.id, h.score) for h in alone]
+            assert [h.id for h in mem.search(query, k=10)] == [h.id for h in alone]
+        query = "zebra crossing near the stadium"
+        stale = mem._query_cues(query, mem._depth(5, None))
+        assert stale.bm25 == []
+        new = mem.add(_msg("The zebra crossing near the stadium is repainted.", "s9"))
+        assert not stale.current(mem._bm25, mem._depth(5, None))
+        with mem._lock:
+            hits = mem._search_locked(query, mem._embed_query(query), 5, None, "hybrid",
+                                      None, stale)
+        assert hits[0].id == new

@@ -107,6 +107,11 @@ def _reference(mem: RAGMemory, query: str, qvec: np.ndarray, depth: int) -> list
     return [(mid, f, cosine(mid), keywords(mid)) for mid, f, _, _ in fused]
 
 
+def _keyword_slots(mem: RAGMemory, query: str, depth: int) -> np.ndarray:
+    """The thread slots of the best ``depth`` BM25 hits."""
+    return mem._links.slots([mid for mid, _ in mem._bm25.search(query, depth)])
+
+
 def _check(mem: RAGMemory, rng: random.Random, queries: int, depth: int = 40) -> None:
     for _ in range(queries):
         query = " ".join(rng.choices(WORDS, k=rng.randint(2, 6)))
@@ -114,7 +119,7 @@ def _check(mem: RAGMemory, rng: random.Random, queries: int, depth: int = 40) ->
         ids, _ = mem._index.search(qvec, depth)  # type: ignore[union-attr]
         dense = mem._links.slots(ids[0])  # the dense hits as thread slots
         scores = mem._index.query_scores(qvec)  # type: ignore[union-attr]
-        got = mem._rank_in_context(query, scores, dense, mem._bm25.search(query, depth))
+        got = mem._rank_in_context(query, scores, dense, _keyword_slots(mem, query, depth))
         want = _reference(mem, query, qvec, depth)
         assert len(got) > depth
         assert [c[0] for c in got] == [c[0] for c in want]
@@ -215,7 +220,7 @@ def test_lazy_candidates_read_like_the_list_they_stand_for():
         ids, _ = mem._index.search(qvec, 40)  # type: ignore[union-attr]
         dense = mem._links.slots(ids[0])  # the dense hits as thread slots
         scores = mem._index.query_scores(qvec)  # type: ignore[union-attr]
-        ranked = mem._rank_in_context(query, scores, dense, mem._bm25.search(query, 40))
+        ranked = mem._rank_in_context(query, scores, dense, _keyword_slots(mem, query, 40))
         made = list(ranked)
         assert len(made) == len(ranked) > 40
         assert made[:5] == ranked[:5]

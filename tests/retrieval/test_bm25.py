@@ -210,6 +210,29 @@ def test_long_postings_are_scored_like_short_ones():
             assert idx.search(query, k) == _reference(idx, query, k)
 
 
+def test_prepared_queries_search_and_score_as_unprepared_ones():
+    """prepare() does a query's work ahead (every document's score); search and
+    slot_scores then read it, with the same results as without, short postings included,
+    and the generation tells when the index changed (the work is redone)."""
+    idx, plain = BM25Index(), BM25Index()
+    for index in (idx, plain):
+        index.add_many(_corpus(400))
+    queries = ["hello weather", "term1 movie", "term7", "term3 term9 friend", "zebra"]
+    for query in queries:
+        idx.prepare(query)
+        for k in (1, 7, 500):
+            assert idx.search(query, k) == plain.search(query, k) == _reference(idx, query, k)
+        slots = idx.slots([d for d, _ in _corpus(400)[::13]] + ["nope"])
+        assert idx.slot_scores(query, slots).tolist() == plain.slot_scores(query, slots).tolist()
+    before = idx.generation
+    idx.prepare("term1 movie")
+    idx.add("new", "term1 movie term1 movie")
+    assert idx.generation != before
+    assert idx.search("term1 movie", 3)[0][0] == "new"
+    with pytest.raises(TypeError):
+        idx.prepare(3)  # type: ignore[arg-type]
+
+
 @given(
     ops=st.lists(
         st.tuples(

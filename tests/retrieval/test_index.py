@@ -9,7 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from marsys_mem.exceptions import EmbeddingError, IndexCorruptError, StoreError
-from marsys_mem.retrieval.index import FORMAT_VERSION, FaissIndex, VectorIndex, single_thread
+from marsys_mem.retrieval.index import (
+    COARSE_FROM,
+    FORMAT_VERSION,
+    FaissIndex,
+    VectorIndex,
+    single_thread,
+)
 
 DIM = 8
 
@@ -119,6 +125,52 @@ def test_query_scores_match_search_and_inner_products(kind):
         assert np.isnan(got_ip[-2:]).all()
     with pytest.raises(EmbeddingError, match="one query row"):
         index.query_scores(np.zeros((2, DIM), dtype=np.float32))
+
+
+def test_a_large_flat_index_finds_its_best_through_codes_as_an_exact_search_does(tmp_path):
+    """From COARSE_FROM vectors, query_scores().top() scans 8-bit codes, then scores the
+    codes' best exactly: the same labels, order (ties too) and scores as search_labels,
+    while vectors are appended, removed (rows close up), replaced, fall outside the codes'
+    range (retrained), and after a save and load (codes made again)."""
+    dim, rng = 32, np.random.default_rng(11)
+    index = FaissIndex(dim, "flat")
+    n = COARSE_FROM + 300
+    vecs = unit(rng, n, dim)
+    vecs[7] = vecs[900] = vecs[3000] = vecs[4100]  # equal scores, across the storage
+    index.add([f"id{i}" for i in range(n)], vecs)
+
+    def check(index: FaissIndex, queries: np.ndarray) -> None:
+        for query in queries:
+            scores = index.query_scores(query[None, :])
+            for k in (1, 3, 10, 100):
+                labels, got = scores.top(k)
+                want_labels, want = index.search_labels(query[None, :], k)
+                assert labels.tolist() == want_labels.tolist()
+                np.testing.assert_allclose(got, want, atol=1e-6)
+            asked = index.labels(index.ids()[:50])
+            want_ip = index.inner_products(index.ids()[:50], query)
+            np.testing.assert_allclose(scores.label_scores(asked), want_ip, atol=1e-6)
+
+    near = vecs[rng.integers(0, n, 20)] + 0.2 * unit(rng, 20, dim)
+    queries = np.concatenate([vecs[[7, 11]], near / np.linalg.norm(near, axis=1)[:, None]])
+    check(index, queries)
+    assert index._coarse is not None
+    assert index._coarse.rows == n
+    index.add([f"late{i}" for i in range(40)], unit(rng, 40, dim))  # appended: coded later
+    index.remove([f"id{i}" for i in range(0, 2000, 7)])  # rows close up in the codes too
+    index.add(["id5", "id901"], unit(rng, 2, dim))  # replaced
+    check(index, queries)
+    assert index._coarse.rows == len(index)
+    spike = np.zeros((1, dim), dtype=np.float32)
+    spike[0, 3] = 1.0  # a component far outside the codes' trained range: retrained
+    index.add(["spike"], spike)
+    check(index, np.concatenate([queries[:5], spike]))
+    assert index.query_scores(spike).top(1)[0].tolist() == index.labels(["spike"]).tolist()
+    index.save(tmp_path / "big.faiss")
+    loaded = FaissIndex.load(tmp_path / "big.faiss")
+    check(loaded, queries[:5])
+    loaded.remove(loaded.ids()[: len(loaded) - COARSE_FROM + 1])  # below: the exact scan
+    check(loaded, queries[:5])
 
 
 def test_query_scores_see_the_vectors_of_their_time():
