@@ -445,8 +445,7 @@ class RAGMemory(SharedVectors, Closing):
         self._says_when: dict[str, bool] = {}  # message -> mentions_time(text), when first asked
         self._bm25 = BM25Index(k1=k1, b=b)
         self._links = ThreadLinks()
-        # per thread slot: the message's BM25 slot and vector label, looked up once
-        self._bm25_memo = SlotMemo()
+        # per thread slot (which is also the message's BM25 slot): its vector label
         self._label_memo: tuple[FaissIndex | None, SlotMemo] = (None, SlotMemo())
         self._slot_memo: tuple[FaissIndex | None, LabelSlots] = (None, LabelSlots())
         self._index: FaissIndex | None = None
@@ -563,7 +562,16 @@ class RAGMemory(SharedVectors, Closing):
             log.debug("RAGMemory: message %s has no indexable text", m.message_id)
             return
         self._bm25.add(m.message_id, self._keyword_text(m, text))
-        self._links.add(m.message_id, self._thread_of(m))
+        self._link_locked(m)
+
+    def _link_locked(self, m: Message) -> None:
+        """Link a message BM25 just indexed into its thread, in BM25's slot.
+
+        One slot per message for both: a candidate's thread slot reads its keyword score.
+        """
+        slot = self._bm25.slot_of(m.message_id)
+        assert slot is not None  # indexed just before
+        self._links.add(m.message_id, self._thread_of(m), slot=slot)
 
     def _keyword_text(self, m: Message, text: str) -> str:
         """What BM25 indexes: the text, after the speaker's name (``index_names``)."""
@@ -656,7 +664,7 @@ class RAGMemory(SharedVectors, Closing):
             for m, text in zip(batch, texts, strict=True):
                 self._messages[m.message_id] = m
                 self._bm25.add(m.message_id, self._keyword_text(m, text))
-                self._links.add(m.message_id, self._thread_of(m))
+                self._link_locked(m)
             if vectors is not None:
                 assert self._index is not None
                 self._index.add(ids, vectors)
@@ -1014,9 +1022,7 @@ class RAGMemory(SharedVectors, Closing):
             has_vec[:-1] = ~np.isnan(cosines)
             own_d[:-1] = np.where(has_vec[:-1], cosines, 0.0)
         own_b = np.zeros(m + 1)
-        # BM25 slots never change while a message is in memory (removed: from both)
-        bm25_slots = self._bm25_memo.get(links, need, self._bm25.slots)
-        own_b[:-1] = self._bm25.slot_scores(query, bm25_slots)
+        own_b[:-1] = self._bm25.slot_scores(query, need)  # thread slots are BM25 slots
         # rows: the candidates, the turns 1 .. turns before them, the next turn
         grid = at[np.concatenate([cand_slots[None, :], lanes, nxt])]
         cand_at = grid[0]

@@ -380,6 +380,10 @@ class BM25Index:
         get = self._slots.get
         return np.fromiter((get(d, -1) for d in doc_ids), dtype=np.intp, count=len(doc_ids))
 
+    def slot_of(self, doc_id: str) -> int | None:
+        """The slot of ``doc_id`` (``None``: not indexed); kept until it is removed."""
+        return self._slots.get(doc_id)
+
     def slot_scores(self, query: str, slots: npt.NDArray[np.intp]) -> npt.NDArray[np.float64]:
         """BM25 scores of ``query`` for the documents in ``slots`` (0.0: no match, or ``-1``)."""
         out = np.zeros(len(slots))

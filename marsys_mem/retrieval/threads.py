@@ -82,29 +82,45 @@ class ThreadLinks:
     def __contains__(self, mid: object) -> bool:
         return mid in self._slot
 
-    def add(self, mid: str, thread: str) -> None:
+    def add(self, mid: str, thread: str, *, slot: int | None = None) -> None:
         """Append ``mid`` to the end of ``thread``.
 
+        Args:
+            mid: the message.
+            thread: its thread.
+            slot: the slot to give it (free or new): for a caller that keeps these slots
+                equal to another index's (``RAGMemory`` uses BM25's, so that a candidate's
+                slot reads its keyword score directly). Default: a free slot, else a new one.
+
         Raises:
-            ValueError: ``mid`` is already linked.
+            ValueError: ``mid`` is already linked, or ``slot`` is taken or negative.
         """
         if mid in self._slot:
             raise ValueError(f"message {mid!r} is already in a thread")
-        if self._free:
-            slot = self._free.pop()
-            self._ids[slot] = mid
-            self._thread[slot] = thread
+        if slot is None:
+            slot = self._free[-1] if self._free else len(self._thread)
+        elif slot < 0 or (slot < len(self._thread) and self._thread[slot] is not None):
+            raise ValueError(f"slot {slot} is taken or negative")
+        if slot < len(self._thread):  # a free slot
+            if self._free and self._free[-1] == slot:
+                self._free.pop()
+            else:
+                self._free.remove(slot)
         else:
-            slot = len(self._thread)
+            skipped = range(len(self._thread), slot)  # slots skipped over are free
+            self._free[:0] = reversed(skipped)
+            self._thread.extend([None] * len(skipped))
             self._thread.append(thread)
             if slot >= len(self._prev) - 1:
-                grow = np.full(len(self._prev), -1, dtype=np.intp)
+                size = max(len(self._prev), slot + 3 - len(self._prev))  # keep a last -1 cell
+                grow = np.full(size, -1, dtype=np.intp)
                 self._prev = np.concatenate([self._prev[:-1], grow])
                 self._next = np.concatenate([self._next[:-1], grow])
                 self._ids = np.concatenate([self._ids[:-1], np.full(len(grow), None)])
                 self._serial = np.concatenate([self._serial[:-1], grow.astype(np.int64)])
                 self._thread_no = np.concatenate([self._thread_no[:-1], grow])
-            self._ids[slot] = mid
+        self._ids[slot] = mid
+        self._thread[slot] = thread
         self._serial[slot] = self._added
         self._thread_no[slot] = self._thread_nos.setdefault(thread, len(self._thread_nos))
         self._added += 1

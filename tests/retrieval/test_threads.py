@@ -81,3 +81,42 @@ def test_random_adds_and_removes_match_a_list_model():
         for i, mid in enumerate(ms):
             assert links.before(mid, 3) == ms[max(0, i - 3) : i][::-1]
             assert links.after(mid, 3) == ms[i + 1 : i + 4]
+
+
+def test_a_given_slot_is_taken_free_or_new_and_skipped_slots_become_free():
+    links = ThreadLinks()
+    links.add("a", "t", slot=100)  # far past the end: the arrays grow, 0..99 are free
+    links.add("b", "t")
+    links.add("c", "u", slot=5)  # a free slot in the middle
+    assert links.slots(["a", "c"]).tolist() == [100, 5]
+    assert links.before("b", 2) == ["a"]
+    assert links.capacity > 100
+    assert links.walk(links.slots(["a"]), 1, forward=True).tolist() == [links.slots(["b"]).tolist()]
+    for bad in (100, 5, -1):
+        with pytest.raises(ValueError, match="taken or negative"):
+            links.add("d", "t", slot=bad)
+    assert "d" not in links
+    links.remove("c")
+    links.add("d", "t", slot=5)  # freed again: taken again
+    assert links.slots(["d"]).tolist() == [5]
+    used = {int(s) for s in links.slots(["a", "b", "d"])}
+    for i in range(200):  # the default fills the rest without touching a used slot
+        links.add(f"n{i}", "t")
+    assert len({int(s) for s in links.slots([f"n{i}" for i in range(200)])} | used) == 203
+
+
+def test_rag_memory_keeps_thread_slots_equal_to_bm25_slots():
+    """RAGMemory links each message in BM25's slot, through adds and removals, so a
+    candidate's thread slot reads its keyword score."""
+    from marsys_mem.patterns import RAGMemory
+
+    rng = random.Random(5)
+    with RAGMemory(None) as mem:
+        live: list[str] = []
+        for i in range(400):
+            if live and rng.random() < 0.35:
+                mem.remove(live.pop(rng.randrange(len(live))))
+            else:
+                live.append(mem.add(f"message {i} about topic{rng.randrange(9)}",
+                                    metadata={"thread": f"t{rng.randrange(4)}"}))
+        assert mem._links.slots(live).tolist() == mem._bm25.slots(live).tolist()
