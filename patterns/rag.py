@@ -127,6 +127,11 @@ _notice_given = False
 _notice_lock = threading.Lock()
 
 
+def _has_row(rows: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+    has: npt.NDArray[np.bool_] = rows >= 0
+    return has
+
+
 def _bm25_only_notice() -> None:
     global _notice_given
     with _notice_lock:
@@ -446,7 +451,8 @@ class RAGMemory(SharedVectors, Closing):
         self._bm25 = BM25Index(k1=k1, b=b)
         self._links = ThreadLinks()
         # per thread slot (which is also the message's BM25 slot): its vector label
-        self._label_memo: tuple[FaissIndex | None, SlotMemo] = (None, SlotMemo())
+        # per thread slot: the storage row of the message's vector, for one index layout
+        self._row_memo: tuple[FaissIndex | None, int, SlotMemo] = (None, -1, SlotMemo())
         self._slot_memo: tuple[FaissIndex | None, LabelSlots] = (None, LabelSlots())
         self._index: FaissIndex | None = None
         self._queue: EmbeddingQueue | None = None
@@ -1015,10 +1021,13 @@ class RAGMemory(SharedVectors, Closing):
         has_vec = np.zeros(m + 1, dtype=bool)
         index = self._index
         if query_scores is not None and index is not None:
-            if self._label_memo[0] is not index:  # labels belong to one index
-                self._label_memo = (index, SlotMemo())
-            labels = self._label_memo[1].get(links, need, index.labels, index.live_labels)
-            cosines = query_scores.label_scores(labels)
+            memo_index, layout, memo = self._row_memo
+            if memo_index is not index or layout != index.layout:  # rows moved: look again
+                memo = SlotMemo()
+                self._row_memo = (index, index.layout, memo)
+            # "no vector" (-1) is looked up again: the vector may have come since
+            rows = memo.get(links, need, index.rows, _has_row)
+            cosines = query_scores.row_scores(rows)
             has_vec[:-1] = ~np.isnan(cosines)
             own_d[:-1] = np.where(has_vec[:-1], cosines, 0.0)
         own_b = np.zeros(m + 1)

@@ -263,6 +263,19 @@ class QueryScores:
             heap.reorder()
         return self._row_labels[rows], scores
 
+    def row_scores(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+        """The inner product with the vector in each storage row (NaN: ``-1``).
+
+        Args:
+            rows: from :meth:`FaissIndex.rows`, at the layout this was made at.
+        """
+        if self._scores is None:
+            return self._index.row_inner_products(rows, self._query)
+        out = np.full(len(rows), np.nan)
+        known = rows >= 0
+        out[known] = self._scores[rows[known]]
+        return out
+
     def label_scores(self, labels: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
         """The inner product with the vector of each label (NaN: none, or not live).
 
@@ -352,6 +365,7 @@ class FaissIndex:
         self._row_labels: npt.NDArray[np.int64] | None = None
         # 8-bit codes of a large flat storage, made by the first query_scores that wants them
         self._coarse: _Coarse | None = None
+        self._layout = 0  # bumped whenever a stored vector moves or goes (see layout)
 
     # ----------------------------------------------------------------- properties
 
@@ -359,6 +373,15 @@ class FaissIndex:
     def dim(self) -> int:
         """Dimension of the vectors."""
         return self._dim
+
+    @property
+    def layout(self) -> int:
+        """A number that changes whenever a stored vector moves or goes (not on appends).
+
+        Rows from :meth:`rows` hold while it is unchanged; a vector added later gets a
+        new row.
+        """
+        return self._layout
 
     @property
     def kind(self) -> Literal["flat", "hnsw"]:
@@ -421,6 +444,7 @@ class FaissIndex:
         self._index, self._inner, self._kind = index, inner, kind
         self._rows = None
         self._coarse = None
+        self._layout += 1
         self._dead.clear()
         self._dead_selector = None
 
@@ -440,6 +464,7 @@ class FaissIndex:
         if not labels:
             return
         self._rows = None  # flat: the storage closes the gaps (rows move); HNSW: tombstones
+        self._layout += 1
         if self._kind == "flat":
             dropped = np.asarray(labels, dtype=np.int64)
             coded: npt.NDArray[np.int64] | None = None
@@ -532,6 +557,7 @@ class FaissIndex:
             self._index, self._inner = self._new_faiss(self._kind)
             self._rows = None
             self._coarse = None
+            self._layout += 1
             self._dead.clear()
             self._dead_selector = None
 
@@ -585,6 +611,15 @@ class FaissIndex:
         get = self._label_of.get
         return np.fromiter((get(i, -1) for i in ids), dtype=np.int64, count=len(ids))
 
+    def rows(self, ids: Sequence[str]) -> npt.NDArray[np.int64]:
+        """The storage row of the vector of each of ``ids`` (``-1``: none).
+
+        For :meth:`row_inner_products`; rows hold while :attr:`layout` is unchanged.
+        """
+        with self._lock:
+            rows: npt.NDArray[np.int64] = self._storage_rows()[self.labels(ids)]
+            return rows
+
     def live_labels(self, labels: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
         """Whether each label still names a vector in the index (``-1``: no)."""
         with self._lock:
@@ -597,10 +632,6 @@ class FaissIndex:
     ) -> npt.NDArray[np.float64]:
         """The inner product of ``query`` with the vector of each label (NaN: not live).
 
-        One faiss call reads the stored vectors in place (one thread, no copy; numpy's
-        threaded BLAS is avoided: on a busy machine its threads wait for each other for
-        milliseconds).
-
         Args:
             labels: from :meth:`labels`.
             query: one vector, shape ``(dim,)``.
@@ -608,25 +639,44 @@ class FaissIndex:
         Raises:
             EmbeddingError: ``query`` has the wrong dimension.
         """
-        out = np.full(len(labels), np.nan)
+        with self._lock:
+            rows = self._storage_rows()[np.where(labels >= 0, labels, -1)]
+            return self.row_inner_products(rows, query)
+
+    def row_inner_products(
+        self, rows: npt.NDArray[np.int64], query: FloatArray
+    ) -> npt.NDArray[np.float64]:
+        """The inner product of ``query`` with the vector in each storage row (NaN: ``-1``).
+
+        One faiss call reads the stored vectors in place (one thread, no copy; numpy's
+        threaded BLAS is avoided: on a busy machine its threads wait for each other for
+        milliseconds).
+
+        Args:
+            rows: from :meth:`rows`, at the current :attr:`layout`.
+            query: one vector, shape ``(dim,)``.
+
+        Raises:
+            EmbeddingError: ``query`` has the wrong dimension.
+        """
+        out = np.full(len(rows), np.nan)
         vector = np.ascontiguousarray(query, dtype=np.float32).reshape(-1)
         if vector.shape[0] != self._dim:
             raise EmbeddingError(f"query has dimension {vector.shape[0]}, expected {self._dim}")
+        known = rows >= 0
+        wanted = np.ascontiguousarray(rows[known], dtype=np.int64)
+        if not len(wanted):
+            return out
+        found = np.empty(len(wanted), dtype=np.float32)
         with self._lock:
-            rows = self._storage_rows()[labels]
-            known = (rows >= 0) & (labels >= 0)
-            if not known.any():
-                return out
-            rows = np.ascontiguousarray(rows[known])
-            found = np.empty(len(rows), dtype=np.float32)
             _faiss_untyped.fvec_inner_products_by_idx(
                 faiss.swig_ptr(found),
                 faiss.swig_ptr(vector),
                 self._storage().get_xb(),
-                faiss.swig_ptr(rows),
+                faiss.swig_ptr(wanted),
                 self._dim,
                 1,
-                len(rows),
+                len(wanted),
             )
         out[known] = found
         return out
@@ -782,10 +832,11 @@ class FaissIndex:
             if self._kind == "hnsw" or self._inner.ntotal < COARSE_FROM:
                 return self.search_labels(query[None, :], k)
             ntotal = int(self._inner.ntotal)
-            vectors = faiss.rev_swig_ptr(self._inner.get_xb(), ntotal * self._dim)
             if self._coarse is None:
                 self._coarse = _Coarse(self._dim)
-            self._coarse.sync(vectors.reshape(ntotal, self._dim))
+            if self._coarse.rows < ntotal:
+                vectors = faiss.rev_swig_ptr(self._inner.get_xb(), ntotal * self._dim)
+                self._coarse.sync(vectors.reshape(ntotal, self._dim))
             rows = self._coarse.best_rows(query, min(_COARSE_DEPTH * k, ntotal))
             exact = np.empty(len(rows), dtype=np.float32)
             _faiss_untyped.fvec_inner_products_by_idx(
@@ -797,9 +848,12 @@ class FaissIndex:
                 1,
                 len(rows),
             )
-            # as faiss's heap: of equal scores the earlier rows are kept, the later listed first
-            kept = np.lexsort((rows, -exact))[:k]
-            best = kept[np.lexsort((-rows[kept], -exact[kept]))]
+            # as faiss's heap: of equal scores the earlier rows are kept (rows are ascending:
+            # a stable sort), and listed later row first
+            best = np.argsort(-exact, kind="stable")[:k]
+            found = exact[best]
+            if (found[1:] == found[:-1]).any():
+                best = best[np.lexsort((-rows[best], -found))]
             self._storage_rows()
             assert self._row_labels is not None  # set by _storage_rows
             return self._row_labels[rows[best]], exact[best]

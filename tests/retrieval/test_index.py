@@ -663,3 +663,30 @@ def test_hnsw_and_auto_only_return_live_ids(ops, k):
             assert np.all(np.diff(scores[0, : len(row)]) <= 1e-5)
             for id_, score in zip(row, scores[0], strict=True):
                 assert float(np.dot(model[id_], query[0])) == pytest.approx(float(score), abs=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw"])
+def test_rows_hold_while_the_layout_does_and_score_like_inner_products(kind):
+    """rows() names where vectors are stored; the layout changes when one moves or goes
+    (not on appends), and row_inner_products/row_scores read those rows."""
+    index, model = filled(kind, n=40)
+    query = unit(np.random.default_rng(8), 1)[0]
+    ids = ["id3", "nope", "id39", "id0"]
+    rows = index.rows(ids)
+    assert rows[1] == -1
+    assert (rows[[0, 2, 3]] >= 0).all()
+    want = [model["id3"] @ query, np.nan, model["id39"] @ query, model["id0"] @ query]
+    np.testing.assert_allclose(index.row_inner_products(rows, query), want, atol=1e-6)
+    np.testing.assert_allclose(index.query_scores(query[None, :]).row_scores(rows), want,
+                               atol=1e-6)
+    layout = index.layout
+    index.add(["late"], unit(np.random.default_rng(9), 1))  # appended: nothing moves
+    assert index.layout == layout
+    np.testing.assert_allclose(index.row_inner_products(rows, query), want, atol=1e-6)
+    index.remove(["id1"])  # flat: later rows move up; HNSW: a tombstone
+    assert index.layout != layout
+    layout = index.layout
+    index.add(["id3"], unit(np.random.default_rng(10), 1))  # replaced: the old vector goes
+    assert index.layout != layout
+    with pytest.raises(EmbeddingError, match="dimension"):
+        index.row_inner_products(rows, np.zeros(DIM + 1, dtype=np.float32))
