@@ -1038,8 +1038,9 @@ class RAGMemory(SharedVectors, Closing):
         # a neighbour lends only what it scores above the candidates' mean on that side:
         # every turn has some cosine to any query, and summing that noise over 6 neighbours
         # ranked messages by how chatty their surroundings are
-        lent_d = np.maximum(own_d - own_d[cand_at].mean(), 0.0)
-        lent_b = np.maximum(own_b - own_b[cand_at].mean(), 0.0)
+        # (the means as np.mean has them, without its Python wrapper)
+        lent_d = np.maximum(own_d - float(np.add.reduce(own_d[cand_at])) / n, 0.0)
+        lent_b = np.maximum(own_b - float(np.add.reduce(own_b[cand_at])) / n, 0.0)
         lent_d[-1] = lent_b[-1] = 0.0  # "no such turn"
         weights = [self.context_weight]
         for _ in range(turns - 1):
