@@ -47,6 +47,16 @@ Ranking (``mode``):
   weights and ``index_names=False`` is the 0.x ranking. For a store of independent notes
   (no conversation around them) ``context_turns=0, dense_weight=1.5`` ranks better.
 
+Speed: a hybrid search hands its keyword side (BM25 hits, their thread slots, every
+document's keyword score, the query's time cues) to a helper thread
+(:class:`~marsys_mem.retrieval.ahead.WorkAhead`) just before the model embeds the query:
+ONNX Runtime and PyTorch let go of the GIL for the forward pass, so that work is done by
+the time the vector is (it is redone if the memory changed in between). From 4,096 vectors
+the dense side scans 8-bit codes of the vectors for twice the candidates it needs and
+scores those exactly (see :meth:`~marsys_mem.retrieval.index.FaissIndex.best_labels`): the
+scan after a forward pass, which leaves no vector in the CPU caches, reads a quarter of
+the bytes.
+
 Persistence: with a ``store`` the store is the source of truth. Every add and remove is
 written through to it under ``key`` before memory changes, and a new ``RAGMemory`` loads
 the key's messages back. With ``index_path`` the vector index is saved there (atomically,
