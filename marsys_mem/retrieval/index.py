@@ -62,6 +62,32 @@ _COARSE_MARGIN = 0.1
 """The codes' range: the trained vectors' min..max, widened by this share on each side."""
 
 
+def _heap_top(
+    scores: npt.NDArray[np.float32], rows: npt.NDArray[np.int64] | None, k: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+    """The ``k`` best ``(rows, scores)``, best first, through faiss's heap in the order given.
+
+    ``rows`` name the scores (ascending storage rows); ``None``: the scores of rows
+    ``0 .. len - 1``. Equal scores come out as faiss's heap has them, which depends only on
+    the rows scoring at least the ``k``-th score, in order (lower scores are evicted first).
+    """
+    n = len(scores)
+    k_eff = min(k, n)
+    best = np.empty(k_eff, dtype=np.float32)
+    found = np.empty(k_eff, dtype=np.int64)
+    if k_eff:
+        heap = _faiss_untyped.float_minheap_array_t()
+        heap.nh, heap.k = 1, k_eff
+        heap.val, heap.ids = faiss.swig_ptr(best), faiss.swig_ptr(found)
+        heap.heapify()
+        if rows is None:
+            heap.addn(n, faiss.swig_ptr(scores), 0, 0, 1)
+        else:
+            heap.addn_with_ids(n, faiss.swig_ptr(scores), faiss.swig_ptr(rows), 0, 0, 1)
+        heap.reorder()
+    return found, best
+
+
 class _Coarse:
     """8-bit codes of a flat storage's vectors, row for row (a faiss scalar quantizer).
 
@@ -107,11 +133,19 @@ class _Coarse:
         if len(rows):
             self._sq.remove_ids(faiss.IDSelectorBatch(rows))
 
-    def best_rows(self, query: FloatArray, k: int) -> npt.NDArray[np.int64]:
-        """The rows of the ``k`` best codes for ``query`` (shape ``(dim,)``), ascending."""
-        _, rows = self._sq.search(query[None, :], k)
-        found: npt.NDArray[np.int64] = np.sort(rows[0][rows[0] >= 0])
-        return found
+    def best_rows(
+        self, query: FloatArray, k: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+        """The rows of the ``k`` best codes for ``query`` (shape ``(dim,)``), and their scores.
+
+        Ascending by row.
+        """
+        scores, rows = self._sq.search(query[None, :], k)
+        keep = rows[0] >= 0
+        order = np.argsort(rows[0][keep], kind="stable")
+        found: npt.NDArray[np.int64] = rows[0][keep][order]
+        coded: npt.NDArray[np.float32] = scores[0][keep][order]
+        return found, coded
 
 
 @contextlib.contextmanager
@@ -235,10 +269,10 @@ class QueryScores:
     def top(self, k: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
         """The labels of the ``k`` best live vectors and their scores, best first.
 
-        The same hits in the same order as :meth:`FaissIndex.search` with this query:
-        for a flat index, faiss's own heap takes the rows in storage order (which is label
-        order), so equal scores come out as they do from a faiss search; scores may differ
-        from a search's by float rounding.
+        For a flat index, faiss's own heap takes the rows in storage order (which is label
+        order), as a faiss search does for ``k`` below 100 (equal scores come out as they
+        do there; from 100, faiss keeps other members of a tie at the ``k``-th place);
+        scores may differ from a search's by float rounding.
 
         Args:
             k: results wanted (>= 1); at most the number of vectors come back.
@@ -250,17 +284,7 @@ class QueryScores:
         if self._scores is None:
             return self._index.best_labels(self._query[None, :], k_int)
         assert self._row_labels is not None
-        n = len(self._scores)
-        k_eff = min(k_int, n)
-        scores = np.empty(k_eff, dtype=np.float32)
-        rows = np.empty(k_eff, dtype=np.int64)
-        if k_eff:
-            heap = _faiss_untyped.float_minheap_array_t()
-            heap.nh, heap.k = 1, k_eff
-            heap.val, heap.ids = faiss.swig_ptr(scores), faiss.swig_ptr(rows)
-            heap.heapify()
-            heap.addn(n, faiss.swig_ptr(self._scores), 0, 0, 1)
-            heap.reorder()
+        rows, scores = _heap_top(self._scores, None, k_int)
         return self._row_labels[rows], scores
 
     def row_scores(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
@@ -790,31 +814,40 @@ class FaissIndex:
             if self._kind == "hnsw" or self._inner.ntotal >= COARSE_FROM:
                 return QueryScores(self, row, None, None, None)
             rows = self._storage_rows()
-            ntotal = int(self._inner.ntotal)
-            scores = np.empty(ntotal, dtype=np.float32)
-            if ntotal:  # a plain loop in faiss (no OpenMP threads)
-                _faiss_untyped.fvec_inner_products_ny(
-                    faiss.swig_ptr(scores),
-                    faiss.swig_ptr(row),
-                    self._inner.get_xb(),
-                    self._dim,
-                    ntotal,
-                )
+            scores = self._scan(row)
             assert self._row_labels is not None  # set by _storage_rows
             return QueryScores(self, row, scores, rows, self._row_labels)
+
+    def _scan(self, query: FloatArray) -> npt.NDArray[np.float32]:
+        """``query``'s inner product with every vector of a flat storage, by row (lock held)."""
+        ntotal = int(self._inner.ntotal)
+        scores = np.empty(ntotal, dtype=np.float32)
+        if ntotal:  # a plain loop in faiss (no OpenMP threads)
+            _faiss_untyped.fvec_inner_products_ny(
+                faiss.swig_ptr(scores),
+                faiss.swig_ptr(query),
+                self._inner.get_xb(),
+                self._dim,
+                ntotal,
+            )
+        return scores
 
     def best_labels(
         self, vector: FloatArray, k: int
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
         """The labels of the ``k`` best live vectors for one query, and their scores.
 
-        What :meth:`QueryScores.top` reads for a large flat or an HNSW index; for those
-        below :data:`COARSE_FROM` vectors, the same as :meth:`search_labels`. From
-        :data:`COARSE_FROM` vectors, a flat index scans the 8-bit codes of its vectors
-        for the ``2 * k`` best, then scores those exactly and keeps the ``k`` best (equal
-        scores: as faiss's own heap has them). That equals :meth:`search_labels` unless a
-        vector of the exact ``k`` best has a code outside the codes' ``2 * k`` best (the
-        codes' error is about 1e-3 on unit vectors; not seen on MiniLM's).
+        What :meth:`QueryScores.top` gives. An HNSW index searches its graph
+        (:meth:`search_labels`). A flat index scores every vector and keeps the ``k`` best
+        through faiss's heap, in storage order (as a faiss search does for ``k`` below
+        100). From :data:`COARSE_FROM` vectors it scores only the ``2 * k`` whose 8-bit
+        codes score best (a quarter of the bytes to read), through the same heap in the
+        same order, which gives the same hits in the same order (ties included) whenever
+        every vector scoring at least the ``k``-th score is among them. When a candidate
+        at the codes' cut scores that much (equal vectors cut apart, say), it scores every
+        vector instead. What remains possible: a vector of the exact ``k`` best whose code
+        scores below the cut (the codes' error is about 1e-3 on unit vectors; not seen on
+        MiniLM's).
 
         Args:
             vector: one query, shape ``(1, dim)``.
@@ -829,15 +862,20 @@ class FaissIndex:
             raise EmbeddingError(f"best_labels takes one query row, got {checked.shape[0]}")
         query = np.ascontiguousarray(checked[0])
         with self._lock:
-            if self._kind == "hnsw" or self._inner.ntotal < COARSE_FROM:
+            if self._kind == "hnsw":
                 return self.search_labels(query[None, :], k)
             ntotal = int(self._inner.ntotal)
+            if ntotal < COARSE_FROM:
+                best, scores = _heap_top(self._scan(query), None, k)
+                self._storage_rows()
+                assert self._row_labels is not None  # set by _storage_rows
+                return self._row_labels[best], scores
             if self._coarse is None:
                 self._coarse = _Coarse(self._dim)
             if self._coarse.rows < ntotal:
                 vectors = faiss.rev_swig_ptr(self._inner.get_xb(), ntotal * self._dim)
                 self._coarse.sync(vectors.reshape(ntotal, self._dim))
-            rows = self._coarse.best_rows(query, min(_COARSE_DEPTH * k, ntotal))
+            rows, coded = self._coarse.best_rows(query, min(_COARSE_DEPTH * k, ntotal))
             exact = np.empty(len(rows), dtype=np.float32)
             _faiss_untyped.fvec_inner_products_by_idx(
                 faiss.swig_ptr(exact),
@@ -848,15 +886,16 @@ class FaissIndex:
                 1,
                 len(rows),
             )
-            # as faiss's heap: of equal scores the earlier rows are kept (rows are ascending:
-            # a stable sort), and listed later row first
-            best = np.argsort(-exact, kind="stable")[:k]
-            found = exact[best]
-            if (found[1:] == found[:-1]).any():
-                best = best[np.lexsort((-rows[best], -found))]
+            best, scores = _heap_top(exact, rows, k)
+            # the heap saw every row scoring at least the k-th score unless one sits at the
+            # codes' cut (a tie of equal vectors, say, with more of it beyond the cut):
+            # then every row is scored (exact, as for a small index)
+            at_cut = coded <= coded.min()
+            if len(rows) < ntotal and len(best) and exact[at_cut].max() >= scores[-1]:
+                best, scores = _heap_top(self._scan(query), None, k)
             self._storage_rows()
             assert self._row_labels is not None  # set by _storage_rows
-            return self._row_labels[rows[best]], exact[best]
+            return self._row_labels[best], scores
 
     def ids_of_labels(self, labels: npt.NDArray[np.int64]) -> list[str]:
         """The id of each live label (from :meth:`search_labels`)."""

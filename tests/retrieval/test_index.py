@@ -127,26 +127,36 @@ def test_query_scores_match_search_and_inner_products(kind):
         index.query_scores(np.zeros((2, DIM), dtype=np.float32))
 
 
-def test_a_large_flat_index_finds_its_best_through_codes_as_an_exact_search_does(tmp_path):
+def test_a_large_flat_index_finds_its_best_through_codes_as_a_full_scan_does(
+    tmp_path, monkeypatch
+):
     """From COARSE_FROM vectors, query_scores().top() scans 8-bit codes, then scores the
-    codes' best exactly: the same labels, order (ties too) and scores as search_labels,
-    while vectors are appended, removed (rows close up), replaced, fall outside the codes'
-    range (retrained), and after a save and load (codes made again)."""
+    codes' best exactly: the same labels, order and scores as scoring every vector (ties
+    too, also a tie of 260 equal vectors cut apart by the codes' cut), while vectors are
+    appended, removed (rows close up), replaced, fall outside the codes' range
+    (retrained), and after a save and load (codes made again)."""
     dim, rng = 32, np.random.default_rng(11)
     index = FaissIndex(dim, "flat")
     n = COARSE_FROM + 300
     vecs = unit(rng, n, dim)
     vecs[7] = vecs[900] = vecs[3000] = vecs[4100]  # equal scores, across the storage
+    vecs[rng.choice(n, 260, replace=False)] = vecs[11]  # a tie wider than the codes' cut
     index.add([f"id{i}" for i in range(n)], vecs)
+    def scan_all(index: FaissIndex, query: np.ndarray, k: int) -> tuple:
+        with monkeypatch.context() as m:
+            m.setattr("marsys_mem.retrieval.index.COARSE_FROM", 10**9)
+            return index.query_scores(query[None, :]).top(k)
 
     def check(index: FaissIndex, queries: np.ndarray) -> None:
         for query in queries:
             scores = index.query_scores(query[None, :])
             for k in (1, 3, 10, 100):
                 labels, got = scores.top(k)
-                want_labels, want = index.search_labels(query[None, :], k)
+                want_labels, want = scan_all(index, query, k)
                 assert labels.tolist() == want_labels.tolist()
                 np.testing.assert_allclose(got, want, atol=1e-6)
+                if k < 100:  # faiss's search keeps ties with the same heap below 100
+                    assert labels.tolist() == index.search_labels(query[None, :], k)[0].tolist()
             asked = index.labels(index.ids()[:50])
             want_ip = index.inner_products(index.ids()[:50], query)
             np.testing.assert_allclose(scores.label_scores(asked), want_ip, atol=1e-6)
@@ -171,6 +181,26 @@ def test_a_large_flat_index_finds_its_best_through_codes_as_an_exact_search_does
     check(loaded, queries[:5])
     loaded.remove(loaded.ids()[: len(loaded) - COARSE_FROM + 1])  # below: the exact scan
     check(loaded, queries[:5])
+
+
+def test_codes_cut_through_ties_of_equal_vectors_and_the_full_scan_takes_over(monkeypatch):
+    """A chat repeats lines: with every vector one of 40 lines, ties of ~110 equal vectors
+    cross both the k-th place and the codes' cut, and the heap would keep other members of
+    a tie than a full scan does; a candidate at the cut scoring the k-th score makes the
+    index score every vector, so top() still equals the full scan's."""
+    dim, rng = 32, np.random.default_rng(0)
+    lines = unit(rng, 40, dim)
+    n = COARSE_FROM + 300
+    index = FaissIndex(dim, "flat")
+    index.add([f"m{i}" for i in range(n)], lines[rng.integers(0, 40, n)])
+    near = lines[:40] + 0.3 * unit(rng, 40, dim)
+    for query in near / np.linalg.norm(near, axis=1)[:, None]:
+        for k in (10, 100):
+            got = index.query_scores(query[None, :]).top(k)
+            with monkeypatch.context() as m:
+                m.setattr("marsys_mem.retrieval.index.COARSE_FROM", 10**9)
+                want = index.query_scores(query[None, :]).top(k)
+            assert got[0].tolist() == want[0].tolist()
 
 
 def test_query_scores_see_the_vectors_of_their_time():
