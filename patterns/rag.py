@@ -1024,10 +1024,12 @@ class RAGMemory(SharedVectors, Closing):
         lanes = links.walk(cand_slots, turns, forward=False)  # row i: the turn i + 1 before
         nxt = links.walk(cand_slots, reply, forward=True)
         # own scores of the candidates and of their neighbours, once per message: `need`
-        # holds them sorted by slot; own_*[-1] stays 0.0 for "no such turn" (-1)
+        # holds them sorted by slot; row 0 of `own` the cosines, row 1 the BM25 scores (both
+        # sides go through one array operation each); own[:, -1] stays 0.0 for "no such
+        # turn" (-1)
         need, at = links.positions(np.concatenate([cand_slots, lanes.ravel(), nxt.ravel()]))
         m = len(need)
-        own_d = np.zeros(m + 1)
+        own = np.zeros((2, m + 1))
         has_vec = np.zeros(m + 1, dtype=bool)
         index = self._index
         if query_scores is not None and index is not None:
@@ -1039,9 +1041,8 @@ class RAGMemory(SharedVectors, Closing):
             rows = memo.get(links, need, index.rows, _has_row)
             cosines = query_scores.row_scores(rows)
             has_vec[:-1] = ~np.isnan(cosines)
-            own_d[:-1] = np.where(has_vec[:-1], cosines, 0.0)
-        own_b = np.zeros(m + 1)
-        own_b[:-1] = self._bm25.slot_scores(query, need)  # thread slots are BM25 slots
+            own[0, :-1] = np.where(has_vec[:-1], cosines, 0.0)
+        own[1, :-1] = self._bm25.slot_scores(query, need)  # thread slots are BM25 slots
         # rows: the candidates, the turns 1 .. turns before them, the next turn
         grid = at[np.concatenate([cand_slots[None, :], lanes, nxt])]
         cand_at = grid[0]
@@ -1049,16 +1050,15 @@ class RAGMemory(SharedVectors, Closing):
         # every turn has some cosine to any query, and summing that noise over 6 neighbours
         # ranked messages by how chatty their surroundings are
         # (the means as np.mean has them, without its Python wrapper)
-        lent_d = np.maximum(own_d - float(np.add.reduce(own_d[cand_at])) / n, 0.0)
-        lent_b = np.maximum(own_b - float(np.add.reduce(own_b[cand_at])) / n, 0.0)
-        lent_d[-1] = lent_b[-1] = 0.0  # "no such turn"
+        cand_own = own[:, cand_at]
+        lent = np.maximum(own - (np.add.reduce(cand_own, axis=1) / n)[:, None], 0.0)
+        lent[:, -1] = 0.0  # "no such turn"
         weights = [self.context_weight]
         for _ in range(turns - 1):
             weights.append(weights[-1] * self.context_weight)
         weights = weights[:turns] + [self.reply_weight] * reply
         scale = np.array(weights)[:, None]
-        ctx_d = own_d[cand_at] + np.add.reduce(lent_d[grid[1:]] * scale, axis=0)
-        ctx_b = own_b[cand_at] + np.add.reduce(lent_b[grid[1:]] * scale, axis=0)
+        ctx_d, ctx_b = cand_own + np.add.reduce(lent[:, grid[1:]] * scale, axis=1)
         if self.thread_weight and n > 1:
             # the thread's keyword relevance: what its candidates score above the mean, summed,
             # over the weakest thread's; the same for every candidate of a thread (so with
@@ -1070,7 +1070,7 @@ class RAGMemory(SharedVectors, Closing):
                     group = numbers - lo
                 else:
                     _, group = np.unique(numbers, return_inverse=True)
-                per = np.bincount(group, weights=lent_b[cand_at])[group]
+                per = np.bincount(group, weights=lent[1, cand_at])[group]
                 ctx_b += self.thread_weight * (per - np.minimum.reduce(per))
         if self.fusion == "convex":  # keep the blend <= 1: cosines in context, rescaled
             cw = self.context_weight
@@ -1088,8 +1088,8 @@ class RAGMemory(SharedVectors, Closing):
             rrf_k=self.rrf_k,
         )
         where = cand_at[order]
-        dense_own = np.where(has_vec[where], own_d[where], np.nan)
-        return _Ranked(links, cand_slots[order], fused, dense_own, own_b[where])
+        dense_own = np.where(has_vec[where], own[0, where], np.nan)
+        return _Ranked(links, cand_slots[order], fused, dense_own, own[1, where])
 
     def _adjust(self, query: str, ranked: _Ranked, cues: _Cues | None) -> Sequence[Candidate]:
         """Time cues (``time_weight``, ``when_weight``), then session diversity."""
