@@ -322,9 +322,9 @@ class FaissIndex:
     ``kind="flat"`` searches exactly (brute force, ~0.4 ms per query over 10k x 384 on
     one core; :meth:`query_scores` scans 8-bit codes first from :data:`COARSE_FROM`
     vectors, see :meth:`best_labels`). ``kind="hnsw"`` uses an HNSW graph (approximate,
-    ~1 ms over 100k x 384, but building it costs about 0.4 ms per vector). ``kind="auto"`` (the default) starts
-    flat and rebuilds as HNSW the first time more than ``hnsw_threshold`` ids are live;
-    it stays HNSW afterwards. HNSW cannot delete: removed or replaced vectors become
+    ~1 ms over 100k x 384, but building it costs about 0.4 ms per vector).
+    ``kind="auto"`` (the default) starts flat and rebuilds as HNSW the first time more
+    than ``hnsw_threshold`` ids are live; it stays HNSW afterwards. HNSW cannot delete: removed or replaced vectors become
     tombstones, filtered out of every search, and the graph is rebuilt from the live
     vectors when tombstones pass 20% of it.
 
