@@ -324,9 +324,9 @@ class FaissIndex:
     vectors, see :meth:`best_labels`). ``kind="hnsw"`` uses an HNSW graph (approximate,
     ~1 ms over 100k x 384, but building it costs about 0.4 ms per vector).
     ``kind="auto"`` (the default) starts flat and rebuilds as HNSW the first time more
-    than ``hnsw_threshold`` ids are live; it stays HNSW afterwards. HNSW cannot delete: removed or replaced vectors become
-    tombstones, filtered out of every search, and the graph is rebuilt from the live
-    vectors when tombstones pass 20% of it.
+    than ``hnsw_threshold`` ids are live; it stays HNSW afterwards. HNSW cannot delete:
+    removed or replaced vectors become tombstones, filtered out of every search, and the
+    graph is rebuilt from the live vectors when tombstones pass 20% of it.
 
     Vectors are stored as given (``float32``); the score is the inner product, i.e. the
     cosine similarity for unit vectors. Every method is thread-safe (one lock), so an
