@@ -789,11 +789,16 @@ class FaissIndex:
             EmbeddingError: ``k`` is not a positive int, or a bad query vector.
         """
         k_int = _check_k(k)
-        query = check_vectors(vector, self._dim)
-        if query.shape[0] != 1:
-            raise EmbeddingError(f"search_labels takes one query row, got {query.shape[0]}")
+        query = self._one_query(vector, "search_labels")
         with self._lock:
             return self._search_one(query, k_int)
+
+    def _one_query(self, vector: FloatArray, method: str) -> FloatArray:
+        """``vector`` checked to be one query row, shape ``(1, dim)``."""
+        query = check_vectors(vector, self._dim)
+        if query.shape[0] != 1:
+            raise EmbeddingError(f"{method} takes one query row, got {query.shape[0]}")
+        return query
 
     def query_scores(self, vector: FloatArray) -> QueryScores:
         """One query's scores against the index: its best labels and any labels' scores.
@@ -807,10 +812,7 @@ class FaissIndex:
         Raises:
             EmbeddingError: a bad query vector, or more than one row.
         """
-        query = check_vectors(vector, self._dim)
-        if query.shape[0] != 1:
-            raise EmbeddingError(f"query_scores takes one query row, got {query.shape[0]}")
-        row = np.ascontiguousarray(query[0])
+        row = np.ascontiguousarray(self._one_query(vector, "query_scores")[0])
         with self._lock:
             if self._kind == "hnsw" or self._inner.ntotal >= COARSE_FROM:
                 return QueryScores(self, row, None, None, None)
@@ -858,10 +860,7 @@ class FaissIndex:
             EmbeddingError: ``k`` is not a positive int, or a bad query vector.
         """
         k = _check_k(k)
-        checked = check_vectors(vector, self._dim)
-        if checked.shape[0] != 1:
-            raise EmbeddingError(f"best_labels takes one query row, got {checked.shape[0]}")
-        query = np.ascontiguousarray(checked[0])
+        query = np.ascontiguousarray(self._one_query(vector, "best_labels")[0])
         with self._lock:
             if self._kind == "hnsw":
                 return self.search_labels(query[None, :], k)
