@@ -495,6 +495,14 @@ def _parse_yaml(text: str, name: str, limits: FileLimits) -> tuple[Any, Node | N
     except _Refused as exc:
         raise ConfigError(f"{name}{_refused(exc)}") from None
     except yaml.YAMLError as exc:
+        if "nesting depth" in str(getattr(exc, "problem", None) or ""):
+            # libyaml (PyYAML >= 6.0.4) stops at 1,000 levels while it scans ahead, before
+            # any event reaches the depth check: deeper than max_depth all the same
+            mark = getattr(exc, "problem_mark", None)
+            where = f":{mark.line + 1}" if mark is not None else ""
+            raise ConfigError(
+                f"{name}{where}: nested deeper than {limits.max_depth} levels"
+            ) from None
         raise ConfigError(f"{name}{_yaml_problem(exc, len(text))}") from None
     except RecursionError:  # pragma: no cover - the depth limit comes first
         raise ConfigError(f"{name}: nested too deeply") from None
