@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from marsys_mem.exceptions import EmbeddingError, IndexCorruptError, StoreError
+from marsys_mem.retrieval.codes import CodeMaker
 from marsys_mem.retrieval.embeddings import FloatArray, check_vectors
 from marsys_mem.retrieval.index_file import (
     FORMAT_VERSION,
@@ -51,15 +52,18 @@ _faiss_untyped: Any = faiss  # for the parts faiss's own type stubs leave out
 _TOMBSTONE_RATIO = 0.2
 
 COARSE_FROM = 4096
-"""Vectors from which a flat index scores one query's candidates from 8-bit codes first
-(see :meth:`FaissIndex.query_scores`)."""
+"""Vectors from which a flat index scores one query's candidates from compact codes first
+(see :meth:`FaissIndex.best_labels` and :mod:`marsys_mem.retrieval.codes`)."""
 
-_COARSE_DEPTH = 2
-"""The codes pick ``_COARSE_DEPTH * k`` candidates for the exact ``k`` best (on MiniLM
-vectors, 1.5x already found every exact top 100 of 619 queries over 9,000 vectors)."""
+_COARSE_DEPTH = 4
+"""The codes pick ``_COARSE_DEPTH * k`` candidates (at least :data:`_COARSE_FLOOR`) for
+the exact ``k`` best (on MiniLM vectors of 10k chat messages, 4x held the exact best 100
+for 98.5% of 396 queries, 3x for 97%, 2x for 54%)."""
 
-_COARSE_MARGIN = 0.1
-"""The codes' range: the trained vectors' min..max, widened by this share on each side."""
+_COARSE_FLOOR = 256
+"""Candidates the codes pick at least (for a small ``k``: with 4, the best 4 codes held
+the best vector for only 73% of queries over random 32-dimensional vectors; with 256,
+for all)."""
 
 
 def _heap_top(
@@ -86,66 +90,6 @@ def _heap_top(
             heap.addn_with_ids(n, faiss.swig_ptr(scores), faiss.swig_ptr(rows), 0, 0, 1)
         heap.reorder()
     return found, best
-
-
-class _Coarse:
-    """8-bit codes of a flat storage's vectors, row for row (a faiss scalar quantizer).
-
-    One code is a quarter of the vector's bytes, so scanning the codes of 10k vectors
-    right after the model's forward pass (which leaves none of them in the CPU caches)
-    takes about half the time of scanning the vectors. The range is trained on the
-    vectors present when the codes are made; rows appended later are coded as they come,
-    and a row outside that range has the codes retrained on every row.
-    """
-
-    __slots__ = ("_dim", "_range", "_sq")
-
-    def __init__(self, dim: int) -> None:
-        self._dim = dim
-        self._sq: Any = None
-        self._range = (0.0, 0.0)
-
-    @property
-    def rows(self) -> int:
-        """How many rows are coded."""
-        return 0 if self._sq is None else int(self._sq.ntotal)
-
-    def sync(self, vectors: FloatArray) -> None:
-        """Code the rows of ``vectors`` (the whole storage) that are not coded yet."""
-        start = self.rows
-        fresh = vectors[start:]
-        if not len(fresh):
-            return
-        lo, hi = self._range
-        if self._sq is None or fresh.min() < lo or fresh.max() > hi:
-            sq = _faiss_untyped.IndexScalarQuantizer(
-                self._dim, faiss.ScalarQuantizer.QT_8bit_uniform, faiss.METRIC_INNER_PRODUCT
-            )
-            sq.sq.rangestat_arg = _COARSE_MARGIN
-            sq.train(vectors)
-            vmin, vdiff = faiss.vector_to_array(sq.sq.trained).tolist()
-            self._sq, self._range, fresh = sq, (vmin, vmin + vdiff), vectors
-        self._sq.add(fresh)
-
-    def remove_rows(self, rows: npt.NDArray[np.int64]) -> None:
-        """Drop coded rows; the rest close up in order (as a flat storage's rows do)."""
-        rows = rows[rows < self.rows]
-        if len(rows):
-            self._sq.remove_ids(faiss.IDSelectorBatch(rows))
-
-    def best_rows(
-        self, query: FloatArray, k: int
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
-        """The rows of the ``k`` best codes for ``query`` (shape ``(dim,)``), and their scores.
-
-        Ascending by row.
-        """
-        scores, rows = self._sq.search(query[None, :], k)
-        keep = rows[0] >= 0
-        order = np.argsort(rows[0][keep], kind="stable")
-        found: npt.NDArray[np.int64] = rows[0][keep][order]
-        coded: npt.NDArray[np.float32] = scores[0][keep][order]
-        return found, coded
 
 
 @contextlib.contextmanager
@@ -247,8 +191,8 @@ class QueryScores:
     and :meth:`label_scores` then read that array, so the best vectors and the scores of
     any others (their neighbours in a thread) cost one read of the vectors, not two. It
     answers for the vectors stored when it was made (later changes are not seen). From
-    :data:`COARSE_FROM` vectors, a flat index instead scans 8-bit codes of its vectors for
-    :meth:`top` (see :meth:`FaissIndex.query_scores`); an HNSW index searches its graph;
+    :data:`COARSE_FROM` vectors, a flat index instead scans compact codes of its vectors
+    for :meth:`top` (see :meth:`FaissIndex.best_labels`); an HNSW index searches its graph;
     both then read the asked-for vectors for :meth:`label_scores`, at call time.
     """
 
@@ -320,7 +264,7 @@ class FaissIndex:
     """A faiss inner-product index with string ids, replace/remove, and safe files.
 
     ``kind="flat"`` searches exactly (brute force, ~0.4 ms per query over 10k x 384 on
-    one core; :meth:`query_scores` scans 8-bit codes first from :data:`COARSE_FROM`
+    one core; :meth:`query_scores` scans compact codes first from :data:`COARSE_FROM`
     vectors, see :meth:`best_labels`). ``kind="hnsw"`` uses an HNSW graph (approximate,
     ~1 ms over 100k x 384, but building it costs about 0.4 ms per vector).
     ``kind="auto"`` (the default) starts flat and rebuilds as HNSW the first time more
@@ -388,8 +332,9 @@ class FaissIndex:
         self._rows: npt.NDArray[np.int64] | None = None
         # row -> label, set with ``_rows`` (and stale with it)
         self._row_labels: npt.NDArray[np.int64] | None = None
-        # 8-bit codes of a large flat storage, made by the first query_scores that wants them
-        self._coarse: _Coarse | None = None
+        # codes of a large flat storage, made in the background for the first query that
+        # wants them
+        self._codes = CodeMaker()
         self._layout = 0  # bumped whenever a stored vector moves or goes (see layout)
 
     # ----------------------------------------------------------------- properties
@@ -468,7 +413,7 @@ class FaissIndex:
                 )
         self._index, self._inner, self._kind = index, inner, kind
         self._rows = None
-        self._coarse = None
+        self._codes = CodeMaker()
         self._layout += 1
         self._dead.clear()
         self._dead_selector = None
@@ -493,14 +438,14 @@ class FaissIndex:
         if self._kind == "flat":
             dropped = np.asarray(labels, dtype=np.int64)
             coded: npt.NDArray[np.int64] | None = None
-            if self._coarse is not None and self._coarse.rows:  # the rows that go, in order
+            if self._codes.coded_rows:  # the rows that go, in order
                 row_labels = faiss.vector_to_array(self._index.id_map)
                 coded = np.flatnonzero(np.isin(row_labels, dropped)).astype(np.int64)
             removed = self._index.remove_ids(faiss.IDSelectorBatch(dropped))
             if removed != len(labels):  # pragma: no cover - would be a bookkeeping bug
                 raise StoreError(f"faiss removed {removed} of {len(labels)} vectors")
-            if coded is not None and self._coarse is not None:
-                self._coarse.remove_rows(coded)
+            if coded is not None:
+                self._codes.remove_rows(coded)
         else:
             self._dead.update(labels)
             self._dead_selector = None
@@ -581,7 +526,7 @@ class FaissIndex:
             self._kind = "hnsw" if self._requested == "hnsw" else "flat"
             self._index, self._inner = self._new_faiss(self._kind)
             self._rows = None
-            self._coarse = None
+            self._codes = CodeMaker()
             self._layout += 1
             self._dead.clear()
             self._dead_selector = None
@@ -843,14 +788,18 @@ class FaissIndex:
         What :meth:`QueryScores.top` gives. An HNSW index searches its graph
         (:meth:`search_labels`). A flat index scores every vector and keeps the ``k`` best
         through faiss's heap, in storage order (as a faiss search does for ``k`` below
-        100). From :data:`COARSE_FROM` vectors it scores only the ``2 * k`` whose 8-bit
-        codes score best (a quarter of the bytes to read), through the same heap in the
-        same order, which gives the same hits in the same order (ties included) whenever
-        every vector scoring at least the ``k``-th score is among them. When a candidate
-        at the codes' cut scores that much (equal vectors cut apart, say), it scores every
-        vector instead. What remains possible: a vector of the exact ``k`` best whose code
-        scores below the cut (the codes' error is about 1e-3 on unit vectors; not seen on
-        MiniLM's).
+        100). From :data:`COARSE_FROM` vectors it scores only the ``4 * k`` (at least 256)
+        whose compact codes score best (:class:`~marsys_mem.retrieval.codes.Codes`: a
+        sixteenth of the bytes to read), through the same heap in the same order, which
+        gives the same hits in the same order (ties included) whenever every vector
+        scoring at least the ``k``-th score is among them. When a candidate at the codes'
+        cut scores that much (equal vectors cut apart, say), it scores every vector
+        instead. The codes estimate scores (about 0.03 off on MiniLM vectors), so a vector
+        of the exact ``k`` best may be missed: on MiniLM vectors of 10k chat messages, one
+        of the exact best 100 (near the 100th score) was for 1.5% of the queries. Until
+        the codes are made (in the background, see
+        :class:`~marsys_mem.retrieval.codes.CodeMaker`; :meth:`build_codes` waits for
+        them) it scores every vector.
 
         Args:
             vector: one query, shape ``(1, dim)``.
@@ -865,37 +814,63 @@ class FaissIndex:
             if self._kind == "hnsw":
                 return self.search_labels(query[None, :], k)
             ntotal = int(self._inner.ntotal)
-            if ntotal < COARSE_FROM:
+            codes = None
+            if ntotal >= COARSE_FROM:
+                codes = self._codes.ready(self._stored(), self._layout)
+            if codes is None:  # small, or the codes are being made: score every vector
                 best, scores = _heap_top(self._scan(query), None, k)
-                self._storage_rows()
-                assert self._row_labels is not None  # set by _storage_rows
-                return self._row_labels[best], scores
-            if self._coarse is None:
-                self._coarse = _Coarse(self._dim)
-            if self._coarse.rows < ntotal:
-                vectors = faiss.rev_swig_ptr(self._inner.get_xb(), ntotal * self._dim)
-                self._coarse.sync(vectors.reshape(ntotal, self._dim))
-            rows, coded = self._coarse.best_rows(query, min(_COARSE_DEPTH * k, ntotal))
-            exact = np.empty(len(rows), dtype=np.float32)
-            _faiss_untyped.fvec_inner_products_by_idx(
-                faiss.swig_ptr(exact),
-                faiss.swig_ptr(query),
-                self._inner.get_xb(),
-                faiss.swig_ptr(rows),
-                self._dim,
-                1,
-                len(rows),
-            )
-            best, scores = _heap_top(exact, rows, k)
-            # the heap saw every row scoring at least the k-th score unless one sits at the
-            # codes' cut (a tie of equal vectors, say, with more of it beyond the cut):
-            # then every row is scored (exact, as for a small index)
-            at_cut = coded <= coded.min()
-            if len(rows) < ntotal and len(best) and exact[at_cut].max() >= scores[-1]:
-                best, scores = _heap_top(self._scan(query), None, k)
+            else:
+                depth = min(max(_COARSE_DEPTH * k, _COARSE_FLOOR), ntotal)
+                rows, coded = codes.best_rows(query, depth)
+                exact = np.empty(len(rows), dtype=np.float32)
+                _faiss_untyped.fvec_inner_products_by_idx(
+                    faiss.swig_ptr(exact),
+                    faiss.swig_ptr(query),
+                    self._inner.get_xb(),
+                    faiss.swig_ptr(rows),
+                    self._dim,
+                    1,
+                    len(rows),
+                )
+                best, scores = _heap_top(exact, rows, k)
+                # the heap saw every row scoring at least the k-th score unless one sits at
+                # the codes' cut (a tie of equal vectors, say, with more of it beyond the
+                # cut): then every row is scored (exact, as for a small index)
+                at_cut = coded <= coded.min()
+                if len(rows) < ntotal and len(best) and exact[at_cut].max() >= scores[-1]:
+                    best, scores = _heap_top(self._scan(query), None, k)
             self._storage_rows()
             assert self._row_labels is not None  # set by _storage_rows
             return self._row_labels[best], scores
+
+    def build_codes(self) -> bool:
+        """Make the codes :meth:`best_labels` scans from :data:`COARSE_FROM` vectors, and wait.
+
+        They are otherwise made in the background when a query first wants them (or the
+        storage has grown past four times the rows they were made from), and the queries
+        until then score every vector. For benchmarks and tests that want the steady state.
+
+        Returns:
+            Whether queries now scan codes (False: an HNSW or small index, or making the
+            codes failed, which is logged).
+        """
+        for _ in range(3):  # rows moved while the codes were made: made again
+            with self._lock:
+                if self._kind == "hnsw" or self._inner.ntotal < COARSE_FROM:
+                    return False
+                if self._codes.ready(self._stored(), self._layout) is not None:
+                    if not self._codes.making:
+                        return True
+            self._codes.wait()
+        with self._lock:
+            return self._codes.ready(self._stored(), self._layout) is not None
+
+    def _stored(self) -> FloatArray:
+        """The flat storage's vectors in place, shape ``(ntotal, dim)`` (lock held)."""
+        ntotal = int(self._inner.ntotal)
+        vectors = faiss.rev_swig_ptr(self._inner.get_xb(), ntotal * self._dim)
+        stored: FloatArray = vectors.reshape(ntotal, self._dim)
+        return stored
 
     def ids_of_labels(self, labels: npt.NDArray[np.int64]) -> list[str]:
         """The id of each live label (from :meth:`search_labels`)."""
