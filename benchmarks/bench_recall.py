@@ -173,6 +173,8 @@ def fill(emb: VectorCache, corpus: Corpus, options: dict[str, Any]) -> RAGMemory
     messages = to_messages(corpus)
     for i in range(0, len(messages), 2000):
         mem.add_many(messages[i : i + 2000])
+    if mem._index is not None:  # the steady state: a large flat index scans its codes
+        mem._index.build_codes()
     return mem
 
 

@@ -11,15 +11,17 @@ the exact best 100 for 98.5% of 396 queries, and 99.985% of the exact best-100 m
 
 Codes need a codebook trained on the vectors (k-means, ~0.3 s) and every vector coded
 (~14 us each), too slow for the query that first wants them: :class:`CodeMaker` makes
-them in the background from a copy of the vectors, and the index scores every vector
-exactly until they are ready (and again past :data:`RETRAIN_GROWTH` times the rows they
-were trained on, when new codes are made the same way while the old ones serve).
+them in the background, reading the vectors a chunk at a time under the index's lock (no
+copy of the whole storage), and the index scores every vector exactly until they are
+ready (and again past :data:`RETRAIN_GROWTH` times the rows they were trained on, when new
+codes are made the same way while the old ones serve).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -29,7 +31,11 @@ import numpy.typing as npt
 
 from marsys_mem.retrieval.embeddings import FloatArray
 
-__all__ = ["RETRAIN_GROWTH", "CodeMaker", "Codes"]
+__all__ = ["RETRAIN_GROWTH", "CodeMaker", "Codes", "RowReader"]
+
+RowReader = Callable[[npt.NDArray[np.int64] | slice, int], FloatArray | None]
+"""Reads stored rows for :meth:`Codes.make`: ``read(rows, layout)`` returns a copy of those
+rows, or ``None`` when the storage's layout is no longer ``layout`` (rows moved or went)."""
 
 _log = logging.getLogger(__name__)
 _faiss_untyped: Any = faiss  # for the parts faiss's own type stubs leave out
@@ -43,6 +49,9 @@ _TRAIN_ROWS = 1024
 as 4,096 on the queries above, and a tenth of the time (0.28 s instead of 3.4 s)."""
 
 _TRAIN_ITERATIONS = 8
+
+_CHUNK = 8192
+"""Rows read (and coded) at a time: 12 MB of 384-dimensional vectors."""
 
 RETRAIN_GROWTH = 4
 """New codes are made when the storage holds this many times the rows the codes were
@@ -58,6 +67,10 @@ def _maker_pool() -> ThreadPoolExecutor:
         if _pool is None:
             _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="marsys-mem-codes")
         return _pool
+
+
+class _Moved(Exception):
+    """Rows moved or went while codes were made: they are made again."""
 
 
 class Codes:
@@ -76,7 +89,7 @@ class Codes:
         >>> rng = np.random.default_rng(0)
         >>> vectors = rng.standard_normal((700, 16)).astype(np.float32)
         >>> vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-        >>> codes = Codes.make(vectors)
+        >>> codes = Codes.make(lambda rows, layout: vectors[rows], len(vectors), layout=0)
         >>> codes.rows
         700
         >>> rows, scores = codes.best_rows(vectors[3], 5)  # ascending rows, estimates
@@ -92,18 +105,34 @@ class Codes:
         self.trained_rows = trained_rows
 
     @classmethod
-    def make(cls, vectors: FloatArray) -> Codes:
-        """Train a codebook on a sample of ``vectors`` (shape ``(n, dim)``), code every row.
+    def make(cls, read: RowReader, n: int, layout: int) -> Codes:
+        """Train a codebook on a sample of the first ``n`` stored rows, and code them.
 
         Slow (see the module notes): :class:`CodeMaker` runs it in the background.
+
+        Args:
+            read: reads rows of the storage (see :data:`RowReader`).
+            n: how many rows (the storage holds at least these while ``layout`` holds).
+            layout: the storage's layout now.
+
+        Raises:
+            _Moved: the layout changed meanwhile.
         """
-        n, dim = vectors.shape
+
+        def rows(which: npt.NDArray[np.int64] | slice) -> FloatArray:
+            got = read(which, layout)
+            if got is None:
+                raise _Moved
+            return np.ascontiguousarray(got, dtype=np.float32)
+
+        first = rows(slice(0, 1))
+        dim = first.shape[1]
         per = _DIMS_PER_CODE if dim % _DIMS_PER_CODE == 0 else 1
         plain = _faiss_untyped.IndexPQ(dim, dim // per, 4, faiss.METRIC_INNER_PRODUCT)
         plain.pq.cp.niter = _TRAIN_ITERATIONS
-        sample = np.linspace(0, n - 1, min(n, _TRAIN_ROWS)).astype(np.int64)
-        plain.train(np.ascontiguousarray(vectors[sample]))
-        plain.add(vectors)
+        plain.train(rows(np.linspace(0, n - 1, min(n, _TRAIN_ROWS)).astype(np.int64)))
+        for start in range(0, n, _CHUNK):
+            plain.add(rows(slice(start, min(n, start + _CHUNK))))
         return cls(plain, n)
 
     @property
@@ -148,20 +177,22 @@ class Codes:
 class CodeMaker:
     """The :class:`Codes` of one flat storage: those in use, and new ones made in the background.
 
-    The owner calls :meth:`ready` under its lock with a view of its storage; the codes
-    come from a copy of the vectors on a helper thread (faiss lets go of the GIL), and are
-    taken into use only if no row moved or went meanwhile (``layout``; appended rows are
-    coded on taking them). Removals reach the codes in use through :meth:`remove_rows`.
-    Making codes that fails is logged once, and the owner scores exactly from then on.
-    Not thread-safe: the owner serialises access.
+    The owner calls :meth:`ready` under its lock with a view of its storage and a
+    :data:`RowReader` (which takes that lock); the codes are made on a helper thread
+    (faiss lets go of the GIL) and taken into use if no row moved or went meanwhile
+    (``layout``; rows appended meanwhile are coded on taking them; otherwise they are
+    made again). Removals reach the codes in use through :meth:`remove_rows`. Making codes
+    that fails is logged once, and the owner scores exactly from then on. Not
+    thread-safe: the owner serialises access.
 
     Example:
         >>> vectors = np.random.default_rng(0).standard_normal((700, 16)).astype(np.float32)
+        >>> read = lambda rows, layout: vectors[rows].copy()
         >>> maker = CodeMaker()
-        >>> maker.ready(vectors, layout=0) is None  # started in the background
+        >>> maker.ready(vectors, 0, read) is None  # started in the background
         True
         >>> maker.wait()
-        >>> maker.ready(vectors, layout=0).rows
+        >>> maker.ready(vectors, 0, read).rows
         700
     """
 
@@ -172,32 +203,35 @@ class CodeMaker:
         self._job: tuple[Future[Codes], int] | None = None
         self._failed = False
 
-    def ready(self, vectors: FloatArray, layout: int) -> Codes | None:
+    def ready(self, vectors: FloatArray, layout: int, read: RowReader) -> Codes | None:
         """The codes of ``vectors`` (all rows coded), or ``None`` while the first are made.
 
         Starts making codes when there are none, or when the storage has grown past
         :data:`RETRAIN_GROWTH` times the rows they were trained on.
 
         Args:
-            vectors: the whole storage, shape ``(n, dim)``, read now (copied for a new job).
+            vectors: the whole storage, shape ``(n, dim)``, read now.
             layout: a number that changes whenever stored rows move or go.
+            read: reads rows for codes made in the background (see :data:`RowReader`).
         """
         job = self._job
         if job is not None and job[0].done():
             self._job = None
             try:
                 made = job[0].result()
+            except _Moved:  # made again below
+                pass
             except Exception as exc:  # logged; the exact scan serves on
                 _log.warning("making codes for the vector index failed: %s", exc)
                 self._failed = True
             else:
-                if job[1] == layout:  # no row moved since the copy: appended rows follow
+                if job[1] == layout:  # no row moved since it began: appended rows follow
                     self._codes = made
         codes = self._codes
         n = len(vectors)
         stale = codes is None or n > RETRAIN_GROWTH * codes.trained_rows
         if stale and self._job is None and not self._failed:
-            self._job = (_maker_pool().submit(Codes.make, vectors.copy()), layout)
+            self._job = (_maker_pool().submit(Codes.make, read, n, layout), layout)
         if codes is not None:
             codes.sync(vectors)
         return codes

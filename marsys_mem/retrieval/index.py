@@ -816,7 +816,7 @@ class FaissIndex:
             ntotal = int(self._inner.ntotal)
             codes = None
             if ntotal >= COARSE_FROM:
-                codes = self._codes.ready(self._stored(), self._layout)
+                codes = self._codes.ready(self._stored(), self._layout, self._read_rows)
             if codes is None:  # small, or the codes are being made: score every vector
                 best, scores = _heap_top(self._scan(query), None, k)
             else:
@@ -858,12 +858,22 @@ class FaissIndex:
             with self._lock:
                 if self._kind == "hnsw" or self._inner.ntotal < COARSE_FROM:
                     return False
-                if self._codes.ready(self._stored(), self._layout) is not None:
+                if self._codes.ready(self._stored(), self._layout, self._read_rows) is not None:
                     if not self._codes.making:
                         return True
             self._codes.wait()
         with self._lock:
-            return self._codes.ready(self._stored(), self._layout) is not None
+            return self._codes.ready(self._stored(), self._layout, self._read_rows) is not None
+
+    def _read_rows(
+        self, rows: npt.NDArray[np.int64] | slice, layout: int
+    ) -> FloatArray | None:
+        """A copy of stored rows, if the layout is still ``layout`` (for codes being made)."""
+        with self._lock:
+            if self._layout != layout or self._kind != "flat":
+                return None
+            found: FloatArray = self._stored()[rows].copy()
+            return found
 
     def _stored(self) -> FloatArray:
         """The flat storage's vectors in place, shape ``(ntotal, dim)`` (lock held)."""

@@ -203,13 +203,13 @@ def test_a_large_flat_index_finds_its_best_through_codes_that_follow_its_rows(
 def test_codes_made_while_rows_moved_are_made_again_and_failures_leave_the_full_scan(
     monkeypatch, caplog
 ):
-    """Codes made from a copy that rows have since left are dropped and made again; codes
+    """Codes made from rows that have since moved are dropped and made again; codes
     that cannot be made are logged once, and every query scores every vector."""
     dim, rng = 16, np.random.default_rng(3)
     index = FaissIndex(dim, "flat")
     vecs = unit(rng, COARSE_FROM + 100, dim)
     index.add([f"v{i}" for i in range(len(vecs))], vecs)
-    index.query_scores(vecs[:1]).top(5)  # codes start from this copy
+    index.query_scores(vecs[:1]).top(5)  # codes start from these rows
     index.remove([f"v{i}" for i in range(10)])  # rows move before they come
     assert index.build_codes()
     assert index._codes.coded_rows == len(index)
@@ -218,7 +218,7 @@ def test_codes_made_while_rows_moved_are_made_again_and_failures_leave_the_full_
 
     from marsys_mem.retrieval import codes as codes_module
 
-    def broken(vectors: np.ndarray) -> None:
+    def broken(read: object, n: int, layout: int) -> None:
         raise MemoryError("no room for codes")
 
     monkeypatch.setattr(codes_module.Codes, "make", staticmethod(broken))
