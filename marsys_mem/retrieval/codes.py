@@ -167,11 +167,13 @@ class Codes:
         if self._fast is None:
             self._fast = _faiss_untyped.IndexPQFastScan(self._plain)
         scores, rows = self._fast.search(query[None, :], k)
-        keep = rows[0] >= 0
-        order = np.argsort(rows[0][keep], kind="stable")
-        found: npt.NDArray[np.int64] = rows[0][keep][order]
-        coded: npt.NDArray[np.float32] = scores[0][keep][order]
-        return found, coded
+        found: npt.NDArray[np.int64] = rows[0]
+        coded: npt.NDArray[np.float32] = scores[0]
+        if len(found) and found[-1] < 0:  # fewer rows than k (best first: -1s at the end)
+            keep = found >= 0
+            found, coded = found[keep], coded[keep]
+        order = found.argsort()  # rows are distinct
+        return found[order], coded[order]
 
 
 class CodeMaker:
