@@ -18,23 +18,45 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Generic, TypeVar
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Generic, TypeVar
 
-__all__ = ["WorkAhead"]
+__all__ = ["WorkAhead", "Worker"]
 
 T = TypeVar("T")
 
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
+
+class Worker:
+    """One background thread for one purpose, started when first used.
+
+    A ``concurrent.futures`` worker: it ends when the interpreter exits (after its current
+    job), and :meth:`submit` raises ``RuntimeError`` during shutdown.
+
+    Args:
+        name: the thread's name prefix.
+
+    Example:
+        >>> Worker("example").submit(sum, [1, 2, 3]).result()
+        6
+    """
+
+    __slots__ = ("_lock", "_name", "_pool")
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[..., T], /, *args: Any) -> Future[T]:
+        """Run ``fn(*args)`` on the thread, after the jobs before it."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self._name)
+            pool = self._pool
+        return pool.submit(fn, *args)
 
 
-def _helper() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="marsys-mem-ahead")
-        return _pool
+_helper = Worker("marsys-mem-ahead")
 
 
 class WorkAhead(Generic[T]):
@@ -65,7 +87,7 @@ class WorkAhead(Generic[T]):
         """Hand ``job`` to the helper thread (or to nobody, during shutdown) and return."""
         ahead = cls(job)
         try:
-            _helper().submit(ahead._run)
+            _helper.submit(ahead._run)
         except RuntimeError:  # the interpreter is shutting down: the caller will run it
             pass
         return ahead

@@ -20,15 +20,15 @@ codes are made the same way while the old ones serve).
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import faiss
 import numpy as np
 import numpy.typing as npt
 
+from marsys_mem.retrieval.ahead import Worker
 from marsys_mem.retrieval.embeddings import FloatArray
 
 __all__ = ["RETRAIN_GROWTH", "CodeMaker", "Codes", "RowReader"]
@@ -57,16 +57,7 @@ RETRAIN_GROWTH = 4
 """New codes are made when the storage holds this many times the rows the codes were
 trained on."""
 
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _maker_pool() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="marsys-mem-codes")
-        return _pool
+_maker = Worker("marsys-mem-codes")
 
 
 class _Moved(Exception):
@@ -233,7 +224,7 @@ class CodeMaker:
         n = len(vectors)
         stale = codes is None or n > RETRAIN_GROWTH * codes.trained_rows
         if stale and self._job is None and not self._failed:
-            self._job = (_maker_pool().submit(Codes.make, read, n, layout), layout)
+            self._job = (_maker.submit(Codes.make, read, n, layout), layout)
         if codes is not None:
             codes.sync(vectors)
         return codes
