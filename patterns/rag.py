@@ -122,6 +122,7 @@ from marsys_mem.retrieval.scoring import (
     diversify,
     finite_number,
     fuse_arrays,
+    fuse_members,
     fuse_scores,
     make_filter,
     positive_int,
@@ -959,7 +960,7 @@ class RAGMemory(SharedVectors, Closing):
             if in_context:  # the hits' labels go straight to thread slots
                 # one read of the vectors gives the hits and, later, the candidates' cosines
                 query_scores = index.query_scores(qvec)
-                labels, _ = query_scores.top(min(depth, n))
+                labels, _ = query_scores.best(min(depth, n))  # ranked below
                 if self._slot_memo[0] is not index:  # labels belong to one index
                     self._slot_memo = (index, LabelSlots())
                 dense_slots = self._slot_memo[1].get(self._links, labels, index.ids_of_labels)
@@ -1029,7 +1030,7 @@ class RAGMemory(SharedVectors, Closing):
         # holds them sorted by slot; row 0 of `own` the cosines, row 1 the BM25 scores (both
         # sides go through one array operation each); own[:, -1] stays 0.0 for "no such
         # turn" (-1)
-        need, at = links.positions(np.concatenate([cand_slots, lanes.ravel(), nxt.ravel()]))
+        need, where = links.positions(np.concatenate([cand_slots, lanes.ravel(), nxt.ravel()]))
         m = len(need)
         own = np.zeros((2, m + 1))
         has_vec = np.zeros(m + 1, dtype=bool)
@@ -1046,7 +1047,7 @@ class RAGMemory(SharedVectors, Closing):
             own[0, :-1] = np.where(has_vec[:-1], cosines, 0.0)
         own[1, :-1] = self._bm25.slot_scores(query, need)  # thread slots are BM25 slots
         # rows: the candidates, the turns 1 .. turns before them, the next turn
-        grid = at[np.concatenate([cand_slots[None, :], lanes, nxt])]
+        grid = where.reshape(1 + turns + reply, n)
         cand_at = grid[0]
         # a neighbour lends only what it scores above the candidates' mean on that side:
         # every turn has some cosine to any query, and summing that noise over 6 neighbours
@@ -1077,21 +1078,32 @@ class RAGMemory(SharedVectors, Closing):
         if self.fusion == "convex":  # keep the blend <= 1: cosines in context, rescaled
             cw = self.context_weight
             ctx_d /= 1.0 + sum(cw**i for i in range(1, turns + 1)) + self.reply_weight
-        dense_order = np.argsort(-ctx_d, kind="stable")
-        bm25_order = np.argsort(-ctx_b, kind="stable")
-        order, fused = fuse_arrays(
-            dense_order[has_vec[cand_at][dense_order]],
-            bm25_order[ctx_b[bm25_order] > 0],
-            ctx_d,
-            ctx_b,
-            fusion=self.fusion,
-            dense_weight=self.dense_weight,
-            bm25_weight=self.bm25_weight,
-            rrf_k=self.rrf_k,
-        )
-        where = cand_at[order]
-        dense_own = np.where(has_vec[where], own[0, where], np.nan)
-        return _Ranked(links, cand_slots[order], fused, dense_own, own[1, where])
+        if self.fusion == "rrf":  # ranks: each side sorted
+            dense_order = np.argsort(-ctx_d, kind="stable")
+            bm25_order = np.argsort(-ctx_b, kind="stable")
+            order, fused = fuse_arrays(
+                dense_order[has_vec[cand_at][dense_order]],
+                bm25_order[ctx_b[bm25_order] > 0],
+                ctx_d,
+                ctx_b,
+                fusion=self.fusion,
+                dense_weight=self.dense_weight,
+                bm25_weight=self.bm25_weight,
+                rrf_k=self.rrf_k,
+            )
+        else:  # scores only: the candidates of either side, in candidate order
+            order, fused = fuse_members(
+                np.flatnonzero(has_vec[cand_at] | (ctx_b > 0)),
+                ctx_d,
+                ctx_b,
+                bm25_top=max(float(np.maximum.reduce(ctx_b)), 0.0),
+                fusion=self.fusion,
+                dense_weight=self.dense_weight,
+                bm25_weight=self.bm25_weight,
+            )
+        picked = cand_at[order]
+        dense_own = np.where(has_vec[picked], own[0, picked], np.nan)
+        return _Ranked(links, cand_slots[order], fused, dense_own, own[1, picked])
 
     def _adjust(self, query: str, ranked: _Ranked, cues: _Cues | None) -> Sequence[Candidate]:
         """Time cues (``time_weight``, ``when_weight``), then session diversity."""

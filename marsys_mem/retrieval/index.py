@@ -92,6 +92,29 @@ def _heap_top(
     return found, best
 
 
+def _best_of(
+    scores: npt.NDArray[np.float32], rows: npt.NDArray[np.int64] | None, k: int, *, ordered: bool
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+    """The ``k`` best ``(rows, scores)`` of rows in any order (``None``: ``0 .. len - 1``).
+
+    ``ordered``: best first through :func:`_heap_top`, the rows taken in ascending order.
+    Otherwise the same rows in no particular order, by a partition (when a tie at the
+    ``k``-th score crosses the cut, the heap picks which of its members stay).
+    """
+    n = len(scores)
+    if not ordered and k < n:
+        picked = np.argpartition(scores, n - k)[n - k :]
+        best = scores[picked]
+        if np.count_nonzero(scores >= np.minimum.reduce(best)) == k:  # no tie at the cut
+            return (picked if rows is None else rows[picked]), best
+    elif not ordered:
+        return (np.arange(n, dtype=np.int64) if rows is None else rows), scores
+    if rows is None:
+        return _heap_top(scores, None, k)
+    order = rows.argsort()  # the heap's tie order follows the rows' order
+    return _heap_top(scores[order], rows[order], k)
+
+
 @contextlib.contextmanager
 def single_thread() -> Iterator[None]:
     """Run faiss with one OpenMP thread inside the block (restored afterwards).
@@ -205,6 +228,7 @@ class QueryScores:
         row_labels: npt.NDArray[np.int64] | None,
     ) -> None:
         self._index = index
+        self._best_labels = index._best_labels  # noqa: SLF001 (its own index's, for a checked query)
         self._query = query
         self._scores = scores  # row -> inner product (small flat), None: at call time
         self._rows = rows  # label -> row, -1: none (one spare -1 cell at the end)
@@ -226,9 +250,28 @@ class QueryScores:
         """
         k_int = _check_k(k)
         if self._scores is None:
-            return self._index.best_labels(self._query[None, :], k_int)
+            return self._best_labels(self._query, k_int)  # the query is checked
         assert self._row_labels is not None
         rows, scores = _heap_top(self._scores, None, k_int)
+        return self._row_labels[rows], scores
+
+    def best(self, k: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+        """:meth:`top`'s vectors in no particular order: faster, for a caller that ranks them.
+
+        The same labels and scores as ``top(k)``, but for which members of a tie at the
+        ``k``-th score come back (HNSW: best first, as :meth:`top`).
+
+        Args:
+            k: results wanted (>= 1); at most the number of vectors come back.
+
+        Raises:
+            EmbeddingError: ``k`` is not a positive int.
+        """
+        k_int = _check_k(k)
+        if self._scores is None:
+            return self._best_labels(self._query, k_int, ordered=False)
+        assert self._row_labels is not None
+        rows, scores = _best_of(self._scores, None, k_int, ordered=False)
         return self._row_labels[rows], scores
 
     def row_scores(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
@@ -809,7 +852,16 @@ class FaissIndex:
             EmbeddingError: ``k`` is not a positive int, or a bad query vector.
         """
         k = _check_k(k)
-        query = np.ascontiguousarray(self._one_query(vector, "best_labels")[0])
+        return self._best_labels(np.ascontiguousarray(self._one_query(vector, "best_labels")[0]), k)
+
+    def _best_labels(
+        self, query: FloatArray, k: int, *, ordered: bool = True
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+        """:meth:`best_labels` for a checked query row (shape ``(dim,)``, contiguous).
+
+        ``ordered=False``: the same vectors (but for which members of a tie at the ``k``-th
+        score) in no particular order, without faiss's heap (see :meth:`QueryScores.best`).
+        """
         with self._lock:
             if self._kind == "hnsw":
                 return self.search_labels(query[None, :], k)
@@ -818,7 +870,7 @@ class FaissIndex:
             if ntotal >= COARSE_FROM:
                 codes = self._codes.ready(self._stored(), self._layout, self._read_rows)
             if codes is None:  # small, or the codes are being made: score every vector
-                best, scores = _heap_top(self._scan(query), None, k)
+                best, scores = _best_of(self._scan(query), None, k, ordered=ordered)
             else:
                 depth = min(max(_COARSE_DEPTH * k, _COARSE_FLOOR), ntotal)
                 rows, coded = codes.best_rows(query, depth)
@@ -832,13 +884,17 @@ class FaissIndex:
                     1,
                     len(rows),
                 )
-                best, scores = _heap_top(exact, rows, k)
-                # the heap saw every row scoring at least the k-th score unless one sits at
-                # the codes' cut (a tie of equal vectors, say, with more of it beyond the
+                best, scores = _best_of(exact, rows, k, ordered=ordered)
+                # every row scoring at least the k-th score was among them unless one sits
+                # at the codes' cut (a tie of equal vectors, say, with more of it beyond the
                 # cut): then every row is scored (exact, as for a small index)
-                at_cut = coded <= coded.min()
-                if len(rows) < ntotal and len(best) and exact[at_cut].max() >= scores[-1]:
-                    best, scores = _heap_top(self._scan(query), None, k)
+                cut = coded <= np.minimum.reduce(coded)
+                if (
+                    len(rows) < ntotal
+                    and len(best)
+                    and np.maximum.reduce(exact[cut]) >= np.minimum.reduce(scores)
+                ):
+                    best, scores = _best_of(self._scan(query), None, k, ordered=ordered)
             self._storage_rows()
             assert self._row_labels is not None  # set by _storage_rows
             return self._row_labels[best], scores
@@ -865,9 +921,7 @@ class FaissIndex:
         with self._lock:
             return self._codes.ready(self._stored(), self._layout, self._read_rows) is not None
 
-    def _read_rows(
-        self, rows: npt.NDArray[np.int64] | slice, layout: int
-    ) -> FloatArray | None:
+    def _read_rows(self, rows: npt.NDArray[np.int64] | slice, layout: int) -> FloatArray | None:
         """A copy of stored rows, if the layout is still ``layout`` (for codes being made)."""
         with self._lock:
             if self._layout != layout or self._kind != "flat":

@@ -40,6 +40,7 @@ __all__ = [
     "diversify",
     "finite_number",
     "fuse_arrays",
+    "fuse_members",
     "fuse_scores",
     "make_filter",
     "positive_int",
@@ -261,17 +262,68 @@ def fuse_arrays(
     in_dense = np.zeros(len(dense), dtype=bool)
     in_dense[dense_rank] = True
     members = np.concatenate([dense_rank, bm25_rank[~in_dense[bm25_rank]]])
+    if fusion != "rrf":
+        top = float(bm25[bm25_rank[0]]) if len(bm25_rank) else 0.0
+        return fuse_members(
+            members,
+            dense,
+            bm25,
+            bm25_top=top,
+            fusion=fusion,
+            dense_weight=dense_weight,
+            bm25_weight=bm25_weight,
+        )
+    dw, bw = dense_weight, bm25_weight
+    norm = (dw + bw) / (rrf_k + 1)
+    full = np.zeros(len(dense))
+    full[dense_rank] = dw / (rrf_k + np.arange(1, len(dense_rank) + 1)) / norm
+    full[bm25_rank] = full[bm25_rank] + bw / (rrf_k + np.arange(1, len(bm25_rank) + 1)) / norm
+    fused = full[members]
+    order = np.argsort(-fused, kind="stable")
+    return members[order], fused[order]
+
+
+def fuse_members(
+    members: npt.NDArray[np.intp],
+    dense: npt.NDArray[np.float64],
+    bm25: npt.NDArray[np.float64],
+    *,
+    bm25_top: float,
+    fusion: Fusion = "zscore",
+    dense_weight: float = 1.0,
+    bm25_weight: float = 1.0,
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
+    """The score fusions of :func:`fuse_arrays` (all but ``"rrf"``), which need no ranks.
+
+    They read only each member's two scores, so a caller holding the scores need not sort
+    either side to name its lists: it passes the members (the candidates of either list)
+    in any order it likes; equal fused scores keep that order.
+
+    Args:
+        members: positions of the candidates to fuse, each once.
+        dense: the cosine of every candidate (0.0 where it has none).
+        bm25: the BM25 score of every candidate.
+        bm25_top: the best BM25 score of the BM25 list (``"convex"`` divides by it).
+        fusion: ``"zscore"``, ``"convex"`` or ``"minmax"`` (see :func:`fuse_scores`).
+        dense_weight: weight of the dense retriever.
+        bm25_weight: weight of BM25.
+
+    Returns:
+        ``(positions, fused)``: the members, best first, and their scores.
+
+    Raises:
+        ValueError: ``fusion`` is ``"rrf"`` (it needs ranks: :func:`fuse_arrays`) or unknown.
+
+    Example:
+        >>> order, fused = fuse_members(np.array([0, 1]), np.array([0.9, 0.5]),
+        ...                             np.array([0.0, 7.0]), bm25_top=7.0, fusion="convex")
+        >>> order.tolist(), [round(f, 2) for f in fused.tolist()]
+        ([1, 0], [0.75, 0.45])
+    """
     dw, bw = dense_weight, bm25_weight
     fused: npt.NDArray[np.float64]
-    if fusion == "rrf":
-        norm = (dw + bw) / (rrf_k + 1)
-        full = np.zeros(len(dense))
-        full[dense_rank] = dw / (rrf_k + np.arange(1, len(dense_rank) + 1)) / norm
-        full[bm25_rank] = full[bm25_rank] + bw / (rrf_k + np.arange(1, len(bm25_rank) + 1)) / norm
-        fused = full[members]
-    elif fusion == "convex":
-        top = float(bm25[bm25_rank[0]]) if len(bm25_rank) else 0.0
-        scale = 1.0 / top if top > 0 else 0.0
+    if fusion == "convex":
+        scale = 1.0 / bm25_top if bm25_top > 0 else 0.0
         fused = (dw * dense[members] + bw * bm25[members] * scale) / (dw + bw)
     elif fusion == "zscore":
         d = dense[members]
@@ -280,10 +332,12 @@ def fuse_arrays(
             fused = np.where((d > 0) | (b > 0), 1.0, 0.0)
         else:
             fused = _minmax_array((dw * _zscore_array(d) + bw * _zscore_array(b)) / (dw + bw))
-    else:
+    elif fusion == "minmax":
         d = _minmax_array(dense[members])
         b = _minmax_array(bm25[members])
         fused = (dw * d + bw * b) / (dw + bw)
+    else:
+        raise ValueError(f"fuse_members fuses scores (zscore, convex, minmax), got {fusion!r}")
     order = np.argsort(-fused, kind="stable")
     return members[order], fused[order]
 

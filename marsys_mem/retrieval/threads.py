@@ -23,6 +23,8 @@ __all__ = ["LabelSlots", "SlotMemo", "ThreadLinks"]
 
 SlotArray = npt.NDArray[np.intp]
 
+_UNSEEN = np.iinfo(np.intp).max  # a cell of ThreadLinks._first that no position filled
+
 
 class ThreadLinks:
     """Doubly linked threads of message ids, in the order they were added.
@@ -47,8 +49,11 @@ class ThreadLinks:
 
     __slots__ = (
         "_added",
+        "_at",
+        "_first",
         "_free",
         "_ids",
+        "_mark",
         "_next",
         "_prev",
         "_serial",
@@ -75,6 +80,12 @@ class ThreadLinks:
         self._thread_no: SlotArray = np.full(65, -1, dtype=np.intp)
         self._thread_nos: dict[str, int] = {}  # thread -> its number
         self._added = 0
+        # scratch arrays of around_slots and positions, one cell per slot (and the -1
+        # cell): allocated and cleared once, not per search (a fresh array the size of
+        # the links costs more than the work on it); each call leaves them as it found them
+        self._first: SlotArray = np.zeros(0, dtype=np.intp)  # all _UNSEEN
+        self._mark: npt.NDArray[np.bool_] = np.zeros(0, dtype=bool)  # all False
+        self._at: SlotArray = np.zeros(0, dtype=np.intp)  # any values
 
     def __len__(self) -> int:
         return len(self._slot)
@@ -246,24 +257,33 @@ class ThreadLinks:
         grid = grid[grid >= 0]
         # first occurrences without sorting: each slot's smallest position in the grid
         where = np.arange(len(grid))
-        first = np.full(len(self._prev), len(grid), dtype=np.intp)
+        first = self._first
+        if len(first) < len(self._prev):
+            first = self._first = np.full(len(self._prev), _UNSEEN, dtype=np.intp)
         np.minimum.at(first, grid, where)
         out: SlotArray = grid[first[grid] == where]
+        first[out] = _UNSEEN
         return out
 
     def positions(self, slots: SlotArray) -> tuple[SlotArray, SlotArray]:
-        """The linked slots among ``slots`` (sorted, once each), and a map to their positions.
+        """The linked slots among ``slots`` (sorted, once each), and where each slot went.
 
-        Returns ``(unique, at)``: ``at[s]`` is the position of slot ``s`` in ``unique``, and
-        ``at[-1]`` is ``len(unique)`` (a spare cell for "no such message").
+        Returns ``(unique, where)``: ``where[i]`` is the position of ``slots[i]`` in
+        ``unique``, or ``len(unique)`` for ``-1`` (a spare cell for "no such message").
         """
-        mark = np.zeros(len(self._prev), dtype=bool)
+        size = len(self._prev)
+        mark, at = self._mark, self._at
+        if len(mark) < size:
+            mark = self._mark = np.zeros(size, dtype=bool)
+            at = self._at = np.zeros(size, dtype=np.intp)
         mark[slots] = True
         mark[-1] = False
         unique = np.flatnonzero(mark)
-        at = np.full(len(self._prev), len(unique), dtype=np.intp)
+        mark[unique] = False
         at[unique] = np.arange(len(unique))
-        return unique, at
+        at[-1] = len(unique)
+        where: SlotArray = at[slots]
+        return unique, where
 
     def _walk_one(self, links: SlotArray, mid: str, n: int) -> list[str]:
         out: list[str] = []
