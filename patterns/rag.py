@@ -1042,9 +1042,8 @@ class RAGMemory(SharedVectors, Closing):
                 self._row_memo = (index, index.layout, memo)
             # "no vector" (-1) is looked up again: the vector may have come since
             rows = memo.get(links, need, index.rows, _has_row)
-            cosines = query_scores.row_scores(rows)
-            has_vec[:-1] = ~np.isnan(cosines)
-            own[0, :-1] = np.where(has_vec[:-1], cosines, 0.0)
+            has_vec[:-1] = rows >= 0
+            own[0, :-1] = query_scores.row_scores(rows, fill=0.0)
         own[1, :-1] = self._bm25.slot_scores(query, need)  # thread slots are BM25 slots
         # rows: the candidates, the turns 1 .. turns before them, the next turn
         grid = where.reshape(1 + turns + reply, n)
@@ -1060,8 +1059,9 @@ class RAGMemory(SharedVectors, Closing):
         for _ in range(turns - 1):
             weights.append(weights[-1] * self.context_weight)
         weights = weights[:turns] + [self.reply_weight] * reply
-        scale = np.array(weights)[:, None]
-        ctx_d, ctx_b = cand_own + np.add.reduce(lent[:, grid[1:]] * scale, axis=1)
+        # what the turns lend, weighed: (weights) @ (side, turn, candidate)
+        ctx = cand_own + np.array(weights) @ lent[:, grid[1:]]
+        ctx_d, ctx_b = ctx
         if self.thread_weight and n > 1:
             # the thread's keyword relevance: what its candidates score above the mean, summed,
             # over the weakest thread's; the same for every candidate of a thread (so with
@@ -1094,8 +1094,7 @@ class RAGMemory(SharedVectors, Closing):
         else:  # scores only: the candidates of either side, in candidate order
             order, fused = fuse_members(
                 np.flatnonzero(has_vec[cand_at] | (ctx_b > 0)),
-                ctx_d,
-                ctx_b,
+                ctx,
                 bm25_top=max(float(np.maximum.reduce(ctx_b)), 0.0),
                 fusion=self.fusion,
                 dense_weight=self.dense_weight,

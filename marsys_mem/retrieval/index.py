@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -274,15 +275,18 @@ class QueryScores:
         rows, scores = _best_of(self._scores, None, k_int, ordered=False)
         return self._row_labels[rows], scores
 
-    def row_scores(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
-        """The inner product with the vector in each storage row (NaN: ``-1``).
+    def row_scores(
+        self, rows: npt.NDArray[np.int64], fill: float = math.nan
+    ) -> npt.NDArray[np.float64]:
+        """The inner product with the vector in each storage row (``fill``: ``-1``).
 
         Args:
             rows: from :meth:`FaissIndex.rows`, at the layout this was made at.
+            fill: the score of a ``-1`` row.
         """
         if self._scores is None:
-            return self._index.row_inner_products(rows, self._query)
-        out = np.full(len(rows), np.nan)
+            return self._index.row_inner_products(rows, self._query, fill)
+        out = np.full(len(rows), fill)
         known = rows >= 0
         out[known] = self._scores[rows[known]]
         return out
@@ -657,9 +661,9 @@ class FaissIndex:
             return self.row_inner_products(rows, query)
 
     def row_inner_products(
-        self, rows: npt.NDArray[np.int64], query: FloatArray
+        self, rows: npt.NDArray[np.int64], query: FloatArray, fill: float = math.nan
     ) -> npt.NDArray[np.float64]:
-        """The inner product of ``query`` with the vector in each storage row (NaN: ``-1``).
+        """The inner product of ``query`` with the vector in each storage row (``fill``: ``-1``).
 
         One faiss call reads the stored vectors in place (one thread, no copy; numpy's
         threaded BLAS is avoided: on a busy machine its threads wait for each other for
@@ -668,29 +672,32 @@ class FaissIndex:
         Args:
             rows: from :meth:`rows`, at the current :attr:`layout`.
             query: one vector, shape ``(dim,)``.
+            fill: the score of a ``-1`` row.
 
         Raises:
             EmbeddingError: ``query`` has the wrong dimension.
         """
-        out = np.full(len(rows), np.nan)
         vector = np.ascontiguousarray(query, dtype=np.float32).reshape(-1)
         if vector.shape[0] != self._dim:
             raise EmbeddingError(f"query has dimension {vector.shape[0]}, expected {self._dim}")
         known = rows >= 0
-        wanted = np.ascontiguousarray(rows[known], dtype=np.int64)
-        if not len(wanted):
-            return out
+        every = bool(np.logical_and.reduce(known))
+        wanted = np.ascontiguousarray(rows if every else rows[known], dtype=np.int64)
         found = np.empty(len(wanted), dtype=np.float32)
-        with self._lock:
-            _faiss_untyped.fvec_inner_products_by_idx(
-                faiss.swig_ptr(found),
-                faiss.swig_ptr(vector),
-                self._storage().get_xb(),
-                faiss.swig_ptr(wanted),
-                self._dim,
-                1,
-                len(wanted),
-            )
+        if len(wanted):
+            with self._lock:
+                _faiss_untyped.fvec_inner_products_by_idx(
+                    faiss.swig_ptr(found),
+                    faiss.swig_ptr(vector),
+                    self._storage().get_xb(),
+                    faiss.swig_ptr(wanted),
+                    self._dim,
+                    1,
+                    len(wanted),
+                )
+        if every:
+            return found.astype(np.float64)
+        out = np.full(len(rows), fill)
         out[known] = found
         return out
 

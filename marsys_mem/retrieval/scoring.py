@@ -266,8 +266,7 @@ def fuse_arrays(
         top = float(bm25[bm25_rank[0]]) if len(bm25_rank) else 0.0
         return fuse_members(
             members,
-            dense,
-            bm25,
+            np.stack([dense, bm25]),
             bm25_top=top,
             fusion=fusion,
             dense_weight=dense_weight,
@@ -285,8 +284,7 @@ def fuse_arrays(
 
 def fuse_members(
     members: npt.NDArray[np.intp],
-    dense: npt.NDArray[np.float64],
-    bm25: npt.NDArray[np.float64],
+    scores: npt.NDArray[np.float64],
     *,
     bm25_top: float,
     fusion: Fusion = "zscore",
@@ -301,8 +299,8 @@ def fuse_members(
 
     Args:
         members: positions of the candidates to fuse, each once.
-        dense: the cosine of every candidate (0.0 where it has none).
-        bm25: the BM25 score of every candidate.
+        scores: shape ``(2, candidates)``: row 0 the cosine of every candidate (0.0 where
+            it has none), row 1 its BM25 score.
         bm25_top: the best BM25 score of the BM25 list (``"convex"`` divides by it).
         fusion: ``"zscore"``, ``"convex"`` or ``"minmax"`` (see :func:`fuse_scores`).
         dense_weight: weight of the dense retriever.
@@ -315,45 +313,44 @@ def fuse_members(
         ValueError: ``fusion`` is ``"rrf"`` (it needs ranks: :func:`fuse_arrays`) or unknown.
 
     Example:
-        >>> order, fused = fuse_members(np.array([0, 1]), np.array([0.9, 0.5]),
-        ...                             np.array([0.0, 7.0]), bm25_top=7.0, fusion="convex")
+        >>> order, fused = fuse_members(np.array([0, 1]), np.array([[0.9, 0.5], [0.0, 7.0]]),
+        ...                             bm25_top=7.0, fusion="convex")
         >>> order.tolist(), [round(f, 2) for f in fused.tolist()]
         ([1, 0], [0.75, 0.45])
     """
     dw, bw = dense_weight, bm25_weight
+    picked = scores[:, members]  # both sides through one array operation each
     fused: npt.NDArray[np.float64]
     if fusion == "convex":
         scale = 1.0 / bm25_top if bm25_top > 0 else 0.0
-        fused = (dw * dense[members] + bw * bm25[members] * scale) / (dw + bw)
+        fused = (dw * picked[0] + bw * picked[1] * scale) / (dw + bw)
     elif fusion == "zscore":
-        d = dense[members]
-        b = bm25[members]
         if len(members) < 2:  # nothing to stand out from: a match is the best there is
-            fused = np.where((d > 0) | (b > 0), 1.0, 0.0)
+            fused = np.where((picked[0] > 0) | (picked[1] > 0), 1.0, 0.0)
         else:
-            fused = _minmax_array((dw * _zscore_array(d) + bw * _zscore_array(b)) / (dw + bw))
+            z = _zscore_rows(picked)
+            fused = _minmax_array((dw * z[0] + bw * z[1]) / (dw + bw))
     elif fusion == "minmax":
-        d = _minmax_array(dense[members])
-        b = _minmax_array(bm25[members])
-        fused = (dw * d + bw * b) / (dw + bw)
+        fused = (dw * _minmax_array(picked[0]) + bw * _minmax_array(picked[1])) / (dw + bw)
     else:
         raise ValueError(f"fuse_members fuses scores (zscore, convex, minmax), got {fusion!r}")
     order = np.argsort(-fused, kind="stable")
     return members[order], fused[order]
 
 
-def _zscore_array(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-    """``(values - mean) / std`` (all 0.0 when the values are all equal).
+def _zscore_rows(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """``(row - mean) / std`` for each row of a 2-D array (0.0 for a row of equal values).
 
-    The arithmetic of ``values.mean()`` and ``values.std()`` (same sums, same rounding),
-    spelled out in ufuncs: their Python wrappers cost more than the sums on a cold cache.
+    The arithmetic of ``row.mean()`` and ``row.std()`` (same sums, same rounding), spelled
+    out in ufuncs over both rows at once: their Python wrappers cost more than the sums on
+    a cold cache.
     """
-    n = len(values)
-    dev = values - float(np.add.reduce(values)) / n
-    sd = math.sqrt(float(np.add.reduce(dev * dev)) / n)
-    if sd <= 0.0:
-        return np.zeros(n)
-    out: npt.NDArray[np.float64] = dev * (1.0 / sd)
+    n = values.shape[1]
+    dev = values - (np.add.reduce(values, axis=1) / n)[:, None]
+    sd = np.sqrt(np.add.reduce(dev * dev, axis=1) / n)
+    out: npt.NDArray[np.float64] = (
+        dev * np.divide(1.0, sd, out=np.zeros_like(sd), where=sd > 0)[:, None]
+    )
     return out
 
 
