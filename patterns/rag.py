@@ -960,7 +960,7 @@ class RAGMemory(SharedVectors, Closing):
             if in_context:  # the hits' labels go straight to thread slots
                 # one read of the vectors gives the hits and, later, the candidates' cosines
                 query_scores = index.query_scores(qvec)
-                labels, _ = query_scores.best(min(depth, n))  # ranked below
+                labels = query_scores.candidates(min(depth, n))  # ranked below
                 if self._slot_memo[0] is not index:  # labels belong to one index
                     self._slot_memo = (index, LabelSlots())
                 dense_slots = self._slot_memo[1].get(self._links, labels, index.ids_of_labels)
