@@ -1093,7 +1093,7 @@ class RAGMemory(SharedVectors, Closing):
             )
         else:  # scores only: the candidates of either side, in candidate order
             order, fused = fuse_members(
-                np.flatnonzero(has_vec[cand_at] | (ctx_b > 0)),
+                (has_vec[cand_at] | (ctx_b > 0)).nonzero()[0],
                 ctx,
                 bm25_top=max(float(np.maximum.reduce(ctx_b)), 0.0),
                 fusion=self.fusion,

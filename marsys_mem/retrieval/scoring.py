@@ -334,7 +334,7 @@ def fuse_members(
         fused = (dw * _minmax_array(picked[0]) + bw * _minmax_array(picked[1])) / (dw + bw)
     else:
         raise ValueError(f"fuse_members fuses scores (zscore, convex, minmax), got {fusion!r}")
-    order = np.argsort(-fused, kind="stable")
+    order = (-fused).argsort(kind="stable")
     return members[order], fused[order]
 
 

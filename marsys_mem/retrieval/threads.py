@@ -278,7 +278,7 @@ class ThreadLinks:
             at = self._at = np.zeros(size, dtype=np.intp)
         mark[slots] = True
         mark[-1] = False
-        unique = np.flatnonzero(mark)
+        unique = mark.nonzero()[0]
         mark[unique] = False
         at[unique] = np.arange(len(unique))
         at[-1] = len(unique)
@@ -355,7 +355,7 @@ class SlotMemo:
         fresh = self._serial[slots] == serials
         if valid is not None:
             fresh &= valid(values)
-        if not fresh.all():
+        if not np.logical_and.reduce(fresh):
             stale = ~fresh
             missing = slots[stale]
             found = np.asarray(lookup(links.ids_of(missing)), dtype=np.int64)
@@ -409,13 +409,14 @@ class LabelSlots:
             labels: live vector labels (``>= 0``).
             ids_of: the message id of each label (called only for the labels not memoised).
         """
-        if len(labels) and int(labels.max()) >= len(self._slot):
-            grow = int(labels.max()) + 1 - len(self._slot)
+        top = int(np.maximum.reduce(labels)) if len(labels) else -1
+        if top >= len(self._slot):
+            grow = top + 1 - len(self._slot)
             self._slot = np.concatenate([self._slot, np.full(grow, -1, dtype=np.intp)])
             self._serial = np.concatenate([self._serial, np.full(grow, -1, dtype=np.int64)])
         slots = self._slot[labels]
         fresh = (slots >= 0) & (links.serials(slots) == self._serial[labels])
-        if not fresh.all():
+        if not np.logical_and.reduce(fresh):
             stale = ~fresh
             missing = labels[stale]
             found = links.slots(ids_of(missing))
