@@ -53,9 +53,14 @@ document's keyword score, the query's time cues) to a helper thread
 ONNX Runtime and PyTorch let go of the GIL for the forward pass, so that work is done by
 the time the vector is (it is redone if the memory changed in between). From 4,096 vectors
 the dense side scans 4-bit product-quantizer codes of the vectors (made in the
-background; :mod:`marsys_mem.retrieval.codes`) for four times the candidates it needs and
-scores those exactly (see :meth:`~marsys_mem.retrieval.index.FaissIndex.best_labels`): a
-sixteenth of the bytes to read, through faiss's SIMD fast-scan kernel.
+background; :mod:`marsys_mem.retrieval.codes`): a sixteenth of the bytes to read, through
+faiss's SIMD fast-scan kernel. A hybrid search takes the ``candidates`` best by the codes'
+estimates as its dense hits (an approximate search, see
+:meth:`~marsys_mem.retrieval.index.QueryScores.candidates`) and reads the exact cosines of
+its candidates and their neighbours in one pass; ``mode="dense"`` scores four times its
+``k`` exactly (see :meth:`~marsys_mem.retrieval.index.FaissIndex.best_labels`). The score
+fusions need no ranking of either side: candidates of equal fused score keep their order
+(dense hits first, each followed by the turns around it, then the keyword hits').
 
 Persistence: with a ``store`` the store is the source of truth. Every add and remove is
 written through to it under ``key`` before memory changes, and a new ``RAGMemory`` loads
@@ -310,8 +315,9 @@ class RAGMemory(SharedVectors, Closing):
             ``k``; widened when filters reject candidates).
         max_chars: the longest text accepted by ``add``.
         index_kind: the :class:`~marsys_mem.retrieval.index.FaissIndex` kind. ``"flat"`` (the
-            default) searches all vectors (from 4,096 messages through 4-bit codes first,
-            near-exact; see :meth:`~marsys_mem.retrieval.index.FaissIndex.best_labels`): about
+            default) searches all vectors (from 4,096 messages through 4-bit codes first:
+            near-exact for ``mode="dense"``, the codes' best estimates as a hybrid search's
+            dense candidates; see :meth:`~marsys_mem.retrieval.index.QueryScores.candidates`): about
             0.5 ms per query over 10k messages and 2 ms over 100k on one core, next to 3-5 ms
             for MiniLM to embed the query with ONNX Runtime. ``"auto"``
             / ``"hnsw"`` are faster past 50k messages but approximate: on the benchmark's
