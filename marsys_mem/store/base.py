@@ -37,6 +37,7 @@ from marsys_mem.lifecycle import Closing
 from marsys_mem.model.messages import Message
 from marsys_mem.model.runs import RunSnapshot
 from marsys_mem.store.keys import Key, stored_key, validate_key
+from marsys_mem.store.owners import DeletionPage, Source
 from marsys_mem.store.vectors import MAX_MODEL_CHARS, MessagePage, VectorPage
 
 __all__ = [
@@ -44,12 +45,14 @@ __all__ = [
     "Append",
     "CountMessages",
     "Delete",
+    "DeletionPage",
     "EnforceRetention",
     "Key",
     "ListKeys",
     "ListRuns",
     "Load",
     "LoadAfter",
+    "LoadDeletions",
     "LoadRun",
     "LoadVectors",
     "MemoryStore",
@@ -57,6 +60,7 @@ __all__ = [
     "Op",
     "PutVectors",
     "SaveRun",
+    "Source",
     "VectorPage",
     "validate_key",
 ]
@@ -81,10 +85,16 @@ def _check_str(name: str, value: object) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Append:
-    """Append ``messages`` to ``key`` (result: ``None``)."""
+    """Append ``messages`` to ``key`` (result: ``None``).
+
+    ``sources``: empty (records owned by their key only), or one tuple of
+    :class:`~marsys_mem.store.owners.Source` per message: the messages it was derived from.
+    Deleting every source of a record deletes the record (:mod:`marsys_mem.store.owners`).
+    """
 
     key: Key
     messages: tuple[Message, ...]
+    sources: tuple[tuple[Source, ...], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +213,19 @@ class LoadVectors:
     limit: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class LoadDeletions:
+    """Deletions logged after cursor ``after`` (result: :class:`DeletionPage`).
+
+    ``after=None``: no entries, only the current cursor (where a new reader starts).
+    ``namespace``: only deletions under keys of that namespace (the cursor still moves
+    past the others).
+    """
+
+    after: int | None = None
+    namespace: str | None = None
+
+
 VECTOR_OPS = (LoadAfter, PutVectors, LoadVectors)
 """The operations only a store that :attr:`~MemoryStore.supports_vectors` executes."""
 
@@ -220,6 +243,7 @@ Op = (
     | LoadAfter
     | PutVectors
     | LoadVectors
+    | LoadDeletions
 )
 
 
@@ -236,6 +260,10 @@ def _validate(op: Op) -> None:
                     f"message_id {m.message_id!r} appears twice in one append to {op.key}"
                 )
             seen.add(m.message_id)
+        _validate_sources(op)
+    elif isinstance(op, LoadDeletions):
+        _check_int("after", op.after, 0)
+        _check_str("namespace", op.namespace)
     elif isinstance(op, Load):
         validate_key(op.key)
         _check_aware("since", op.since)
@@ -283,6 +311,26 @@ def _validate(op: Op) -> None:
         _check_int("limit", op.limit, 1)
     else:
         raise TypeError(f"unknown store operation {op!r}")
+
+
+def _validate_sources(op: Append) -> None:
+    if not isinstance(op.sources, tuple):
+        raise TypeError(f"sources must be a tuple, got {type(op.sources).__name__}")
+    if not op.sources:
+        return
+    if len(op.sources) != len(op.messages):
+        raise ValueError(
+            f"sources must hold one tuple per message: {len(op.messages)} messages, "
+            f"{len(op.sources)} tuples of sources"
+        )
+    for i, refs in enumerate(op.sources):
+        if not isinstance(refs, tuple):
+            raise TypeError(f"sources[{i}] must be a tuple of Source, got {type(refs).__name__}")
+        for j, ref in enumerate(refs):
+            if not isinstance(ref, Source):
+                raise TypeError(f"sources[{i}][{j}] must be a Source, got {type(ref).__name__}")
+            validate_key(ref.key)
+            _check_str(f"sources[{i}][{j}].message_id", ref.message_id)
 
 
 def _check_model(model: object) -> None:
@@ -462,6 +510,25 @@ class MemoryStore(Closing, abc.ABC):
         now = now or datetime.now(UTC)
         result: int = self.batch([EnforceRetention(key, ttl, max_messages, now)])[0]
         return result
+
+    def load_deletions(
+        self, after: int | None = None, *, namespace: str | None = None
+    ) -> DeletionPage:
+        """Deletions logged after cursor ``after`` (``None``: just the current cursor).
+
+        A cache calls it before it reads, and drops what was deleted (by this process, by
+        a cascade, or by another process). See :mod:`marsys_mem.store.owners`.
+        """
+        result: DeletionPage = self.batch([LoadDeletions(after, namespace)])[0]
+        return result
+
+    def scrub(self) -> None:
+        """Make deleted text unrecoverable from the store's files (call after a forget).
+
+        A backend with files of its own (SQLite: the WAL checkpointed and truncated;
+        deleted pages are zeroed by ``secure_delete``) overrides it; the default does
+        nothing (memory is freed; PostgreSQL leaves dead rows to its VACUUM).
+        """
 
     def load_messages_after(self, key: Key, after: int = 0) -> MessagePage:
         """Messages appended to ``key`` after cursor ``after``, the next cursor, the count.

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+from collections import deque
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
@@ -38,6 +39,7 @@ from marsys_mem.store.base import (
     ListRuns,
     Load,
     LoadAfter,
+    LoadDeletions,
     LoadRun,
     LoadVectors,
     MemoryStore,
@@ -45,6 +47,7 @@ from marsys_mem.store.base import (
     PutVectors,
     SaveRun,
 )
+from marsys_mem.store.owners import DELETION_LOG_SIZE, DeletionPage
 from marsys_mem.store.retention import evicted
 from marsys_mem.store.vectors import MessagePage, VectorPage, empty_vectors
 
@@ -125,10 +128,30 @@ class _ModelVectors:
             self.seqs = [s for s in self.seqs if s in self.rows]
 
 
-class _State:
-    """The committed contents of an :class:`InMemoryStore` (read and swapped by batches)."""
+Record = tuple[Key, str]
+"""A stored message (or derived record): its key and id."""
 
-    __slots__ = ("ids", "messages", "runs", "seq", "seqs", "vectors")
+
+class _State:
+    """The committed contents of an :class:`InMemoryStore` (read and swapped by batches).
+
+    Ownership (:mod:`marsys_mem.store.owners`): ``owners`` maps a derived record to its
+    sources, ``derived`` a source to the records derived from it; ``deletions`` is the
+    log, whose first entry has cursor ``deletions_first``.
+    """
+
+    __slots__ = (
+        "deletions",
+        "deletions_first",
+        "derived",
+        "ids",
+        "messages",
+        "owners",
+        "runs",
+        "seq",
+        "seqs",
+        "vectors",
+    )
 
     def __init__(self) -> None:
         self.messages: dict[Key, list[Message]] = {}
@@ -137,6 +160,10 @@ class _State:
         self.seq = 0  # the last cursor handed out (messages and vectors share it)
         self.seqs: dict[Key, dict[str, int]] = {}  # key -> message id -> its cursor
         self.vectors: dict[str, _ModelVectors] = {}
+        self.owners: dict[Record, set[Record]] = {}
+        self.derived: dict[Record, set[Record]] = {}
+        self.deletions: deque[Record] = deque()
+        self.deletions_first = 1
 
 
 class InMemoryStore(MemoryStore):
@@ -189,6 +216,8 @@ class _Transaction:
         self.runs: dict[str, RunSnapshot] | None = None  # a private copy once written
         self.new_seqs: dict[Key, dict[str, int]] = {}  # cursors of appended messages
         self.undo: list[tuple[str, str, int, _Row | None]] = []  # vector writes, to revert
+        self.undo_links: list[tuple[bool, Record, Record]] = []  # (added, record, source)
+        self.logged = 0  # deletions this batch appended to the log
 
     # ------------------------------------------------------------------ state access
     def draft(self, key: Key) -> _Draft:
@@ -232,7 +261,14 @@ class _Transaction:
         return results
 
     def revert(self) -> None:
-        """Undo this batch's vector writes, newest first."""
+        """Undo this batch's vector writes and link changes, newest first."""
+        for _ in range(self.logged):
+            self.state.deletions.pop()
+        for added, record, source in reversed(self.undo_links):
+            if added:
+                self._unlink(record, source)
+            else:
+                self._link(record, source)
         vectors = self.state.vectors
         for action, model, seq, row in reversed(self.undo):
             mv = vectors[model]
@@ -275,6 +311,10 @@ class _Transaction:
                     messages[key], ids[key] = d.tail, d.tail_ids
         if self.runs is not None:
             self.state.runs = self.runs
+        log = self.state.deletions
+        while len(log) > DELETION_LOG_SIZE:
+            log.popleft()
+            self.state.deletions_first += 1
 
     def execute(self, op: Op) -> Any:
         if isinstance(op, Append):
@@ -308,6 +348,8 @@ class _Transaction:
             return self.put_vectors(op)
         if isinstance(op, LoadVectors):
             return self.load_vectors(op)
+        if isinstance(op, LoadDeletions):
+            return self.load_deletions(op)
         raise TypeError(f"unknown store operation {op!r}")  # pragma: no cover
 
     def append(self, op: Append) -> None:
@@ -324,6 +366,73 @@ class _Transaction:
         for m in op.messages:
             self.state.seq += 1
             new[m.message_id] = self.state.seq
+        for m, refs in zip(op.messages, op.sources, strict=False):
+            for ref in refs:
+                source = (ref.key, ref.message_id)
+                record = (op.key, m.message_id)
+                if record not in self.state.derived.get(source, ()):
+                    self._link(record, source)
+                    self.undo_links.append((True, record, source))
+
+    # ------------------------------------------------------------------ ownership
+    def _link(self, record: Record, source: Record) -> None:
+        self.state.owners.setdefault(record, set()).add(source)
+        self.state.derived.setdefault(source, set()).add(record)
+
+    def _unlink(self, record: Record, source: Record) -> None:
+        for table, a, b in (
+            (self.state.owners, record, source),
+            (self.state.derived, source, record),
+        ):
+            found = table.get(a)
+            if found is not None:
+                found.discard(b)
+                if not found:
+                    del table[a]
+
+    def cascade(self, key: Key, message_ids: Iterable[str]) -> None:
+        """Log the deletion of ``message_ids`` from ``key`` and delete what loses its sources."""
+        state = self.state
+        frontier = [(key, mid) for mid in message_ids]
+        while frontier:
+            doomed: dict[Key, set[str]] = {}
+            for record in frontier:
+                state.deletions.append(record)
+                self.logged += 1
+                if not state.owners and not state.derived:
+                    continue
+                for source in list(state.owners.get(record, ())):
+                    self._unlink(record, source)
+                    self.undo_links.append((False, record, source))
+                for child in list(state.derived.get(record, ())):
+                    self._unlink(child, record)
+                    self.undo_links.append((False, child, record))
+                    if child not in state.owners:  # its last source went
+                        doomed.setdefault(child[0], set()).add(child[1])
+            frontier = []
+            for k, ids in doomed.items():
+                messages = self.current(k)
+                gone = [m.message_id for m in messages if m.message_id in ids]
+                if gone:
+                    self.drop_vectors(k, gone)
+                    self.draft(k).replace([m for m in messages if m.message_id not in ids])
+                    frontier += [(k, mid) for mid in gone]
+
+    def load_deletions(self, op: LoadDeletions) -> DeletionPage:
+        state = self.state
+        head = state.deletions_first + len(state.deletions) - 1
+        if op.after is None:
+            return DeletionPage((), (), head)
+        complete = op.after >= state.deletions_first - 1
+        start = max(op.after - state.deletions_first + 1, 0)
+        keys: list[Key] = []
+        mids: list[str] = []
+        for i in range(start, len(state.deletions)):
+            k, mid = state.deletions[i]
+            if op.namespace is None or k[0] == op.namespace:
+                keys.append(k)
+                mids.append(mid)
+        return DeletionPage(tuple(keys), tuple(mids), max(head, op.after), complete)
 
     # ------------------------------------------------------------------ vectors
     def seq_of(self, key: Key, message_id: str) -> int:
@@ -444,12 +553,12 @@ class _Transaction:
             ]
         removed = len(messages) - len(kept)
         if removed:
+            left = {m.message_id for m in kept}
+            gone = [m.message_id for m in messages if m.message_id not in left]
             if self.state.vectors:
-                left = {m.message_id for m in kept}
-                self.drop_vectors(
-                    op.key, [m.message_id for m in messages if m.message_id not in left]
-                )
+                self.drop_vectors(op.key, gone)
             self.draft(op.key).replace(kept)
+            self.cascade(op.key, gone)
         return removed
 
     def list_runs(self, op: ListRuns) -> list[str]:
@@ -488,6 +597,8 @@ def _retain(
     drop = evicted(messages, now=now, ttl=ttl, max_messages=max_messages)
     if drop:
         gone = set(drop)
-        tx.drop_vectors(key, [messages[i].message_id for i in drop])
+        ids = [messages[i].message_id for i in drop]
+        tx.drop_vectors(key, ids)
         tx.draft(key).replace([m for i, m in enumerate(messages) if i not in gone])
+        tx.cascade(key, ids)
     return len(drop)

@@ -91,6 +91,7 @@ from marsys_mem.store.base import (
     ListRuns,
     Load,
     LoadAfter,
+    LoadDeletions,
     LoadRun,
     LoadVectors,
     MemoryStore,
@@ -98,6 +99,7 @@ from marsys_mem.store.base import (
     PutVectors,
     SaveRun,
 )
+from marsys_mem.store.owners import DELETION_LOG_SIZE, DeletionPage
 from marsys_mem.store.retention import EVICTION_ORDER, ttl_cutoff
 
 try:
@@ -204,7 +206,70 @@ def _v1_tables(conn: Connection) -> None:
     )
 
 
-MIGRATIONS: tuple[Migration, ...] = (_v1_tables, postgres_vectors.migrate_vectors)
+def _v3_owners(conn: Connection) -> None:
+    """Version 3: ``marsys_sources`` (what each derived record came from), the deletion log.
+
+    One statement trigger per delete (:mod:`marsys_mem.store.owners`): the deleted rows'
+    own links go; records derived from them that have no other source are deleted (a
+    nested delete, so the cascade cascades); the deletions are logged (key and id only)
+    with cursors taken from ``marsys_deletion_clock`` (row-locked until commit, so the log
+    is read in commit order, as the vector clock is).
+    """
+    conn.execute(
+        "CREATE TABLE marsys_sources ("
+        " key_id bigint NOT NULL,"
+        ' message_id text COLLATE "C" NOT NULL,'
+        " s_key_id bigint NOT NULL,"
+        ' s_message_id text COLLATE "C" NOT NULL,'
+        " PRIMARY KEY (s_key_id, s_message_id, key_id, message_id))"
+    )
+    conn.execute("CREATE INDEX marsys_sources_by_record ON marsys_sources (key_id, message_id)")
+    conn.execute(
+        "CREATE TABLE marsys_deletion_clock (id integer PRIMARY KEY CHECK (id = 1),"
+        " last bigint NOT NULL)"
+    )
+    conn.execute("INSERT INTO marsys_deletion_clock (id, last) VALUES (1, 0)")
+    conn.execute(
+        "CREATE TABLE marsys_deletions ("
+        " dseq bigint PRIMARY KEY,"
+        " key_id bigint NOT NULL,"
+        ' message_id text COLLATE "C" NOT NULL)'
+    )
+    conn.execute(
+        "CREATE FUNCTION marsys_messages_owned() RETURNS trigger LANGUAGE plpgsql"
+        " SET search_path FROM CURRENT AS $$ DECLARE c bigint; last_d bigint; BEGIN"
+        " SELECT count(*) INTO c FROM gone;"
+        " IF c = 0 THEN RETURN NULL; END IF;"
+        " DELETE FROM marsys_sources s USING gone g"
+        "  WHERE s.key_id = g.key_id AND s.message_id = g.message_id;"
+        " DELETE FROM marsys_messages m USING ("
+        "  SELECT DISTINCT s.key_id, s.message_id FROM marsys_sources s"
+        "  JOIN gone g ON s.s_key_id = g.key_id AND s.s_message_id = g.message_id"
+        "  WHERE NOT EXISTS (SELECT 1 FROM marsys_sources o"
+        "   WHERE o.key_id = s.key_id AND o.message_id = s.message_id"
+        "   AND NOT EXISTS (SELECT 1 FROM gone x"
+        "    WHERE x.key_id = o.s_key_id AND x.message_id = o.s_message_id))) AS d"
+        "  WHERE m.key_id = d.key_id AND m.message_id = d.message_id;"
+        " DELETE FROM marsys_sources s USING gone g"
+        "  WHERE s.s_key_id = g.key_id AND s.s_message_id = g.message_id;"
+        " UPDATE marsys_deletion_clock SET last = last + c WHERE id = 1"
+        "  RETURNING last INTO last_d;"
+        " INSERT INTO marsys_deletions (dseq, key_id, message_id)"
+        "  SELECT last_d - c + row_number() OVER (), key_id, message_id FROM gone;"
+        " RETURN NULL; END $$"
+    )
+    conn.execute(
+        "CREATE TRIGGER marsys_messages_owned AFTER DELETE ON marsys_messages"
+        " REFERENCING OLD TABLE AS gone FOR EACH STATEMENT"
+        " EXECUTE FUNCTION marsys_messages_owned()"
+    )
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    _v1_tables,
+    postgres_vectors.migrate_vectors,
+    _v3_owners,
+)
 """Schema migrations, in order: ``MIGRATIONS[i]`` takes a database from version i to i + 1."""
 
 
@@ -505,6 +570,8 @@ class PostgresStore(MemoryStore):
                 elif not single:
                     conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", prepare=False)
                 results = [prepared.execute(conn, i) for i in range(len(ops))]
+                if any(isinstance(op, Delete | EnforceRetention) for op in ops):
+                    _prune_deletions(conn)
             except BaseException as exc:
                 _rollback(conn)
                 if isinstance(exc, psycopg.Error):
@@ -724,6 +791,8 @@ class _Prepared:
             return postgres_vectors.load_vectors(conn, op)
         if isinstance(op, LoadAfter):
             return postgres_vectors.load_after(conn, op)
+        if isinstance(op, LoadDeletions):
+            return _load_deletions(conn, op)
         raise TypeError(f"unknown store operation {op!r}")  # pragma: no cover
 
 
@@ -741,6 +810,61 @@ def _append(conn: Connection, op: Append, rows: dict[str, Any] | None) -> None:
             if duplicate is not None
             else f"a message_id of this append is already stored under {op.key}"
         ) from exc
+    if op.sources:
+        links = [
+            (m.message_id, *ref.key, ref.message_id)
+            for m, refs in zip(op.messages, op.sources, strict=True)
+            for ref in refs
+        ]
+        columns = [list(c) for c in zip(*links, strict=True)]
+        conn.execute(
+            "INSERT INTO marsys_keys (namespace, agent, branch)"
+            " SELECT DISTINCT * FROM unnest(%s::text[], %s::text[], %s::text[])"
+            " ON CONFLICT (namespace, agent, branch) DO NOTHING",
+            columns[1:4],
+        )
+        conn.execute(
+            "INSERT INTO marsys_sources (key_id, message_id, s_key_id, s_message_id)"
+            f" SELECT {_KEY_ID}, u.mid, k.id, u.smid"
+            " FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[])"
+            " AS u(mid, ns, agent, branch, smid)"
+            " JOIN marsys_keys k ON k.namespace = u.ns AND k.agent = u.agent"
+            " AND k.branch = u.branch ON CONFLICT DO NOTHING",
+            [*op.key, *columns],
+        )
+
+
+def _load_deletions(conn: Connection, op: LoadDeletions) -> DeletionPage:
+    row = conn.execute("SELECT last FROM marsys_deletion_clock WHERE id = 1").fetchone()
+    head = int(row[0]) if row else 0
+    if op.after is None:
+        return DeletionPage((), (), head)
+    first = conn.execute("SELECT min(dseq) FROM marsys_deletions").fetchone()
+    complete = first is None or first[0] is None or op.after >= int(first[0]) - 1
+    sql = (
+        "SELECT d.dseq, k.namespace, k.agent, k.branch, d.message_id FROM marsys_deletions d"
+        " JOIN marsys_keys k ON k.id = d.key_id WHERE d.dseq > %s"
+    )
+    params: list[Any] = [op.after]
+    if op.namespace is not None:
+        sql += " AND k.namespace = %s"
+        params.append(op.namespace)
+    rows = conn.execute(sql + " ORDER BY d.dseq", params).fetchall()
+    return DeletionPage(
+        tuple((str(r[1]), str(r[2]), str(r[3])) for r in rows),
+        tuple(str(r[4]) for r in rows),
+        max(head, op.after),
+        complete,
+    )
+
+
+def _prune_deletions(conn: Connection) -> None:
+    """Keep the newest :data:`DELETION_LOG_SIZE` entries of the deletion log."""
+    conn.execute(
+        "DELETE FROM marsys_deletions WHERE dseq <= "
+        "(SELECT last FROM marsys_deletion_clock WHERE id = 1) - %s",
+        (DELETION_LOG_SIZE,),
+    )
 
 
 def _load(conn: Connection, op: Load) -> list[Any]:

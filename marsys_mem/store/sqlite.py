@@ -91,6 +91,7 @@ from marsys_mem.store.base import (
     ListRuns,
     Load,
     LoadAfter,
+    LoadDeletions,
     LoadRun,
     LoadVectors,
     MemoryStore,
@@ -98,6 +99,7 @@ from marsys_mem.store.base import (
     PutVectors,
     SaveRun,
 )
+from marsys_mem.store.owners import DELETION_LOG_SIZE, DeletionPage
 from marsys_mem.store.retention import EVICTION_ORDER, ttl_cutoff
 from marsys_mem.store.vectors import MessagePage, VectorPage, from_bytes, to_bytes
 
@@ -117,6 +119,11 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 _KEY_WHERE = "namespace = ? AND agent = ? AND branch = ?"
 _WRITES = (Append, Delete, SaveRun, EnforceRetention, PutVectors)
+_DELETES = (Delete, EnforceRetention)
+_SOURCE_INSERT = (
+    "INSERT OR IGNORE INTO sources (namespace, agent, branch, message_id, "
+    "s_namespace, s_agent, s_branch, s_message_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
 _CHUNK = 500  # ids per IN (...) query: below SQLite's bound-parameter limit
 _INSERT = (
     "INSERT INTO messages (namespace, agent, branch, message_id, ts, protected, data) "
@@ -244,7 +251,59 @@ def _v4_vectors(conn: sqlite3.Connection) -> None:
     )
 
 
-MIGRATIONS: tuple[Migration, ...] = (_v1_tables, _v2_protected, _v3_key_counts, _v4_vectors)
+def _v5_owners(conn: sqlite3.Connection) -> None:
+    """Version 5: ``sources`` (what each derived record came from) and ``deletions``.
+
+    One trigger per deleted row (``recursive_triggers`` is on, so a cascade cascades):
+    the row's own links go; records derived from it lose that link and, with no source
+    left, are deleted too; the deletion is logged (key and id only) for readers to catch
+    up (:mod:`marsys_mem.store.owners`).
+    """
+    conn.execute(
+        "CREATE TABLE sources ("
+        " namespace TEXT NOT NULL, agent TEXT NOT NULL, branch TEXT NOT NULL,"
+        " message_id TEXT NOT NULL,"
+        " s_namespace TEXT NOT NULL, s_agent TEXT NOT NULL, s_branch TEXT NOT NULL,"
+        " s_message_id TEXT NOT NULL,"
+        " PRIMARY KEY (s_namespace, s_agent, s_branch, s_message_id,"
+        "  namespace, agent, branch, message_id)) WITHOUT ROWID"
+    )
+    conn.execute(
+        "CREATE INDEX sources_by_record ON sources (namespace, agent, branch, message_id)"
+    )
+    conn.execute(
+        "CREATE TABLE deletions ("
+        " dseq INTEGER PRIMARY KEY AUTOINCREMENT,"
+        " namespace TEXT NOT NULL, agent TEXT NOT NULL, branch TEXT NOT NULL,"
+        " message_id TEXT NOT NULL)"
+    )
+    conn.execute(
+        "CREATE TRIGGER messages_owned_delete AFTER DELETE ON messages BEGIN "
+        "INSERT INTO deletions (namespace, agent, branch, message_id) "
+        "VALUES (old.namespace, old.agent, old.branch, old.message_id); "
+        "DELETE FROM sources WHERE namespace = old.namespace AND agent = old.agent "
+        "AND branch = old.branch AND message_id = old.message_id; "
+        "DELETE FROM messages WHERE seq IN (SELECT m.seq FROM sources s JOIN messages m "
+        "ON m.namespace = s.namespace AND m.agent = s.agent AND m.branch = s.branch "
+        "AND m.message_id = s.message_id "
+        "WHERE s.s_namespace = old.namespace AND s.s_agent = old.agent "
+        "AND s.s_branch = old.branch AND s.s_message_id = old.message_id "
+        "AND NOT EXISTS (SELECT 1 FROM sources o WHERE o.namespace = s.namespace "
+        "AND o.agent = s.agent AND o.branch = s.branch AND o.message_id = s.message_id "
+        "AND NOT (o.s_namespace = old.namespace AND o.s_agent = old.agent "
+        "AND o.s_branch = old.branch AND o.s_message_id = old.message_id))); "
+        "DELETE FROM sources WHERE s_namespace = old.namespace AND s_agent = old.agent "
+        "AND s_branch = old.branch AND s_message_id = old.message_id; END"
+    )
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    _v1_tables,
+    _v2_protected,
+    _v3_key_counts,
+    _v4_vectors,
+    _v5_owners,
+)
 """Schema migrations, in order: ``MIGRATIONS[i]`` takes a file from version i to i + 1."""
 
 
@@ -499,6 +558,10 @@ class SQLiteStore(MemoryStore):
                 _check_identity(conn, self.path)
             self.journal_mode = _set_wal(conn, self.busy_timeout)
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+            # A cascade deletes rows from inside the delete trigger: let it fire again.
+            conn.execute("PRAGMA recursive_triggers = ON")
+            # Deleted text is overwritten in the file, not left in free pages.
+            conn.execute("PRAGMA secure_delete = ON")
             _migrate(conn, self.path)
         except sqlite3.Error as exc:
             conn.close()
@@ -524,6 +587,21 @@ class SQLiteStore(MemoryStore):
             conn, self._conn = self._conn, None
             if conn is not None:
                 conn.close()
+
+    def scrub(self) -> None:
+        """Checkpoint the WAL into the file and truncate it (after a forget).
+
+        With ``secure_delete`` on, deleted rows are zeroed in the pages written back, so
+        once the WAL is checkpointed and truncated no file of the store holds their text.
+        A reader holding an old snapshot (another process) can keep the checkpoint from
+        completing; the next scrub finishes it.
+        """
+        with self._lock:
+            conn = self._open_conn()
+            try:
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot checkpoint {self.path}: {exc}") from exc
 
     def integrity_check(self) -> str:
         """``PRAGMA integrity_check``, then ``key_counts`` against the rows it counts.
@@ -566,6 +644,8 @@ class SQLiteStore(MemoryStore):
                 raise StoreError(f"cannot start a transaction on {self.path}: {exc}") from exc
             try:
                 results = [_execute(conn, op, rows) for op in ops]
+                if any(isinstance(op, _DELETES) for op in ops):
+                    _prune_deletions(conn)
                 conn.execute("COMMIT")
             except BaseException as exc:
                 _rollback(conn)
@@ -681,6 +761,8 @@ def _execute(conn: sqlite3.Connection, op: Op, rows: dict[int, list[Row]]) -> An
         return _put_vectors(conn, op)
     if isinstance(op, LoadVectors):
         return _load_vectors(conn, op)
+    if isinstance(op, LoadDeletions):
+        return _load_deletions(conn, op)
     raise TypeError(f"unknown store operation {op!r}")  # pragma: no cover
 
 
@@ -698,6 +780,43 @@ def _append(conn: sqlite3.Connection, op: Append, rows: list[Row]) -> None:
         ) from exc
     if rows:  # counted here, once per append (a per-row trigger costs ~20% of batched speed)
         conn.execute(_COUNT_ADD, (*op.key, len(rows)))
+    if op.sources:
+        conn.executemany(
+            _SOURCE_INSERT,
+            [
+                (*op.key, m.message_id, *ref.key, ref.message_id)
+                for m, refs in zip(op.messages, op.sources, strict=True)
+                for ref in refs
+            ],
+        )
+
+
+def _load_deletions(conn: sqlite3.Connection, op: LoadDeletions) -> DeletionPage:
+    (head,) = conn.execute("SELECT coalesce(max(dseq), 0) FROM deletions").fetchone()
+    if op.after is None:
+        return DeletionPage((), (), int(head))
+    (first,) = conn.execute("SELECT min(dseq) FROM deletions").fetchone()
+    complete = first is None or op.after >= int(first) - 1
+    sql = "SELECT dseq, namespace, agent, branch, message_id FROM deletions WHERE dseq > ?"
+    params: list[Any] = [op.after]
+    if op.namespace is not None:
+        sql += " AND namespace = ?"
+        params.append(op.namespace)
+    rows = conn.execute(sql + " ORDER BY dseq", params).fetchall()
+    return DeletionPage(
+        tuple((str(r[1]), str(r[2]), str(r[3])) for r in rows),
+        tuple(str(r[4]) for r in rows),
+        max(int(head), op.after),
+        complete,
+    )
+
+
+def _prune_deletions(conn: sqlite3.Connection) -> None:
+    """Keep the newest :data:`DELETION_LOG_SIZE` entries of the deletion log."""
+    conn.execute(
+        "DELETE FROM deletions WHERE dseq <= (SELECT max(dseq) FROM deletions) - ?",
+        (DELETION_LOG_SIZE,),
+    )
 
 
 def _load(conn: sqlite3.Connection, op: Load) -> list[Message]:

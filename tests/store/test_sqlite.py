@@ -307,7 +307,7 @@ def test_migrates_a_version_1_file(db: Path) -> None:
             protected = conn.execute("SELECT message_id FROM messages WHERE protected = 1")
             assert sorted(i for (i,) in protected) == ["k", "p", "s"]
             versions = conn.execute("SELECT version FROM schema_version ORDER BY version")
-            assert [v for (v,) in versions] == [1, 2, 3, 4]
+            assert [v for (v,) in versions] == [1, 2, 3, 4, 5]
             counts = conn.execute("SELECT namespace, agent, branch, n FROM key_counts")
             assert counts.fetchall() == [(*KEY, 1503)]
             stamp = conn.execute("PRAGMA application_id").fetchone()

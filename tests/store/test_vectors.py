@@ -48,7 +48,7 @@ def test_a_version_3_file_opens_and_upgrades(
     conn = sqlite3.connect(db)
     try:
         versions = [v for (v,) in conn.execute("SELECT version FROM schema_version")]
-        assert versions == [1, 2, 3, 4]
+        assert versions == [1, 2, 3, 4, 5]
     finally:
         conn.close()
 

@@ -77,6 +77,8 @@ class Capability(StrEnum):
     """Data outlives the store object and the process that wrote it (optional)."""
     MULTI_PROCESS = "multi_process"
     """Several processes write one store at once (optional)."""
+    OWNERS = "owners"
+    """Derived records deleted with their last source; the deletion log."""
     VECTORS = "vectors"
     """Vectors stored by message and model, cursors, deleted with messages (optional)."""
 

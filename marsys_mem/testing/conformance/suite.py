@@ -19,6 +19,7 @@ from marsys_mem.testing.conformance.harness import Capability, StoreHarness
 from marsys_mem.testing.conformance.keys import KeysConformance
 from marsys_mem.testing.conformance.lifecycle import LifecycleConformance
 from marsys_mem.testing.conformance.messages import MessagesConformance
+from marsys_mem.testing.conformance.owners import OwnersConformance
 from marsys_mem.testing.conformance.processes import MultiProcessConformance
 from marsys_mem.testing.conformance.retention import RetentionConformance
 from marsys_mem.testing.conformance.runs import RunsConformance
@@ -42,6 +43,7 @@ CAPABILITY_CLASSES: dict[Capability, type[StoreHarness]] = {
     Capability.DURABILITY: DurabilityConformance,
     Capability.MULTI_PROCESS: MultiProcessConformance,
     Capability.VECTORS: VectorsConformance,
+    Capability.OWNERS: OwnersConformance,
 }
 """The class holding each capability's tests (one module each)."""
 
@@ -61,6 +63,7 @@ class StoreConformance(
     DurabilityConformance,
     MultiProcessConformance,
     VectorsConformance,
+    OwnersConformance,
 ):
     """Tests every :class:`~marsys_mem.store.base.MemoryStore` backend must pass.
 

@@ -1,0 +1,95 @@
+"""Ownership: every derived record names the messages it came from; deletions cascade.
+
+A record derived from messages (a RAG entry and its vector, an episode entry, a tier
+entry, a learned fact) is appended with its :class:`Source` references
+(``Append(key, messages, sources=...)``). The rule every backend enforces, in the
+transaction that deletes a message, whatever deletes it (``delete_messages``, ttl,
+``max_messages``, a whole key):
+
+1. the deleted message's own source links go;
+2. every record that was derived from it loses that link, and a record left with **no**
+   source is deleted too (and, in turn, what was derived from it);
+3. the deletion is written to the store's **deletion log** (key and id, never text), so
+   every reader, in this process or another, can drop what it cached
+   (``load_deletions(after=cursor)``) before it reads.
+
+A record appended without sources is owned by nobody but its key: only its key's own
+retention and explicit deletes remove it. A link to a source that is not (yet) stored is
+kept: it takes effect when that message is stored and later deleted.
+
+The deletion log keeps the newest :data:`DELETION_LOG_SIZE` entries; a reader whose
+cursor is older than that (``DeletionPage.complete`` is false) must reload what it holds.
+
+Example:
+    >>> from marsys_mem.model.messages import Message
+    >>> from marsys_mem.store import InMemoryStore
+    >>> from marsys_mem.store.base import Append
+    >>> store = InMemoryStore()
+    >>> chat, rag = ("d", "alice", "main"), ("d", "alice", "notes")
+    >>> msg = Message.user("my PIN is 1234")
+    >>> store.append_messages(chat, [msg])
+    >>> head = store.load_deletions().cursor
+    >>> _ = store.batch([Append(rag, (msg,), sources=((Source(chat, msg.message_id),),))])
+    >>> store.delete_messages(chat, [msg.message_id])
+    1
+    >>> store.count_messages(rag)
+    0
+    >>> [k[2] for k in store.load_deletions(after=head).keys]
+    ['main', 'notes']
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from marsys_mem.store.keys import Key
+
+__all__ = ["DELETION_LOG_SIZE", "DeletionPage", "Source", "same_id"]
+
+DELETION_LOG_SIZE: Final = 100_000
+"""How many of the newest deletions a store's deletion log keeps (ids only)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """A message a derived record came from: the key it is stored under and its id.
+
+    Example:
+        >>> Source(("d", "alice", "main"), "m1").message_id
+        'm1'
+    """
+
+    key: Key
+    message_id: str
+
+
+def same_id(owner: Key, message_ids: tuple[str, ...]) -> tuple[tuple[Source, ...], ...]:
+    """``sources=`` for copies of messages of ``owner`` that keep their ids (one each).
+
+    Example:
+        >>> same_id(("d", "a", "main"), ("m1",))[0][0].key
+        ('d', 'a', 'main')
+    """
+    return tuple((Source(owner, mid),) for mid in message_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class DeletionPage:
+    """Deletions after a cursor: ``keys[i]`` lost message ``message_ids[i]``.
+
+    Attributes:
+        keys: the key of each deleted message, in deletion order.
+        message_ids: the id of each deleted message.
+        cursor: pass it as ``after`` to read only later deletions.
+        complete: ``False`` when the log no longer reaches back to the ``after`` given
+            (older entries were pruned): the reader must reload what it holds.
+    """
+
+    keys: tuple[Key, ...]
+    message_ids: tuple[str, ...]
+    cursor: int
+    complete: bool = True
+
+    def __len__(self) -> int:
+        return len(self.message_ids)
