@@ -101,12 +101,14 @@ class Append:
 class Load:
     """Load a key's messages, oldest first (result: ``list[Message]``).
 
-    ``since``: only messages with timestamp >= since; ``last``: only the newest ``last``.
+    ``since``: only messages with timestamp >= since; ``last``: only the newest ``last``;
+    ``ids``: only messages with these ids (unknown ids are ignored).
     """
 
     key: Key
     since: datetime | None = None
     last: int | None = None
+    ids: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +270,11 @@ def _validate(op: Op) -> None:
         validate_key(op.key)
         _check_aware("since", op.since)
         _check_int("last", op.last, 0)
+        if op.ids is not None:
+            if not isinstance(op.ids, tuple):
+                raise TypeError(f"ids must be a tuple of strings, got {type(op.ids).__name__}")
+            for i, mid in enumerate(op.ids):
+                _check_str(f"ids[{i}]", mid)
     elif isinstance(op, Delete):
         validate_key(op.key)
         _check_aware("before", op.before)

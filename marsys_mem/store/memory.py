@@ -523,6 +523,9 @@ class _Transaction:
 
     def load(self, op: Load) -> list[Message]:
         messages = self.current(op.key)
+        if op.ids is not None:
+            wanted = frozenset(op.ids)
+            messages = [m for m in messages if m.message_id in wanted]
         if op.since is None and op.last is not None:  # the tail only: O(last), not O(key)
             return list(messages[max(len(messages) - op.last, 0) :]) if op.last else []
         if op.since is not None:

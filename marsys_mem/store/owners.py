@@ -40,12 +40,13 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
 from marsys_mem.store.keys import Key
 
-__all__ = ["DELETION_LOG_SIZE", "DeletionPage", "Source", "same_id"]
+__all__ = ["DELETION_LOG_SIZE", "DeletionFeed", "DeletionPage", "Source", "same_id"]
 
 DELETION_LOG_SIZE: Final = 100_000
 """How many of the newest deletions a store's deletion log keeps (ids only)."""
@@ -93,3 +94,40 @@ class DeletionPage:
 
     def __len__(self) -> int:
         return len(self.message_ids)
+
+
+class DeletionFeed:
+    """A reader's place in a store's deletion log: what its cache must drop since last time.
+
+    Made before the cache first reads the store (so no deletion falls between), then
+    :meth:`poll` before each read. ``load`` is the store's ``load_deletions``.
+
+    Example:
+        >>> from marsys_mem.model.messages import Message
+        >>> from marsys_mem.store import InMemoryStore
+        >>> store = InMemoryStore()
+        >>> store.append_messages(("d", "a", "main"), [Message.user("x", message_id="m1")])
+        >>> feed = DeletionFeed(store.load_deletions, "d")
+        >>> _ = store.delete_messages(("d", "a", "main"))
+        >>> feed.poll()
+        ({('d', 'a', 'main'): ['m1']}, True)
+        >>> feed.poll()
+        ({}, True)
+    """
+
+    def __init__(self, load: Callable[..., DeletionPage], namespace: str | None = None) -> None:
+        self._load = load
+        self.namespace = namespace
+        self.cursor = load().cursor
+
+    def poll(self) -> tuple[dict[Key, list[str]], bool]:
+        """Deletions since the last poll, by key, and whether the log reached back that far.
+
+        ``False``: older deletions were pruned from the log; the reader must reload.
+        """
+        page = self._load(self.cursor, namespace=self.namespace)
+        self.cursor = page.cursor
+        gone: dict[Key, list[str]] = {}
+        for key, mid in zip(page.keys, page.message_ids, strict=True):
+            gone.setdefault(key, []).append(mid)
+        return gone, page.complete

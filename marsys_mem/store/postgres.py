@@ -872,6 +872,9 @@ def _load(conn: Connection, op: Load) -> list[Any]:
         return []
     sql = f"SELECT seq, data FROM marsys_messages WHERE key_id = {_KEY_ID}"
     params: list[Any] = list(op.key)
+    if op.ids is not None:
+        sql += " AND message_id = ANY(%s::text[])"
+        params.append(list(op.ids))
     if op.since is not None:
         sql += " AND ts >= %s"
         params.append(_micros(op.since))

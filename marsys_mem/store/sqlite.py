@@ -66,6 +66,7 @@ their pydantic JSON.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sqlite3
 import stat
@@ -824,6 +825,9 @@ def _load(conn: sqlite3.Connection, op: Load) -> list[Message]:
         return []
     sql = f"SELECT seq, data FROM messages WHERE {_KEY_WHERE}"
     params: list[Any] = list(op.key)
+    if op.ids is not None:  # one JSON array: no bound on the number of ids
+        sql += " AND message_id IN (SELECT value FROM json_each(?))"
+        params.append(json.dumps(list(op.ids)))
     if op.since is not None:
         sql += " AND ts >= ?"
         params.append(_micros(op.since))
