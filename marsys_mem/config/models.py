@@ -224,11 +224,19 @@ _OR_BOOL = AlsoAccepts({"type": "boolean"})
 
 
 class RagPatternConfig(BaseModel):
-    """Retrieval over the agent's whole history (``patterns.rag``).
+    """Retrieval over the agent's history (``patterns.rag``).
+
+    ``keep``: ``source`` (default) keeps an entry as long as its message stays in the
+    conversation (ttl, ``max_stored_messages``, forget and the end of a session remove
+    both); ``archive`` keeps entries beyond the conversation's bound, as an archive, up to
+    its own ``max_stored_messages`` and ``ttl`` (default: the agent's ttl). Forget always
+    reaches the archive.
 
     Example:
         >>> RagPatternConfig(k=4, mode="bm25").k
         4
+        >>> RagPatternConfig(keep="archive", max_stored_messages=100_000).keep
+        'archive'
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -238,6 +246,18 @@ class RagPatternConfig(BaseModel):
     mode: Literal["hybrid", "dense", "bm25"] = "hybrid"
     dense_weight: float = Field(default=1.0, ge=0.0)  # RAGMemory's defaults
     bm25_weight: float = Field(default=1.0, ge=0.0)
+    keep: Literal["source", "archive"] = "source"
+    max_stored_messages: int | None = Field(default=None, ge=1)
+    ttl: Duration | None = None
+
+    @model_validator(mode="after")
+    def _archive_only(self) -> RagPatternConfig:
+        if self.keep == "source" and (self.max_stored_messages is not None or self.ttl):
+            raise ValueError(
+                "max_stored_messages and ttl of patterns.rag apply to an archive: set "
+                "keep: archive (with keep: source, entries live as long as their messages)"
+            )
+        return self
 
 
 class EpisodicPatternConfig(BaseModel):

@@ -11,7 +11,7 @@ plus the conversation window, under one budget).
 """
 
 from marsys_mem.context.compose import Block, BudgetSplit, ContextSource, aassemble, assemble
-from marsys_mem.context.policy import ContextPolicy, ContextWindow, Strategy, Summarizer
+from marsys_mem.context.policy import ContextPolicy, ContextWindow, StartOn, Strategy, Summarizer
 from marsys_mem.context.summarize import ExtractiveSummarizer
 from marsys_mem.context.tokens import HeuristicCounter, TokenCounter, count_message, get_counter
 from marsys_mem.context.window import (
@@ -22,6 +22,7 @@ from marsys_mem.context.window import (
     abuild_window,
     build_context,
     build_window,
+    is_user_turn,
     latest_before,
 )
 
@@ -34,6 +35,7 @@ __all__ = [
     "ExtractiveSummarizer",
     "HeuristicCounter",
     "HistoryIndex",
+    "StartOn",
     "Strategy",
     "Summarizer",
     "SummaryState",
@@ -47,5 +49,6 @@ __all__ = [
     "build_window",
     "count_message",
     "get_counter",
+    "is_user_turn",
     "latest_before",
 ]

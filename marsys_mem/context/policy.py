@@ -16,9 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from marsys_mem.display import MAX_CHARS, MAX_ROWS, window_html
 from marsys_mem.model.messages import Message, Provider, to_llm_format
 
-__all__ = ["ContextPolicy", "ContextWindow", "Strategy", "Summarizer"]
+__all__ = ["ContextPolicy", "ContextWindow", "StartOn", "Strategy", "Summarizer"]
 
 Strategy = Literal["sliding_window", "trim_oldest", "summarize"]
+StartOn = Literal["user", "any"]
+"""Where a window's history may start: on a user turn (the default), or on any message."""
 Summarizer = Callable[[list[Message]], "str | Awaitable[str]"]
 """A ``list[Message] -> str`` callable, sync or async."""
 
@@ -47,6 +49,17 @@ class ContextPolicy(BaseModel):
             (default: a quarter of ``max_tokens``); a longer summary is cut to fit.
         token_counter: ``"heuristic"`` or ``"tiktoken[:encoding]"``; ``None`` uses the
             memory's counter.
+        start_on: ``"user"`` (default): after the system messages and the summary, the window
+            starts on a user turn (a ``user`` or ``agent_call`` message; tool results are not
+            one), as Anthropic requires and every chat model expects. The messages before the
+            oldest user turn that fits are dropped too (with ``summarize``, folded into the
+            summary); no user turn is ever invented. The newest user turn and everything
+            after it must fit, or :class:`~marsys_mem.exceptions.ContextOverflowError` says
+            by how much (``keep_recent`` never cuts into it). If the first pinned message is
+            not a user turn, the latest user turn before it is kept with it. A history with no
+            user turn (before the newest turn that fits) is windowed as with ``"any"``
+            rather than emptied. ``"any"``: the newest messages that fit, wherever they start
+            (LangChain ``trim_messages``' ``start_on=None``).
 
     Example:
         >>> policy = ContextPolicy(max_messages=50, max_tokens=8000)
@@ -54,6 +67,8 @@ class ContextPolicy(BaseModel):
         'sliding_window'
         >>> ContextPolicy(max_tokens=4000, strategy="summarize", keep_recent=20).keep_recent
         20
+        >>> policy.start_on, ContextPolicy(max_messages=5, start_on="any").start_on
+        ('user', 'any')
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -64,6 +79,7 @@ class ContextPolicy(BaseModel):
     keep_recent: int | None = Field(default=None, ge=0)
     summary_max_tokens: int | None = Field(default=None, ge=1)
     token_counter: str | None = None
+    start_on: StartOn = "user"
 
     @model_validator(mode="after")
     def _check(self) -> ContextPolicy:

@@ -43,7 +43,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from marsys_mem.context.policy import ContextPolicy, ContextWindow, Strategy, Summarizer
+from marsys_mem.context.policy import (
+    ContextPolicy,
+    ContextWindow,
+    StartOn,
+    Strategy,
+    Summarizer,
+)
 from marsys_mem.context.summarize import ExtractiveSummarizer
 from marsys_mem.context.tokens import TokenCounter, count_message, get_counter
 from marsys_mem.exceptions import ContextOverflowError, SummarizerError
@@ -54,6 +60,7 @@ __all__ = [
     "ContextPolicy",
     "ContextWindow",
     "HistoryIndex",
+    "StartOn",
     "Strategy",
     "Summarizer",
     "SummaryState",
@@ -62,9 +69,10 @@ __all__ = [
     "abuild_window",
     "build_context",
     "build_window",
+    "is_user_turn",
     "latest_before",
 ]
-# ContextPolicy, ContextWindow, Strategy and Summarizer live in context.policy; they are
+# ContextPolicy, ContextWindow, StartOn, Strategy and Summarizer live in context.policy; they are
 # re-exported here for the modules that import them from context.window.
 
 
@@ -237,6 +245,48 @@ def _overflow(what: str, required: int, limit: int, unit: str) -> ContextOverflo
     )
 
 
+def is_user_turn(message: Message) -> bool:
+    """Whether a message opens a turn for ``start_on="user"``: a user message or an agent call.
+
+    An ``agent_call`` is sent as a user message (``[Request from X]: ...``); a tool result,
+    although Anthropic carries it in a user message, answers a call and opens nothing.
+
+    Example:
+        >>> is_user_turn(Message.user("hi")), is_user_turn(Message.agent_call("go", name="lead"))
+        (True, True)
+        >>> is_user_turn(Message.tool("72F", tool_call_id="c1"))
+        False
+    """
+    return message.role in ("user", "agent_call")
+
+
+def _anchor(ix: HistoryIndex, protected: set[int]) -> int | None:
+    """The user turn an earliest pinned message that is not one brings along, if any.
+
+    With ``start_on="user"``: if the first protected message that is not a system message
+    (it would open the window) is not a user turn, the latest user turn before it is kept
+    too, so the window can start on it. ``None`` when no such turn exists (the window then
+    opens on the pinned message) or none is needed.
+    """
+    first = min((p for p in protected if ix[p].role != "system"), default=None)
+    if first is None or is_user_turn(ix[first]):
+        return None
+    for k in range(first - 1, -1, -1):  # below ``first`` nothing sendable is protected
+        if is_user_turn(ix[k]):
+            return k
+    return None
+
+
+def _turn_overflow(over: list[int], policy: ContextPolicy, what: str) -> ContextOverflowError:
+    """The error for a newest user turn (and what follows it) that does not fit."""
+    need_tokens, need_messages = over
+    what = f"the newest user turn and the messages after it with {what}"
+    if policy.max_tokens is not None and need_tokens > policy.max_tokens:
+        return _overflow(what, need_tokens, policy.max_tokens, "tokens")
+    assert policy.max_messages is not None
+    return _overflow(what, need_messages, policy.max_messages, "messages")
+
+
 def _plan(
     ix: HistoryIndex,
     policy: ContextPolicy,
@@ -250,6 +300,11 @@ def _plan(
     for p in ix.protected_positions():
         if p not in protected:
             protected.update(_linked(ix, p) or ())  # the linked group, not the range
+    need_user = policy.start_on == "user"
+    if need_user:
+        anchor = _anchor(ix, protected)
+        if anchor is not None:
+            protected.add(anchor)
     prot_tokens = sum(count_message(counter, ix[k]) for k in protected)
     max_tokens, max_messages = policy.max_tokens, policy.max_messages
     what = "system and pinned messages" + (" plus the summary reserve" if reserve_messages else "")
@@ -267,7 +322,9 @@ def _plan(
     tokens = prot_tokens
     cut = n = len(ix)
     j = n - 1
-    newest = True
+    mandatory = True  # the newest turn (from the newest user turn, with start_on="user")
+    user_mark: tuple[int, int, int] | None = None  # (len(retained), tokens, cut) at a user turn
+    over: list[int] | None = None  # [tokens, messages] a turn that does not fit needs
     while j >= 0:
         if j in protected:
             j -= 1
@@ -281,8 +338,21 @@ def _plan(
             k for k in range(start, end + 1) if k not in protected and not _is_orphan(ix, k, ix[k])
         ]
         unit_tokens = sum(count_message(counter, ix[k]) for k in members)
+        opens = need_user and is_user_turn(ix[members[0]])
+        if over is not None:  # counting what the newest user turn needs, for the error
+            over[0] += unit_tokens
+            over[1] += len(members)
+            if opens:
+                raise _turn_overflow(over, policy, what)
+            j = start - 1
+            continue
         if unit_tokens > tokens_left or len(members) > messages_left:
-            if newest:
+            if mandatory and need_user and retained:
+                over = [tokens + reserve_tokens + unit_tokens]
+                over.append(len(protected) + reserve_messages + len(retained) + len(members))
+                j = start - 1
+                continue
+            if mandatory:
                 used_t = prot_tokens + reserve_tokens + unit_tokens
                 if max_tokens is not None and used_t > max_tokens:
                     raise _overflow(
@@ -295,16 +365,22 @@ def _plan(
                 assert max_messages is not None
                 raise _overflow(f"the newest turn with {what}", used_m, max_messages, "messages")
             break
-        if len(members) > recent_left:
+        if len(members) > recent_left and not (mandatory and need_user):
             break
         retained.extend(members)
         tokens += unit_tokens
         tokens_left -= unit_tokens
         messages_left -= len(members)
         recent_left -= len(members)
-        newest = False
         cut = start
         j = start - 1
+        if opens:
+            user_mark = (len(retained), tokens, cut)
+        if opens or not need_user:
+            mandatory = False
+    if user_mark is not None:  # start on the oldest user turn that fits: drop what precedes it
+        size, tokens, cut = user_mark
+        del retained[size:]
     positions = sorted(protected.union(retained))
     return _Plan(positions=positions, tokens=tokens, cut=cut, protected=protected)
 

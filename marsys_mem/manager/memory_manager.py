@@ -65,7 +65,7 @@ from marsys_mem.patterns.shared import SharedMemoryPool, member_key
 from marsys_mem.patterns.threads import CrossThreadRecall
 from marsys_mem.patterns.user_facts import FactMemory
 from marsys_mem.retrieval.embeddings import Embedder, HashingEmbedder, default_embedder
-from marsys_mem.store.base import Key, MemoryStore
+from marsys_mem.store.base import Key, Load, MemoryStore
 from marsys_mem.store.memory import InMemoryStore
 from marsys_mem.store.sqlite import SQLiteStore
 
@@ -461,17 +461,19 @@ class MemoryManager(Closing):
         """Delete ``agent``'s messages on ``branch``: by id (all or none), or all of them.
 
         The one way to forget a message: it leaves the conversation, the store (persistent
-        agents) and the agent's memory patterns (RAG index, episodes, hierarchical tiers;
-        durable in their store keys). ``everything`` also empties the patterns of what
-        they kept beyond the conversation (messages a window or the retention bound
-        already dropped from it).
+        agents), and everything derived from it: the agent's RAG entries, episodes and
+        tiers, and the facts learned from it (a fact with another source left stays).
+        Any id a read path returned works: one the conversation already dropped but a
+        pattern still holds (an archive, a recall hit) is forgotten there. ``everything``
+        also empties the patterns of what they kept beyond the conversation. The store's
+        files are then scrubbed (SQLite: the WAL checkpointed; deleted pages are zeroed).
 
         Returns:
-            The removed messages, oldest first.
+            The removed messages (those the conversation held first, oldest first).
 
         Raises:
             ValueError: neither or both of ``message_ids`` (non-empty) and
-                ``everything``; an id not in the memory (nothing is removed).
+                ``everything``; an id found nowhere (nothing is removed).
 
         Example:
             >>> manager = MemoryManager()
@@ -492,23 +494,55 @@ class MemoryManager(Closing):
                 f"not both; got message_ids={ids!r}, everything={everything!r}"
             )
         memory = self.memory(agent, branch)
+        patterns = self._patterns.get((agent, branch))
+        key = self.key(agent, branch)
+        stored = self.config.policy_for(agent).is_persistent
         with memory.lock:
             if everything:
                 removed = list(memory)
                 memory.clear()
+                if stored:
+                    self.store.delete_messages(key)
+                elsewhere = patterns.held_ids() if patterns is not None else []
             else:
                 assert ids is not None
-                missing = [i for i in ids if i not in memory]
+                outside = [i for i in ids if i not in memory]
+                found = self._held_elsewhere(key, patterns, outside, stored=stored)
+                missing = [i for i in outside if i not in found]
                 if missing:
                     raise ValueError(
                         f"message_ids: no message with id {missing[0]!r} in {agent}@{branch} "
                         "(nothing was removed)"
                     )
-                removed = memory.remove(*ids)
-        patterns = self._patterns.get((agent, branch))
+                removed = memory.remove(*[i for i in ids if i in memory])
+                if stored and outside:
+                    self.store.delete_messages(key, outside)
+                removed += [found[i] for i in outside]
+                elsewhere = outside
         if patterns is not None:
-            _forget_in_patterns(patterns, [m.message_id for m in removed], everything=everything)
+            patterns.forget([*[m.message_id for m in removed], *elsewhere], cause="forget")
+            patterns.flush()  # saved indexes no longer hold the forgotten vectors
+        self.store.scrub()
         return removed
+
+    def _held_elsewhere(
+        self, key: Key, patterns: AgentPatterns | None, ids: Sequence[str], *, stored: bool
+    ) -> dict[str, Message]:
+        """Of ``ids`` (not in the conversation's memory), those a pattern or the store holds."""
+        found: dict[str, Message] = {}
+        if not ids:
+            return found
+        if stored:
+            found.update(
+                (m.message_id, m) for m in self.store.batch([Load(key, ids=tuple(ids))])[0]
+            )
+        if patterns is not None:
+            for mid in ids:
+                if mid not in found:
+                    held = patterns.get(mid)
+                    if held is not None:
+                        found[mid] = held
+        return found
 
     def memories(self) -> Iterator[tuple[str, str, ConversationMemory]]:
         """``(agent, branch, memory)`` for every memory in use."""
@@ -571,11 +605,14 @@ class MemoryManager(Closing):
                 self._drop(slot)
 
     def _drop(self, slot: tuple[str, str]) -> None:
+        """The end of a session / single run: the memory goes, with what was derived from it."""
         mem = self._memories.pop(slot, None)
         self._sinks.pop(slot, None)
         self.shared.forget(member_key(*slot))
         patterns = self._patterns.pop(slot, None)
         if patterns is not None:
+            if mem is not None:  # facts learned from its messages go with them
+                patterns.forget([m.message_id for m in mem.read()], cause="forget")
             patterns.close()
         if mem is not None:
             mem.clear()
@@ -854,26 +891,3 @@ class MemoryManager(Closing):
             f"MemoryManager(store={type(self.store).__name__}, namespace={self.namespace!r}, "
             f"memories={len(self._memories)})"
         )
-
-
-def _forget_in_patterns(patterns: AgentPatterns, ids: list[str], *, everything: bool) -> None:
-    """Remove ``ids`` from the agent's RAG, episodic and hierarchical memory.
-
-    ``everything``: every message they hold, including those no longer in the conversation.
-    """
-    rag, episodic, hierarchical = patterns.rag, patterns.episodic, patterns.hierarchical
-    wanted = dict.fromkeys(ids)
-    if everything:
-        if rag is not None:
-            wanted.update(dict.fromkeys(m.message_id for m in rag.messages()))
-        if episodic is not None:
-            wanted.update(dict.fromkeys(m.message_id for m in episodic.rag.messages()))
-        if hierarchical is not None:
-            held = [*hierarchical.core(), *hierarchical.working()]
-            held += hierarchical.archive.messages()
-            wanted.update(dict.fromkeys(m.message_id for m in held))
-    if not wanted:
-        return
-    for pattern in (rag, episodic, hierarchical):
-        if pattern is not None:
-            pattern.remove(list(wanted))

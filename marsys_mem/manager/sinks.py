@@ -27,7 +27,7 @@ from marsys_mem.conversation import ConversationMemory
 from marsys_mem.model.messages import Message
 from marsys_mem.patterns.agent import AgentPatterns
 from marsys_mem.store.base import Append, EnforceRetention, Key, MemoryStore, Op
-from marsys_mem.store.retention import evicted, over_bound
+from marsys_mem.store.retention import evicted, is_expired, over_bound, ttl_cutoff
 
 __all__ = ["AgentSink", "MemoryBound", "StoreWriter", "trim_chunk"]
 
@@ -269,17 +269,45 @@ class AgentSink:
             self.writer.append(messages, ttl=ttl)
         if self.patterns is not None:
             self.patterns.ingest(messages)
-        return self.bound.evictions(memory, messages, ttl=ttl)
+        drop = self.bound.evictions(memory, messages, ttl=ttl)
+        if drop:
+            self.evicted(memory, messages, drop)
+        return drop
+
+    def evicted(
+        self, memory: ConversationMemory, appended: Sequence[Message], ids: Sequence[str]
+    ) -> None:
+        """The memory drops ``ids`` (ttl or bound): so do the patterns of an unstored memory.
+
+        A stored memory's patterns follow the store, whose deletions cascade to their
+        stored copies (they catch up before they read).
+        """
+        if self.patterns is None or self.writer is not None:
+            return
+        cutoff = ttl_cutoff(datetime.now(UTC), self.bound.policy.ttl)
+        wanted = set(ids)
+        by_id = {m.message_id: m for m in [*memory.read(), *appended] if m.message_id in wanted}
+        expired = [mid for mid, m in by_id.items() if is_expired(m, cutoff)]
+        bounded = [mid for mid in by_id if mid not in set(expired)]
+        self.patterns.forget(expired, cause="ttl")
+        self.patterns.forget(bounded, cause="bound")
 
     def on_remove(self, memory: ConversationMemory, messages: Sequence[Message]) -> None:
-        """Delete them from the store (patterns keep what a window trims: their job)."""
+        """Delete them from the store; an unstored memory's patterns drop them too.
+
+        (``trim_oldest`` and ``remove`` come here; a RAG archive keeps its copies.)
+        """
         if self.writer is not None:
             self.writer.delete(messages)
+        elif self.patterns is not None:
+            self.patterns.forget([m.message_id for m in messages], cause="bound")
 
     def on_clear(self, memory: ConversationMemory) -> None:
-        """Delete the key's messages from the store."""
+        """Delete the key's messages from the store (an unstored memory: from its patterns)."""
         if self.writer is not None:
             self.writer.clear()
+        elif self.patterns is not None:
+            self.patterns.forget([m.message_id for m in memory.read()], cause="forget")
 
     def flush(self) -> int:
         """Write buffered appends; returns the messages the store's bound deleted."""
@@ -294,4 +322,9 @@ class AgentSink:
         """
         self.since_ttl = 0
         stored = self.writer.flush(retention=True) if self.writer is not None else 0
-        return stored, self.bound.enforce(memory)
+        drop = self.bound.enforce(memory)
+        if drop:
+            self.evicted(memory, (), drop)
+        if self.patterns is not None:
+            self.patterns.retain(self.bound.policy.ttl)
+        return stored, drop

@@ -25,7 +25,7 @@ from __future__ import annotations
 import abc
 import asyncio
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
@@ -446,6 +446,10 @@ class MemoryStore(Closing, abc.ABC):
         for i, op in enumerate(ops):  # keys a store returns, it accepts back (internal too)
             if isinstance(op, ListKeys):
                 results[i] = [stored_key(k) for k in results[i]]
+            elif isinstance(op, LoadDeletions) and results[i].keys:
+                page = results[i]
+                marked = {k: stored_key(k) for k in set(page.keys)}
+                results[i] = replace(page, keys=tuple(marked[k] for k in page.keys))
         return results
 
     async def abatch(self, ops: Iterable[Op]) -> list[Any]:
