@@ -71,12 +71,15 @@ from pydantic_core import to_json
 from marsys_mem.conversation import ConversationMemory
 from marsys_mem.coordination.envelope import (
     CONTROL_ADAPTER,
+    ENVELOPE_ADAPTER,
+    Envelope,
     FactCallback,
     FactDelivery,
     FactEnvelope,
     HighWaterMark,
     MergeResult,
     ResendRequest,
+    RetractEnvelope,
     inbox_key,
 )
 from marsys_mem.coordination.graph import BranchGraph, BranchInfo, GraphChange, MergeStrategy
@@ -121,6 +124,7 @@ _STAT_KEYS = (
     "gaps",
     "errors",
     "control",
+    "retracted",
 )
 _HEARTBEAT_MAX = 30.0  # seconds between high-water marks when idle
 _last_epoch = 0
@@ -263,7 +267,7 @@ class Coordinator(AsyncClosing):
         self._stats = dict.fromkeys(_STAT_KEYS, 0)
         self._seq = 0
         self._log: OrderedDict[tuple[str, int, int], FactEnvelope] = OrderedDict()
-        self._order: SenderOrdering[tuple[str, int], FactEnvelope] = SenderOrdering(
+        self._order: SenderOrdering[tuple[str, int], Envelope] = SenderOrdering(
             self._deliver,
             gap_timeout=gap_timeout,
             max_pending=max_pending,
@@ -515,7 +519,12 @@ class Coordinator(AsyncClosing):
                     self._notify(agent, branch, fact)
         return delivered
 
-    def _deliver(self, env: FactEnvelope) -> None:
+    def _deliver(self, env: Envelope) -> None:
+        if isinstance(env, RetractEnvelope):
+            self._retract_here(env.fact_ids)
+            return
+        if self.pool.is_retracted(env.fact.id):
+            return  # forgotten: a resend or late copy does not bring it back
         log_ = self._log
         log_[(env.sender, env.epoch, env.seq)] = env
         if len(log_) > self.max_log:
@@ -534,7 +543,48 @@ class Coordinator(AsyncClosing):
                 self._deliver_to(env, targets.subset(mine))
 
     # ------------------------------------------------------------------ ordering
-    def _accept(self, env: FactEnvelope) -> None:
+    def _retract_here(self, fact_ids: Iterable[str]) -> list[SharedFact]:
+        """Drop facts from the pool, every inbox and the log (for late joiners too)."""
+        ids = set(fact_ids)
+        removed = self.pool.retract(ids)
+        for k in [k for k, e in self._log.items() if e.fact.id in ids]:
+            del self._log[k]
+        if self.manager is not None and not self.manager.closed:
+            try:  # the records in its store go too: a restart does not bring them back
+                self.manager.forget_shared(sorted(ids))
+            except Exception:
+                log.exception("forgetting retracted facts in the store failed")
+        self._stats["retracted"] += len(removed)
+        return removed
+
+    async def retract(self, fact_ids: Iterable[str], *, branch: str = "main") -> list[SharedFact]:
+        """Forget shared facts here and in every coordinator of the namespace.
+
+        Local agents lose them when this returns; a tombstone (ids only, in this sender's
+        ordered stream, signed with a signing transport) makes every other coordinator
+        drop them and refuse them if they arrive again. Returns the facts dropped here.
+
+        Raises:
+            ValueError: no ids, or more than 1,000.
+            TransportError: publishing failed (they are already gone here).
+        """
+        self._require_running()
+        ids = tuple(dict.fromkeys(fact_ids))
+        if not ids or len(ids) > 1000:
+            raise ValueError(f"fact_ids: give 1 to 1000 ids, got {len(ids)}")
+        removed = [f for f in self.pool.facts() if f.id in set(ids)]
+        env = RetractEnvelope(
+            namespace=self.namespace,
+            sender=self.sender_id,
+            epoch=self.epoch,
+            seq=self._seq + 1,
+            branch=branch,
+            fact_ids=ids,
+        )
+        await self._send(env, env.model_dump_json().encode("utf-8"))
+        return removed
+
+    def _accept(self, env: Envelope) -> None:
         """Deliver ``env`` once, in its sender's order (buffering early arrivals)."""
         self._order.accept((env.sender, env.epoch), env.seq, env)
 
@@ -626,7 +676,7 @@ class Coordinator(AsyncClosing):
             )
             return
         try:
-            env = FactEnvelope.model_validate_json(payload)
+            env = ENVELOPE_ADAPTER.validate_json(payload)
         except ValueError as exc:  # pydantic's ValidationError is a ValueError
             stats["malformed"] += 1
             errors = exc.error_count() if isinstance(exc, ValidationError) else 1
@@ -679,7 +729,7 @@ class Coordinator(AsyncClosing):
         if self.graph.status(branch) == "closed":
             raise BranchError(f"branch {branch!r} is closed")
 
-    async def _send(self, env: FactEnvelope, payload: bytes) -> None:
+    async def _send(self, env: Envelope, payload: bytes) -> None:
         self._seq = env.seq
         self._accept(env)  # local agents get it now
         topic = self._topics.get(env.branch)

@@ -27,6 +27,8 @@ from marsys_mem.patterns.shared import ConflictRule, member_key
 
 __all__ = [
     "CONTROL_ADAPTER",
+    "ENVELOPE_ADAPTER",
+    "Envelope",
     "ControlMessage",
     "FactCallback",
     "FactDelivery",
@@ -34,6 +36,7 @@ __all__ = [
     "HighWaterMark",
     "MergeResult",
     "ResendRequest",
+    "RetractEnvelope",
     "inbox_key",
 ]
 
@@ -75,6 +78,42 @@ class FactEnvelope(BaseModel):
     scope: FactScope
     conflict: ConflictRule | None = None
     fact: SharedFact
+
+
+class RetractEnvelope(BaseModel):
+    """A tombstone: the facts ``fact_ids`` are forgotten, everywhere in the namespace.
+
+    It travels in its sender's ``seq`` stream like a fact (ordered after the facts it
+    retracts, resent if lost, signed by a signing transport), carries ids only (never the
+    text), and makes every receiving coordinator drop those facts from its pool, its
+    agents' inboxes and its log, and refuse them if they arrive again.
+
+    Example:
+        >>> env = RetractEnvelope(namespace="team", sender="c1", epoch=7, seq=2,
+        ...                       branch="main", fact_ids=("f1",))
+        >>> ENVELOPE_ADAPTER.validate_json(env.model_dump_json()) == env
+        True
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    v: Literal[1] = 1
+    kind: Literal["retract"] = "retract"
+    namespace: str = Field(pattern=_NAME_PATTERN)
+    sender: str = Field(min_length=1, max_length=128)
+    epoch: int = Field(default=0, ge=0, le=_MAX_SEQ)
+    seq: int = Field(ge=1, le=_MAX_SEQ)
+    branch: str = Field(pattern=_NAME_PATTERN)
+    fact_ids: tuple[Annotated[str, Field(min_length=1, max_length=128)], ...] = Field(
+        min_length=1, max_length=1000
+    )
+
+
+Envelope = FactEnvelope | RetractEnvelope
+"""What travels on the fact topics: a fact, or a tombstone retracting facts."""
+
+ENVELOPE_ADAPTER: TypeAdapter[FactEnvelope | RetractEnvelope] = TypeAdapter(Envelope)
+"""Validates a fact-topic payload (the two models forbid each other's fields)."""
 
 
 class HighWaterMark(BaseModel):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -48,6 +49,7 @@ from marsys_mem.patterns.user_facts import Fact, FactMemory
 from marsys_mem.retrieval.embeddings import Embedder, HashingEmbedder
 from marsys_mem.store.base import Key, MemoryStore
 from marsys_mem.store.keys import internal_key, validate_key
+from marsys_mem.store.retention import evicted
 
 __all__ = ["AgentPatterns", "fact_extractor", "index_file", "rank_facts", "resolve_embedder"]
 
@@ -178,6 +180,9 @@ class AgentPatterns:
         emb = embedder if embedder is not None else resolve_embedder(config.embedder)
         if config.embedder == "none":
             emb = None
+        # Stored copies link to the conversation's messages: they go when those go.
+        owner = key if store is not None else None
+        self.archive = config.rag is not None and config.rag.keep == "archive"
 
         def index_path(kind: Literal["rag", "episodic", "archive"]) -> Path | None:
             if index_dir is None or store is None:
@@ -201,6 +206,7 @@ class AgentPatterns:
                     emb,
                     store=store,
                     key=rag_key,
+                    owner=None if self.archive else owner,
                     index_path=index_path("rag"),
                     mode=config.rag.mode,
                     dense_weight=config.rag.dense_weight,
@@ -213,6 +219,7 @@ class AgentPatterns:
                     namespace=namespace,
                     agent=episodes_agent,
                     index_path=index_path("episodic"),
+                    rag_options={"owner": owner},
                 )
             if config.hierarchical is not None:
                 self.hierarchical = HierarchicalMemory(
@@ -222,6 +229,7 @@ class AgentPatterns:
                     store=store,
                     key_prefix=tiers_prefix,
                     index_path=index_path("archive"),
+                    owner=owner,
                 )
             if fcfg is not None and facts is not None:
                 self.facts = facts
@@ -232,6 +240,7 @@ class AgentPatterns:
                     debounce=fcfg.debounce,
                     max_batch=fcfg.max_batch,
                     maintain=fcfg.maintain,
+                    source_key=key,
                 )
         except BaseException:
             self.close()
@@ -259,6 +268,75 @@ class AgentPatterns:
                     pattern.add(m)
                 except MarsysMemError as exc:  # duplicate after a reload, oversized text
                     log.debug("pattern %s skipped message %s: %s", pattern, m.message_id, exc)
+
+    def forget(self, ids: Sequence[str], *, cause: Literal["forget", "ttl", "bound"]) -> int:
+        """The conversation lost ``ids``: remove what every pattern derived from them.
+
+        ``cause`` ``bound`` (``max_stored_messages``) spares a RAG archive
+        (``rag: {keep: archive}``), which has its own bound; ``forget`` and ``ttl`` reach
+        everything. Pending fact extraction runs first, so no fact is learned from a
+        message after it went. Returns how many pattern entries were removed.
+        """
+        if not ids:
+            return 0
+        if self.extraction is not None:
+            try:
+                self.extraction.flush()
+            except Exception:
+                log.exception("fact extraction failed for %s", self.key)
+        removed = 0
+        for pattern in (self.rag, self.episodic, self.hierarchical):
+            if pattern is None or (pattern is self.rag and self.archive and cause == "bound"):
+                continue
+            removed += pattern.remove(list(ids))
+        if self.facts is not None:
+            removed += self.facts.forget_sources(self.key, ids)
+        return removed
+
+    def held_ids(self) -> list[str]:
+        """Every message id some pattern holds (for ``forget(everything=True)``)."""
+        held: dict[str, None] = {}
+        if self.rag is not None:
+            held.update(dict.fromkeys(m.message_id for m in self.rag.messages()))
+        if self.episodic is not None:
+            held.update(dict.fromkeys(m.message_id for m in self.episodic.rag.messages()))
+        if self.hierarchical is not None:
+            h = self.hierarchical
+            held.update(dict.fromkeys(m.message_id for m in [*h.core(), *h.working()]))
+            held.update(dict.fromkeys(m.message_id for m in h.archive.messages()))
+        return list(held)
+
+    def get(self, message_id: str) -> Message | None:
+        """The message ``message_id`` if a pattern holds it."""
+        for rag in self._rags():
+            if message_id in rag:
+                return rag.get(message_id)
+        if self.hierarchical is not None and message_id in self.hierarchical:
+            return self.hierarchical.get(message_id)
+        return None
+
+    def _rags(self) -> list[RAGMemory]:
+        rags = [self.rag] if self.rag is not None else []
+        if self.episodic is not None:
+            rags.append(self.episodic.rag)
+        return rags
+
+    def retain(self, ttl: timedelta | None) -> int:
+        """Apply a RAG archive's own bound and ttl (``rag: {keep: archive, ...}``).
+
+        ``ttl``: the agent's, used when the archive states none. Returns the count removed.
+        """
+        if not self.archive or self.rag is None or self.config.rag is None:
+            return 0
+        cfg = self.config.rag
+        messages = self.rag.messages()
+        drop = evicted(
+            messages,
+            now=datetime.now(UTC),
+            ttl=cfg.ttl if cfg.ttl is not None else ttl,
+            max_messages=cfg.max_stored_messages,
+        )
+        return self.rag.remove([messages[i].message_id for i in drop]) if drop else 0
 
     def start_episode(self, metadata: dict[str, Any]) -> None:
         """Begin an episode (one per run) if episodic memory is enabled."""

@@ -412,6 +412,7 @@ class EpisodicMemory(Closing):
         Raises:
             KeyError: no such episode.
         """
+        self.sync()
         with self._lock:
             if episode_id is None:
                 if self._current is None:
@@ -461,6 +462,23 @@ class EpisodicMemory(Closing):
     async def aadd(self, message: Message | str, **fields: Any) -> str:
         """Async twin of :meth:`add` (runs in a worker thread)."""
         return await asyncio.to_thread(self.add, message, **fields)
+
+    def sync(self) -> list[str]:
+        """Drop what was deleted from the store (cascades, other processes); returns ids.
+
+        Episodes that lost a message lose their cached summary, as with :meth:`remove`.
+        """
+        if self._closed:
+            return []
+        gone = self.rag.sync()
+        if gone:
+            with self._lock:
+                dropped = set(gone)
+                changed = [state for state in self._episodes.values() if state.drop(dropped)]
+                for state in changed:
+                    state.summary = state.summary_of = None
+                self._save(changed)
+        return gone
 
     def remove(self, ids: str | Iterable[str]) -> int:
         """Delete messages by id, from the store too; returns how many were removed.
@@ -536,6 +554,7 @@ class EpisodicMemory(Closing):
             ValueError: an empty query or ``k <= 0``.
             KeyError: an unknown ``episode_id``.
         """
+        self.sync()
         self._check_open()
         check_query(query)
         positive_int("k", k)
@@ -565,6 +584,7 @@ class EpisodicMemory(Closing):
         Raises:
             ValueError: an empty query or ``k <= 0``.
         """
+        self.sync()
         self._check_open()
         check_query(query)
         positive_int("k", k)
@@ -639,6 +659,7 @@ class EpisodicMemory(Closing):
                 :meth:`asummaries`). Summaries finished before the failure are kept.
             KeyError: an unknown ``episode_id``.
         """
+        self.sync()
         self._check_open()
         done: list[tuple[_State, str, str]] = []
         try:

@@ -39,6 +39,7 @@ from marsys_mem.model.messages import Message
 from marsys_mem.model.names import validate_name
 from marsys_mem.patterns.user_facts import FactCandidate, FactCategory, FactMemory
 from marsys_mem.retrieval.scoring import finite_number, positive_int
+from marsys_mem.store.base import Key, validate_key
 
 __all__ = [
     "EXTRACTION_PROMPT",
@@ -292,6 +293,8 @@ class ExtractionPipeline(Closing):
         debounce: seconds without a new message before a batch is sent.
         max_batch: messages that trigger a batch at once.
         roles: the roles worth reading (others are skipped like trivial messages).
+        source_key: the store key of the conversation the messages come from: the facts
+            learned from them follow them (deleted when all their sources are).
         maintain: run :meth:`FactMemory.maintain` after each batch.
 
     Example:
@@ -316,6 +319,7 @@ class ExtractionPipeline(Closing):
         max_batch: int = 32,
         roles: Iterable[str] = ("user",),
         maintain: bool = False,
+        source_key: Key | None = None,
     ) -> None:
         if not isinstance(facts, FactMemory):
             raise TypeError(f"facts must be a FactMemory, got {type(facts).__name__}")
@@ -328,6 +332,7 @@ class ExtractionPipeline(Closing):
         self.max_batch = positive_int("max_batch", max_batch)
         self.roles = frozenset(roles)
         self.maintain = bool(maintain)
+        self.source_key = validate_key(source_key) if source_key is not None else None
         self._cond = threading.Condition()
         self._pending: list[tuple[str, Message]] = []
         self._last_submit = 0.0
@@ -413,7 +418,7 @@ class ExtractionPipeline(Closing):
                 if inspect.isawaitable(result):
                     result = asyncio.run(_await(result))
                 candidates = list(result)
-                self.facts.add_many(candidates, who)
+                self.facts.add_many(candidates, who, source_key=self.source_key)
                 if self.maintain:
                     self.facts.maintain()
                 with self._cond:

@@ -53,6 +53,7 @@ from marsys_mem.patterns.importance import Scorer, check_importance, default_imp
 from marsys_mem.patterns.rag import RAGMemory, ScoredMessage
 from marsys_mem.retrieval.embeddings import Embedder
 from marsys_mem.store.base import Append, Delete, Key, MemoryStore, validate_key
+from marsys_mem.store.owners import DeletionFeed, Source, same_id
 from marsys_mem.store.memory import InMemoryStore
 
 __all__ = ["HierarchicalMemory", "Tier", "default_importance"]
@@ -156,6 +157,8 @@ class HierarchicalMemory(Closing):
         >>> mem.close()
     """
 
+    _feed: DeletionFeed  # the store's deletions this memory has seen (set when loading)
+
     def __init__(
         self,
         embedder: Embedder | Literal["default"] | None = "default",
@@ -168,6 +171,7 @@ class HierarchicalMemory(Closing):
         archive: RAGMemory | None = None,
         counter: TokenCounter | str | None = None,
         index_path: str | Path | None = None,
+        owner: tuple[str, str, str] | None = None,
     ) -> None:
         self.core_threshold = check_importance(core_threshold, "core_threshold")
         if isinstance(working_size, bool) or not isinstance(working_size, int) or working_size < 1:
@@ -188,6 +192,9 @@ class HierarchicalMemory(Closing):
         if archive is not None and index_path is not None:
             raise ValueError("index_path applies to the default archive only; not with archive=")
         self.counter = get_counter(counter)
+        self.owner: Key | None = validate_key(owner) if owner is not None else None
+        if owner is not None and store is None:
+            raise ValueError("owner needs a store: the links to the owner's messages are stored")
         self._own_store = store is None
         self.store: MemoryStore = store if store is not None else InMemoryStore()
         self._own_archive = archive is None
@@ -204,6 +211,7 @@ class HierarchicalMemory(Closing):
                     embedder,
                     store=self.store,
                     key=(*key_prefix, "archive"),
+                    owner=self.owner,
                     index_path=index_path,
                 )
             )
@@ -218,7 +226,38 @@ class HierarchicalMemory(Closing):
             raise
 
     # ------------------------------------------------------------------ opening
+    def _src(self, messages: Sequence[Message]) -> tuple[tuple[Source, ...], ...]:
+        """Links of tier copies to the owner's messages (same ids), if an owner."""
+        if self.owner is None:
+            return ()
+        return same_id(self.owner, tuple(m.message_id for m in messages))
+
+    def sync(self) -> list[str]:
+        """Drop what was deleted from the store (cascades, other processes); returns ids."""
+        if self._closed:
+            return []
+        gone_by_key, complete = self._feed.poll()
+        dropped = self.archive.sync()
+        if complete and not (
+            gone_by_key.get(self.core_key) or gone_by_key.get(self.working_key)
+        ):
+            return dropped
+        with self._lock:  # tiers are small: compare with what the store holds now
+            stored_core = {m.message_id for m in self.store.load_messages(self.core_key)}
+            stored_working = {m.message_id for m in self.store.load_messages(self.working_key)}
+            gone = {mid for mid in self._core if mid not in stored_core}
+            gone |= {mid for mid in self._working_ids if mid not in stored_working}
+            core = [mid for mid in gone if mid in self._core]
+            for mid in core:
+                del self._core[mid]
+            working = gone & self._working_ids
+            if working:
+                self._working = [w for w in self._working if w.message_id not in working]
+                self._working_ids -= working
+        return [*dropped, *core, *working]
+
     def _load(self) -> None:
+        self._feed = DeletionFeed(self.store.load_deletions, self.core_key[0])
         core = self.store.load_messages(self.core_key)
         working = self.store.load_messages(self.working_key)
         core_ids = {m.message_id for m in core}
@@ -319,7 +358,7 @@ class HierarchicalMemory(Closing):
         try:
             ops: list[Append | Delete] = []
             if new:
-                ops.append(Append(self.working_key, tuple(new)))
+                ops.append(Append(self.working_key, tuple(new), sources=self._src(new)))
             if evicted:
                 ops.append(Delete(self.working_key, tuple(evicted)))
             self.store.batch(ops)
@@ -388,7 +427,7 @@ class HierarchicalMemory(Closing):
                 or value >= self.core_threshold
                 or (stored.role == "tool" and stored.tool_call_id in self._core_calls_locked())
             ):
-                self.store.append_messages(self.core_key, [stored])
+                self.store.batch([Append(self.core_key, (stored,), sources=self._src([stored]))])
                 self._core[mid] = stored
                 return mid
             moved = self._evict_locked([*self._working, stored])
@@ -420,13 +459,16 @@ class HierarchicalMemory(Closing):
             if tier == "working":
                 m = next(w for w in self._working if w.message_id == message_id)
                 self.store.batch(
-                    [Delete(self.working_key, (message_id,)), Append(self.core_key, (m,))]
+                    [
+                        Delete(self.working_key, (message_id,)),
+                        Append(self.core_key, (m,), sources=self._src([m])),
+                    ]
                 )
                 self._working = [w for w in self._working if w.message_id != message_id]
                 self._working_ids.discard(message_id)
             else:
                 m = self.archive.get(message_id)
-                self.store.append_messages(self.core_key, [m])
+                self.store.batch([Append(self.core_key, (m,), sources=self._src([m]))])
                 self.archive.remove([message_id])
             self._core[message_id] = m
             return "core"
@@ -461,7 +503,7 @@ class HierarchicalMemory(Closing):
                 try:
                     ops: list[Append | Delete] = [
                         Delete(self.core_key, (message_id,)),
-                        Append(self.working_key, (m,)),
+                        Append(self.working_key, (m,), sources=self._src([m])),
                     ]
                     if evicted:
                         ops.append(Delete(self.working_key, tuple(evicted)))
@@ -546,11 +588,13 @@ class HierarchicalMemory(Closing):
     # ------------------------------------------------------------------ reading
     def core(self) -> list[Message]:
         """Core messages, in the order they entered core."""
+        self.sync()
         with self._lock:
             return list(self._core.values())
 
     def working(self) -> list[Message]:
         """Working messages, oldest first."""
+        self.sync()
         with self._lock:
             return list(self._working)
 

@@ -133,7 +133,8 @@ from marsys_mem.retrieval.scoring import (
     positive_int,
 )
 from marsys_mem.retrieval.threads import LabelSlots, SlotArray, SlotMemo, ThreadLinks
-from marsys_mem.store.base import Append, Key, MemoryStore, PutVectors, validate_key
+from marsys_mem.store.base import Append, Key, Load, MemoryStore, PutVectors, validate_key
+from marsys_mem.store.owners import DeletionFeed, Source, same_id
 
 __all__ = ["Fusion", "RAGMemory", "ScoredMessage", "SearchMode"]
 
@@ -382,6 +383,7 @@ class RAGMemory(SharedVectors, Closing):
         *,
         store: MemoryStore | None = None,
         key: tuple[str, str, str] = ("default", "rag", "main"),
+        owner: tuple[str, str, str] | None = None,
         index_path: str | Path | None = None,
         mode: SearchMode = "hybrid",
         dense_weight: float = 1.0,
@@ -440,6 +442,9 @@ class RAGMemory(SharedVectors, Closing):
         positive_int("batch_size", batch_size)
         positive_int("max_pending", max_pending)
         self.key: Key = validate_key(key)
+        self.owner: Key | None = validate_key(owner) if owner is not None else None
+        if owner is not None and store is None:
+            raise ValueError("owner needs a store: the links to the owner's messages are stored")
         if store is not None and not isinstance(store, MemoryStore):
             raise TypeError(f"store must be a MemoryStore, got {type(store).__name__}")
         if index_path is not None and store is None:
@@ -485,6 +490,7 @@ class RAGMemory(SharedVectors, Closing):
         self._shared = False  # set by _open: vectors go through the store
         self._msg_cursor = 0
         self._vec_cursor = 0
+        self._feed: DeletionFeed | None = None
         if embedder is not None:
             self._index = FaissIndex(embedder.dim, kind=index_kind)
             if self.background:
@@ -506,6 +512,8 @@ class RAGMemory(SharedVectors, Closing):
     def _open(self) -> None:
         """Load the store's messages and bring the vector index in line with them."""
         self._shared = self._share_vectors()
+        if self.store is not None:  # before reading: no deletion falls between
+            self._feed = DeletionFeed(self.store.load_deletions, self.key[0])
         messages, stored = self._read_store()
         with self._lock:
             for m in messages:
@@ -680,12 +688,12 @@ class RAGMemory(SharedVectors, Closing):
                     model = self.embedder.name
                     self.store.batch(
                         [
-                            Append(self.key, tuple(batch)),
+                            Append(self.key, tuple(batch), sources=self._sources(ids)),
                             PutVectors(self.key, model, tuple(ids), vectors),
                         ]
                     )
                 else:
-                    self.store.append_messages(self.key, batch)
+                    self.store.batch([Append(self.key, tuple(batch), sources=self._sources(ids))])
             for m, text in zip(batch, texts, strict=True):
                 self._messages[m.message_id] = m
                 self._bm25.add(m.message_id, self._keyword_text(m, text))
@@ -697,6 +705,51 @@ class RAGMemory(SharedVectors, Closing):
         if self._queue is not None:
             self._submit(list(zip(ids, texts, strict=True)))
         return ids
+
+    def _sources(self, ids: Sequence[str]) -> tuple[tuple[Source, ...], ...]:
+        """Each stored copy's link to the owner's message of the same id (if an owner)."""
+        return same_id(self.owner, tuple(ids)) if self.owner is not None else ()
+
+    def sync(self) -> list[str]:
+        """Drop what was deleted from the store since the last sync; returns those ids.
+
+        Deletions by this memory, by a cascade (its owner's message was deleted: ttl,
+        bound, forget), or by another process are read from the store's deletion log.
+        Search calls it first; patterns built on this memory call it to learn what went.
+        """
+        if self._feed is None or self._closed:
+            return []
+        gone_by_key, complete = self._feed.poll()
+        if not complete:
+            _, removed = self.refresh_all()
+            return removed
+        logged = [mid for mid in dict.fromkeys(gone_by_key.get(self.key, ())) if mid in self]
+        if not logged:
+            return []
+        assert self.store is not None
+        # Deleted then stored again (a move between tiers, a rewrite) is not gone.
+        back = {m.message_id for m in self.store.batch([Load(self.key, ids=tuple(logged))])[0]}
+        with self._lock:
+            present = [mid for mid in logged if mid in self._messages and mid not in back]
+            if present:
+                self._forget_locked(present)
+        return present
+
+    def refresh_all(self) -> tuple[int, list[str]]:
+        """Compare with every message of the store key: ``(added, removed ids)``."""
+        assert self.store is not None
+        stored = self.store.load_messages(self.key)
+        stored_ids = {m.message_id for m in stored}
+        with self._lock:
+            gone = [mid for mid in self._messages if mid not in stored_ids]
+            if gone:
+                self._forget_locked(gone)
+            new = [m for m in stored if m.message_id not in self._messages]
+            for m in new:
+                self._index_text_locked(m)
+            todo = [m.message_id for m in new if m.message_id in self._bm25]
+        self._embed_ids(todo)
+        return len(new), gone
 
     def remove(self, ids: str | Iterable[str]) -> int:
         """Remove messages by id (from the store too); returns how many were removed.
@@ -737,20 +790,12 @@ class RAGMemory(SharedVectors, Closing):
         self._check_open()
         if self.store is None:
             return 0, 0
+        removed = len(self.sync())
         if self._shared:
-            return self._catch_up()
-        stored = self.store.load_messages(self.key)
-        stored_ids = {m.message_id for m in stored}
-        with self._lock:
-            gone = [mid for mid in self._messages if mid not in stored_ids]
-            if gone:
-                self._forget_locked(gone)
-            new = [m for m in stored if m.message_id not in self._messages]
-            for m in new:
-                self._index_text_locked(m)
-            todo = [m.message_id for m in new if m.message_id in self._bm25]
-        self._embed_ids(todo)
-        return len(new), len(gone)
+            added, more = self._catch_up()
+            return added, removed + more
+        added, gone = self.refresh_all()
+        return added, removed + len(gone)
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait for pending embeddings, then save the index to ``index_path`` (if set).
@@ -827,6 +872,7 @@ class RAGMemory(SharedVectors, Closing):
             min_score = finite_number("min_score", min_score)
         resolved = self._resolve_mode(mode)
         keep = make_filter(agent, role, since, until, metadata)
+        self.sync()
         if self._shared:
             self._catch_up()
         self._wait()

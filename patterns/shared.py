@@ -95,6 +95,7 @@ class SharedMemoryPool:
         self._inboxes: dict[str, dict[str, SharedFact]] = {}
         self._memories: dict[str, ConversationMemory | None] = {}
         self._callbacks: list[Callable[[str, SharedFact], Any]] = []
+        self._retracted: OrderedDict[str, None] = OrderedDict()  # ids forgotten: not again
 
     # ------------------------------------------------------------------ agents
     def register(self, agent: str, memory: ConversationMemory | None = None) -> None:
@@ -146,6 +147,8 @@ class SharedMemoryPool:
         """Store ``fact`` and deliver it to ``recipients`` (default: every registered agent)."""
         if not isinstance(fact, SharedFact):
             raise TypeError(f"expected a SharedFact, got {type(fact).__name__}")
+        if fact.id in self._retracted:
+            return fact  # forgotten: not stored or delivered again
         with self._lock:
             stored = self._facts.get(fact.id)
             if stored is None:
@@ -170,6 +173,8 @@ class SharedMemoryPool:
             raise TypeError(f"expected a SharedFact, got {type(fact).__name__}")
         if not isinstance(agents, list | tuple):
             agents = list(agents)
+        if fact.id in self._retracted:
+            return [False] * len(agents)
         results: list[bool] = []
         with self._lock:
             if fact.id not in self._facts:
@@ -217,6 +222,30 @@ class SharedMemoryPool:
         if len(inbox) > self.max_facts:
             del inbox[next(iter(inbox))]  # the oldest
         return True
+
+    def retract(self, fact_ids: Iterable[str]) -> list[SharedFact]:
+        """Forget facts: from the pool and every inbox; returns those the pool held.
+
+        A retracted id is refused if it arrives again (a resend, a late copy), for the
+        newest ``max_facts`` retractions.
+        """
+        ids = list(dict.fromkeys(fact_ids))
+        removed: list[SharedFact] = []
+        with self._lock:
+            for fid in ids:
+                fact = self._facts.pop(fid, None)
+                if fact is not None:
+                    removed.append(fact)
+                for inbox in self._inboxes.values():
+                    inbox.pop(fid, None)
+                self._retracted[fid] = None
+            while len(self._retracted) > self.max_facts:
+                self._retracted.popitem(last=False)
+        return removed
+
+    def is_retracted(self, fact_id: str) -> bool:
+        """Whether ``fact_id`` was retracted (and is refused if it comes again)."""
+        return fact_id in self._retracted
 
     def has(self, agent: str, fact_id: str) -> bool:
         """True if ``agent`` has received the fact ``fact_id``."""

@@ -57,7 +57,8 @@ from marsys_mem.model.names import validate_name
 from marsys_mem.retrieval.bm25 import BM25Index
 from marsys_mem.retrieval.embeddings import Embedder, HashingEmbedder, default_embedder
 from marsys_mem.retrieval.scoring import check_query, finite_number, positive_int
-from marsys_mem.store.base import Append, Delete, Key, MemoryStore
+from marsys_mem.store.base import Append, Delete, Key, Load, MemoryStore, validate_key
+from marsys_mem.store.owners import DeletionFeed, Source
 from marsys_mem.store.keys import SUBJECT_FACTS_AGENT, subject_facts_key
 
 __all__ = [
@@ -66,6 +67,7 @@ __all__ = [
     "FactCategory",
     "FactChange",
     "FactMemory",
+    "FactSource",
     "MaintenanceReport",
     "ScoredFact",
     "slot_rule",
@@ -121,6 +123,20 @@ class FactCandidate(BaseModel):
         return stripped
 
 
+class FactSource(BaseModel):
+    """A message a fact was learned from: its conversation's store key and its id.
+
+    Example:
+        >>> FactSource(key=("d", "alice", "main"), message_id="m1").key[1]
+        'alice'
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key: tuple[str, str, str]
+    message_id: str
+
+
 class Fact(BaseModel):
     """One stored fact, with its confidence, sources and validity.
 
@@ -132,6 +148,8 @@ class Fact(BaseModel):
         confidence: current confidence in ``[0, 1]`` (decay applied by ``maintain``).
         slot: the attribute it sets, or ``None``.
         source_ids: ids of the messages it was stated or reinforced in.
+        sources: those messages with their store keys, where known: when every one of
+            them is deleted (forget, ttl, bound, end of session), the fact is deleted too.
         created_at: when it was first learned.
         reinforced_at: when it was last stated or restated.
         decay_periods: full ``decay_after`` periods already applied since ``reinforced_at``.
@@ -159,6 +177,7 @@ class Fact(BaseModel):
     confidence: _Confidence = 0.7
     slot: str | None = None
     source_ids: tuple[str, ...] = ()
+    sources: tuple[FactSource, ...] = ()
     created_at: AwareDatetime
     reinforced_at: AwareDatetime
     decay_periods: Annotated[int, Field(ge=0)] = 0
@@ -357,6 +376,7 @@ class FactMemory(Closing):
         self._vectors: dict[str, npt.NDArray[np.float32]] = {}
         self._bm25 = BM25Index()
         self._closed = False
+        self._feed: DeletionFeed | None = None
         if store is not None:
             self._load()
 
@@ -364,24 +384,29 @@ class FactMemory(Closing):
     def _key(self, subject: str) -> Key:
         return subject_facts_key(self.namespace, subject)
 
+    def _read(self, messages: Iterable[Message], stale: list[Fact]) -> None:
+        """Index stored fact records (those made by another embedder go to ``stale``)."""
+        for m in messages:
+            if m.structured_data is None:
+                continue
+            try:
+                fact = Fact.model_validate(m.structured_data)
+            except ValidationError as exc:
+                log.warning("FactMemory: skipping unreadable fact %s: %s", m.message_id, exc)
+                continue
+            if fact.embedding is None or fact.embedder != self.embedder.name:
+                stale.append(fact)
+                continue
+            self._index(fact, np.asarray(fact.embedding, dtype=np.float32))
+
     def _load(self) -> None:
         assert self.store is not None
+        self._feed = DeletionFeed(self.store.load_deletions, self.namespace)
         stale: list[Fact] = []
         for key in self.store.list_keys(self.namespace):
             if key[1] != SUBJECT_FACTS_AGENT:
                 continue
-            for m in self.store.load_messages(key):
-                if m.structured_data is None:
-                    continue
-                try:
-                    fact = Fact.model_validate(m.structured_data)
-                except ValidationError as exc:
-                    log.warning("FactMemory: skipping unreadable fact %s: %s", m.message_id, exc)
-                    continue
-                if fact.embedding is None or fact.embedder != self.embedder.name:
-                    stale.append(fact)
-                    continue
-                self._index(fact, np.asarray(fact.embedding, dtype=np.float32))
+            self._read(self.store.load_messages(key), stale)
         if stale:  # made by another embedder: embed again (and store the new vectors)
             vectors = self._embed([f.text for f in stale])
             redone = [self._with_vector(f, v) for f, v in zip(stale, vectors, strict=True)]
@@ -404,6 +429,76 @@ class FactMemory(Closing):
             metadata={"kind": "fact", "subject": fact.subject},
         )
 
+    def sync(self) -> int:
+        """Catch up with the store's deletions (cascades, other processes); returns drops.
+
+        A fact whose every source message was deleted was deleted by the store with it;
+        a fact rewritten by another process is read again.
+        """
+        if self._feed is None or self._closed:
+            return 0
+        assert self.store is not None
+        gone_by_key, complete = self._feed.poll()
+        if not complete:  # the log was pruned past us: read everything again
+            with self._lock:
+                dropped = len(self._facts)
+                for fid in list(self._facts):
+                    self._unindex(fid)
+                stale: list[Fact] = []
+                for key in self.store.list_keys(self.namespace):
+                    if key[1] == SUBJECT_FACTS_AGENT:
+                        self._read(self.store.load_messages(key), stale)
+                return max(dropped - len(self._facts), 0)
+        dropped = 0
+        for key, ids in gone_by_key.items():
+            if key[1] != SUBJECT_FACTS_AGENT:
+                continue
+            wanted = tuple(dict.fromkeys(ids))
+            back = self.store.batch([Load(key, ids=wanted)])[0]
+            with self._lock:
+                again = {m.message_id for m in back}
+                for fid in wanted:
+                    if fid not in again and fid in self._facts:
+                        self._unindex(fid)
+                        dropped += 1
+                self._read(back, [])
+        return dropped
+
+    def forget_sources(self, key: Key, message_ids: Iterable[str]) -> int:
+        """The messages ``message_ids`` of ``key`` are gone: facts lose them as sources.
+
+        A fact left with no source is deleted; one with another source left is kept
+        (and rewritten without the gone ones). Returns how many facts were deleted. The
+        store does the same by itself for stored messages; this covers the rest
+        (messages never stored: session and single-run agents).
+        """
+        self._check_open()
+        self.sync()
+        gone = {(tuple(key), mid) for mid in message_ids}
+        with self._lock:
+            doomed: list[Fact] = []
+            kept: list[Fact] = []
+            for f in self._facts.values():
+                if not f.sources:
+                    continue
+                left = tuple(s for s in f.sources if (s.key, s.message_id) not in gone)
+                if len(left) == len(f.sources):
+                    continue
+                if left:
+                    ids = tuple(s.message_id for s in left)
+                    kept.append(f.model_copy(update={"sources": left, "source_ids": ids}))
+                else:
+                    doomed.append(f)
+        for f in doomed:
+            self.forget(f.fact_id)
+        if kept:
+            with self._lock:
+                kept = [f for f in kept if f.fact_id in self._facts]
+                self._write(kept, replace=True)
+                for f in kept:
+                    self._index(f, self._vectors[f.fact_id])
+        return len(doomed)
+
     def _write(self, facts: Sequence[Fact], *, replace: bool, delete: Sequence[Fact] = ()) -> None:
         """Write ``facts`` (replacing stored versions if ``replace``) and delete ``delete``."""
         if self.store is None:
@@ -418,7 +513,9 @@ class FactMemory(Closing):
             key = self._key(subject)
             if replace:
                 ops.append(Delete(key, tuple(f.fact_id for f in group)))
-            ops.append(Append(key, tuple(self._record(f) for f in group)))
+            sources = tuple(tuple(Source(s.key, s.message_id) for s in f.sources) for f in group)
+            owned = sources if any(sources) else ()
+            ops.append(Append(key, tuple(self._record(f) for f in group), sources=owned))
         if ops:
             self.store.batch(ops)
 
@@ -483,8 +580,17 @@ class FactMemory(Closing):
                 raise ValueError(f"invalid fact: {exc}") from None
         return self.add_many([fact], subject)[0]
 
-    def add_many(self, candidates: Iterable[FactCandidate], subject: str) -> list[FactChange]:
+    def add_many(
+        self,
+        candidates: Iterable[FactCandidate],
+        subject: str,
+        *,
+        source_key: Key | None = None,
+    ) -> list[FactChange]:
         """Learn several facts in order (one embedding call; each written when decided).
+
+        ``source_key``: the store key of the conversation the candidates' ``source_ids``
+        are in; the facts then follow those messages (deleted when all of them are).
 
         Raises:
             TypeError: an item is not a :class:`FactCandidate`.
@@ -500,11 +606,17 @@ class FactMemory(Closing):
                 raise ValueError(
                     f"candidates[{i}].subject is {c.subject!r}, but the facts are for {subject!r}"
                 )
+        if source_key is not None:
+            validate_key(source_key)
         if not batch:
             return []
+        self.sync()
         vectors = self._embed([c.text for c in batch])
         with self._lock:
-            return [self._learn(c, v, subject) for c, v in zip(batch, vectors, strict=True)]
+            return [
+                self._learn(c, v, subject, source_key)
+                for c, v in zip(batch, vectors, strict=True)
+            ]
 
     async def aadd_many(
         self, candidates: Iterable[FactCandidate], subject: str
@@ -512,8 +624,19 @@ class FactMemory(Closing):
         """Async twin of :meth:`add_many` (runs in a worker thread)."""
         return await asyncio.to_thread(self.add_many, list(candidates), subject)
 
-    def _learn(self, c: FactCandidate, vector: npt.NDArray[np.float32], subject: str) -> FactChange:
+    def _learn(
+        self,
+        c: FactCandidate,
+        vector: npt.NDArray[np.float32],
+        subject: str,
+        source_key: Key | None = None,
+    ) -> FactChange:
         now = self._now()
+        from_ = (
+            tuple(FactSource(key=source_key, message_id=mid) for mid in c.source_ids)
+            if source_key is not None
+            else ()
+        )
         at = c.at.astimezone(UTC) if c.at is not None else now
         valid = [f for f in self._facts.values() if f.subject == subject and f.is_valid]
         sims: dict[str, float] = {}
@@ -533,8 +656,11 @@ class FactMemory(Closing):
             if twins:
                 best = max(twins, key=lambda f: sims[f.fact_id])
                 sources = tuple(dict.fromkeys((*best.source_ids, *c.source_ids)))
+                # unowned (no sources known) stays unowned: it never follows a message
+                owned = tuple(dict.fromkeys((*best.sources, *from_))) if best.sources else ()
                 updated = best.model_copy(
                     update={
+                        "sources": owned,
                         "confidence": min(1.0, round(best.confidence + self.reinforce_step, 10)),
                         "reinforced_at": max(at, best.reinforced_at),
                         "decay_periods": 0,
@@ -555,6 +681,7 @@ class FactMemory(Closing):
                 confidence=c.confidence,
                 slot=c.slot,
                 source_ids=c.source_ids,
+                sources=from_,
                 created_at=now,
                 reinforced_at=at,
                 valid_from=at,
@@ -669,12 +796,14 @@ class FactMemory(Closing):
 
     def subjects(self) -> list[str]:
         """The subjects that have facts, sorted."""
+        self.sync()
         with self._lock:
             return sorted({f.subject for f in self._facts.values()})
 
     def facts(self, subject: str, *, include_invalid: bool = False) -> list[Fact]:
         """``subject``'s facts, oldest first (only valid ones unless ``include_invalid``)."""
         validate_name("subject", subject)
+        self.sync()
         with self._lock:
             found = [
                 f
@@ -715,6 +844,7 @@ class FactMemory(Closing):
             raise ValueError(f"when must be a timezone-aware datetime, got {when!r}")
         if subject is not None:
             validate_name("subject", subject)
+        self.sync()
         with self._lock:
             found = [
                 f
@@ -744,6 +874,7 @@ class FactMemory(Closing):
             min_score = finite_number("min_score", min_score)
         if subject is not None:
             validate_name("subject", subject)
+        self.sync()
         qvec = self._embed([query])[0]
         with self._lock:
             pool = [

@@ -56,6 +56,7 @@ from marsys_mem.llm.base import LLM
 from marsys_mem.llm.factory import make_llm
 from marsys_mem.manager.sinks import AgentSink, MemoryBound, StoreWriter
 from marsys_mem.model.events import EventBus
+from marsys_mem.model.facts import SharedFact, fact_of_message
 from marsys_mem.model.messages import Message, Provider, to_llm_format
 from marsys_mem.model.names import validate_name
 from marsys_mem.model.runs import RunContext, RunSnapshot, history
@@ -66,6 +67,8 @@ from marsys_mem.patterns.threads import CrossThreadRecall
 from marsys_mem.patterns.user_facts import FactMemory
 from marsys_mem.retrieval.embeddings import Embedder, HashingEmbedder, default_embedder
 from marsys_mem.store.base import Key, Load, MemoryStore
+from marsys_mem.store.keys import parse_key
+from marsys_mem.store.owners import DeletionFeed
 from marsys_mem.store.memory import InMemoryStore
 from marsys_mem.store.sqlite import SQLiteStore
 
@@ -208,6 +211,9 @@ class MemoryManager(Closing):
             self._embedders["default"] = embedder
         self._active_runs: dict[str, int] = {}
         self._session_started = datetime.now(UTC)
+        # Other processes' writes and deletions on the same store (sync() reads them).
+        self._feed = DeletionFeed(self.store.load_deletions, self.namespace)
+        self._cursors: dict[tuple[str, str], int] = {}  # persistent slot -> append cursor
         self.closed = False
 
     @classmethod
@@ -257,7 +263,12 @@ class MemoryManager(Closing):
         policy = self.config.policy_for(agent)
         initial: list[Message] = []
         if policy.is_persistent:
-            initial = self.store.load_messages(self.key(agent, branch))
+            key = self.key(agent, branch)
+            if self.store.supports_vectors:  # with the cursor sync() catches up from
+                page = self.store.load_messages_after(key, 0)
+                initial, self._cursors[slot] = list(page.messages), page.cursor
+            else:
+                initial = self.store.load_messages(key)
         mem = ConversationMemory(
             initial,
             policy=policy.context,
@@ -544,6 +555,76 @@ class MemoryManager(Closing):
                         found[mid] = held
         return found
 
+    def forget_shared(
+        self,
+        fact_ids: Iterable[str] | None = None,
+        *,
+        sharer: str | None = None,
+        everything: bool = False,
+    ) -> list[SharedFact]:
+        """Forget shared facts: by id, by the agent that shared them, or all of them.
+
+        They leave the shared pool (every agent's ``Shared facts:`` block) and the store
+        (the records workflow runs and MCP servers keep, so a restart does not bring them
+        back). To reach other processes' coordinators too, use
+        :meth:`Coordinator.retract <marsys_mem.coordination.Coordinator.retract>`, which
+        calls this. Returns the facts removed (from the pool or the store).
+
+        Raises:
+            ValueError: not exactly one of ``fact_ids`` (non-empty), ``sharer`` and
+                ``everything``.
+
+        Example:
+            >>> manager = MemoryManager()
+            >>> _ = manager.memory("a")
+            >>> fact = manager.shared.share_insight("a", "Budget is 4000 EUR")
+            >>> [f.text for f in manager.forget_shared([fact.id])]
+            ['Budget is 4000 EUR']
+            >>> manager.shared.facts()
+            []
+            >>> manager.close()
+        """
+        self._check_open()
+        if isinstance(fact_ids, str):
+            raise ValueError(f"fact_ids must be a list of ids, not one string {fact_ids!r}")
+        ids = None if fact_ids is None else list(dict.fromkeys(fact_ids))
+        if sharer is not None:
+            validate_name("sharer", sharer)
+        chosen = [bool(ids), sharer is not None, everything]
+        if sum(chosen) != 1:
+            raise ValueError(
+                "forget_shared needs exactly one of fact_ids (a non-empty list), sharer or "
+                f"everything=true; got fact_ids={ids!r}, sharer={sharer!r}, "
+                f"everything={everything!r}"
+            )
+
+        def wanted(fact: SharedFact) -> bool:
+            if everything:
+                return True
+            if sharer is not None:
+                return fact.source_agent == sharer
+            return ids is not None and fact.id in ids
+
+        removed: dict[str, SharedFact] = {}
+        doomed = {f.id for f in self.shared.facts() if wanted(f)} | set(ids or ())
+        for fact in self.shared.retract(doomed):
+            removed[fact.id] = fact
+        for key in self.store.list_keys(self.namespace):
+            if parse_key(key).kind != "facts":
+                continue
+            gone: list[str] = []
+            for m in self.store.load_messages(key):
+                fact = fact_of_message(m)
+                if fact is not None and (fact.id in doomed or wanted(fact)):
+                    gone.append(m.message_id)
+                    removed.setdefault(fact.id, fact)
+                    self.shared.retract([fact.id])
+            if gone:
+                self.store.delete_messages(key, gone)
+        if removed:
+            self.store.scrub()
+        return list(removed.values())
+
     def memories(self) -> Iterator[tuple[str, str, ConversationMemory]]:
         """``(agent, branch, memory)`` for every memory in use."""
         for (agent, branch), mem in list(self._memories.items()):
@@ -752,9 +833,58 @@ class MemoryManager(Closing):
             TypeError: ``query`` is not a non-empty string.
             ValueError: the thread already belongs to another subject.
         """
+        self.sync()
         mem, policy, blocks, counter = self._context_parts(agent, query, branch, subject)
         win = assemble(mem, policy, blocks, counter)
         return win if provider is None else to_llm_format(win.messages, provider)
+
+    def sync(self) -> tuple[int, int]:
+        """Catch up with what other processes did to this manager's store.
+
+        Messages other processes appended to persistent agents' keys join this process's
+        memories; messages deleted anywhere (forget, retention, cascades) leave them; shared
+        facts forgotten elsewhere leave the shared pool. :meth:`context_for` calls it first,
+        so two processes (two MCP servers) on one store behave as one memory.
+
+        Returns:
+            ``(added, removed)`` message counts.
+        """
+        self._check_open()
+        gone_by_key, complete = self._feed.poll()
+        removed = 0
+        for key, ids in gone_by_key.items():
+            info = parse_key(key)
+            if info.kind == "facts":
+                self.shared.retract(mid.removeprefix("fact_") for mid in ids)
+                continue
+            if info.kind != "conversation" or key[0] != self.namespace:
+                continue
+            mem = self._memories.get((key[1], key[2]))
+            if mem is not None:
+                with mem.lock:
+                    removed += len(mem.evict([i for i in ids if i in mem]))
+        added = 0
+        for slot, cursor in list(self._cursors.items()):
+            mem = self._memories.get(slot)
+            if mem is None:
+                continue
+            page = self.store.load_messages_after(self.key(*slot), cursor)
+            with mem.lock:
+                self._cursors[slot] = page.cursor
+                if not complete:  # the deletion log was pruned past us: compare
+                    stored = {m.message_id for m in self.store.load_messages(self.key(*slot))}
+                    removed += len(
+                        mem.evict([m.message_id for m in mem if m.message_id not in stored])
+                    )
+                new = [m for m in page.messages if m.message_id not in mem]
+                if new:
+                    strict, mem.strict_tools = mem.strict_tools, False
+                    try:  # already stored: the sink must not write them again
+                        mem.add_many(new, _publish=False)
+                    finally:
+                        mem.strict_tools = strict
+                    added += len(new)
+        return added, removed
 
     def _context_parts(
         self, agent: str, query: str | None, branch: str, subject: str | None = None
@@ -856,6 +986,7 @@ class MemoryManager(Closing):
         subject: str | None = None,
     ) -> Any:
         """Async twin of :meth:`context_for` (async summarisers allowed)."""
+        await asyncio.to_thread(self.sync)
         mem, policy, blocks, counter = self._context_parts(agent, query, branch, subject)
         win = await aassemble(mem, policy, blocks, counter)
         return win if provider is None else to_llm_format(win.messages, provider)

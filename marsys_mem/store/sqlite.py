@@ -269,9 +269,7 @@ def _v5_owners(conn: sqlite3.Connection) -> None:
         " PRIMARY KEY (s_namespace, s_agent, s_branch, s_message_id,"
         "  namespace, agent, branch, message_id)) WITHOUT ROWID"
     )
-    conn.execute(
-        "CREATE INDEX sources_by_record ON sources (namespace, agent, branch, message_id)"
-    )
+    conn.execute("CREATE INDEX sources_by_record ON sources (namespace, agent, branch, message_id)")
     conn.execute(
         "CREATE TABLE deletions ("
         " dseq INTEGER PRIMARY KEY AUTOINCREMENT,"
