@@ -196,6 +196,7 @@ class MemoryServer:
         self.coordinator: Coordinator | None = None
         self._recorded: set[tuple[str, str]] | None = None  # (branch, fact id) in the store
         self._fallback: dict[tuple[str, str], RAGMemory] = {}
+        self._forgotten_facts: list[str] = []  # ids the last forget removed (for aforget)
         self._embedders: dict[str, Embedder | None] = {}
         self.closed = False
         self.mcp: MCPServer[Any] = MCPServer(
@@ -410,25 +411,71 @@ class MemoryServer:
         agent: str,
         *,
         message_ids: list[str] | None = None,
+        fact_ids: list[str] | None = None,
         everything: bool = False,
         branch: str = "main",
     ) -> dict[str, Any]:
-        """Delete messages by id (all or none: an unknown id removes nothing), or all of them.
+        """Delete messages by id (all or none: an unknown id removes nothing), shared facts
+        by id, or everything the agent holds and shared.
 
-        The messages leave the memory, the store (persistent agents) and the agent's
-        memory patterns (RAG index, episodes, hierarchical tiers; durable in their store
-        keys). ``everything`` also empties the patterns of what they kept beyond the
-        conversation (messages a window or the retention bound already dropped from it).
+        Messages leave the memory, the store (persistent agents) and everything derived
+        from them (RAG entries, episodes, tiers, learned facts). ``fact_ids``: shared facts
+        (``remember(kind="fact")``, ``share_fact``) leave every agent's shared facts and
+        the store. ``everything``: all the agent's messages on the branch, and every fact
+        it shared. Use :meth:`aforget` from async code to reach coordinators elsewhere.
         """
         validate_name("agent", agent)
         validate_name("branch", branch)
-        removed = self.manager.forget(agent, branch, message_ids=message_ids, everything=everything)
+        if fact_ids is not None and not fact_ids:
+            raise ValueError("fact_ids: give at least one id, or leave it out")
+        removed: list[Message] = []
+        if message_ids is not None or everything:
+            removed = self.manager.forget(
+                agent, branch, message_ids=message_ids, everything=everything
+            )
+        elif fact_ids is None:
+            raise ValueError(
+                "forget needs message_ids, fact_ids or everything=true; got none of them"
+            )
+        facts: list[SharedFact] = []
+        if fact_ids:
+            facts += self.manager.forget_shared(fact_ids)
+        if everything:
+            facts += self.manager.forget_shared(sharer=agent)
+        if self._recorded is not None:
+            gone = {f.id for f in facts}
+            self._recorded = {r for r in self._recorded if r[1] not in gone}
         ids = [m.message_id for m in removed]
         memory = self.manager.memory(agent, branch)
         fallback = self._fallback.get((agent, branch))
         if fallback is not None and ids:
             fallback.remove(ids)
-        return {"agent": agent, "branch": branch, "removed": len(ids), "left": len(memory)}
+        self._forgotten_facts = sorted({f.id for f in facts})
+        return {
+            "agent": agent,
+            "branch": branch,
+            "removed": len(ids),
+            "facts_removed": len(self._forgotten_facts),
+            "left": len(memory),
+        }
+
+    async def aforget(
+        self,
+        agent: str,
+        *,
+        message_ids: list[str] | None = None,
+        fact_ids: list[str] | None = None,
+        everything: bool = False,
+        branch: str = "main",
+    ) -> dict[str, Any]:
+        """:meth:`forget`, then a tombstone for the forgotten facts to every coordinator."""
+        result = self.forget(
+            agent, message_ids=message_ids, fact_ids=fact_ids, everything=everything, branch=branch
+        )
+        gone = self._forgotten_facts
+        if gone and self.coordinator is not None:
+            await self.coordinator.retract(gone)
+        return result
 
     # ------------------------------------------------------------------ shared facts
     @property
@@ -620,13 +667,27 @@ class MemoryServer:
                 list[MessageId] | None,
                 Field(min_length=1, max_length=10_000, description="the ids to delete"),
             ] = None,
+            fact_ids: Annotated[
+                list[MessageId] | None,
+                Field(min_length=1, max_length=1000, description="shared facts to forget"),
+            ] = None,
             everything: Annotated[
-                bool, Field(description="delete all of the agent's messages on the branch")
+                bool,
+                Field(
+                    description="delete all of the agent's messages on the branch and every "
+                    "fact it shared"
+                ),
             ] = False,
             branch: BranchName = "main",
         ) -> dict[str, Any]:
-            """Delete an agent's messages by id, or all of them (everything=true)."""
-            return self.forget(agent, message_ids=message_ids, everything=everything, branch=branch)
+            """Delete an agent's messages by id, shared facts by id, or all (everything=true)."""
+            return await self.aforget(
+                agent,
+                message_ids=message_ids,
+                fact_ids=fact_ids,
+                everything=everything,
+                branch=branch,
+            )
 
         @app.tool(name="share_fact")
         @_tool_errors
