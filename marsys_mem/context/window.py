@@ -22,10 +22,20 @@ Invariants, for every strategy:
    counter; both limits may be set and the stricter wins. If the messages that must be kept
    (protected ones, the newest turn, the summary reserve) do not fit,
    :class:`~marsys_mem.exceptions.ContextOverflowError` says by how much.
+5. With ``start_on="user"`` (the default), after the system messages and the summary the
+   window starts on a user turn (:func:`~marsys_mem.model.messages.is_user_turn`: a user
+   message with content, or an agent call), as Anthropic requires: the older messages that
+   fitted before it are dropped too (``summarize`` folds them into the summary). "The newest
+   turn" is then the newest user turn and everything after it. If the first pinned message
+   is not a user turn, the latest user turn before it is kept with it. A history with no
+   user turn (where the window could start) is windowed as with ``start_on="any"``: Anthropic
+   refuses such a window, but an empty one helps nobody either. No user turn is invented.
 
 Cost: counts are cached per message, and the window is found walking back from the newest
 message, so with an indexed history (``ConversationMemory``) a call costs O(window), not
-O(history). A plain list is indexed on each call (O(history)).
+O(history). A plain list is indexed on each call (O(history)). Two cases walk further, and
+only they: an overflow error counts back to the newest user turn, and a history with no user
+turn at all (whose newest turn does not fit alone) is read back to its start.
 
 The seam with a memory that caches: :func:`build_window` / :func:`abuild_window` take a
 :class:`HistoryIndex` (a memory's indexed history), the previous :class:`SummaryState` and
@@ -53,7 +63,7 @@ from marsys_mem.context.policy import (
 from marsys_mem.context.summarize import ExtractiveSummarizer
 from marsys_mem.context.tokens import TokenCounter, count_message, get_counter
 from marsys_mem.exceptions import ContextOverflowError, SummarizerError
-from marsys_mem.model.messages import Message
+from marsys_mem.model.messages import Message, is_user_turn
 
 __all__ = [
     "SUMMARY_NAME",
@@ -245,21 +255,6 @@ def _overflow(what: str, required: int, limit: int, unit: str) -> ContextOverflo
     )
 
 
-def is_user_turn(message: Message) -> bool:
-    """Whether a message opens a turn for ``start_on="user"``: a user message or an agent call.
-
-    An ``agent_call`` is sent as a user message (``[Request from X]: ...``); a tool result,
-    although Anthropic carries it in a user message, answers a call and opens nothing.
-
-    Example:
-        >>> is_user_turn(Message.user("hi")), is_user_turn(Message.agent_call("go", name="lead"))
-        (True, True)
-        >>> is_user_turn(Message.tool("72F", tool_call_id="c1"))
-        False
-    """
-    return message.role in ("user", "agent_call")
-
-
 def _anchor(ix: HistoryIndex, protected: set[int]) -> int | None:
     """The user turn an earliest pinned message that is not one brings along, if any.
 
@@ -350,6 +345,8 @@ def _plan(
             if mandatory and need_user and retained:
                 over = [tokens + reserve_tokens + unit_tokens]
                 over.append(len(protected) + reserve_messages + len(retained) + len(members))
+                if opens:
+                    raise _turn_overflow(over, policy, what)
                 j = start - 1
                 continue
             if mandatory:

@@ -61,6 +61,8 @@ __all__ = [
     "ToolCall",
     "content_text",
     "freeze_json",
+    "is_user_turn",
+    "provider_order",
     "to_llm_format",
 ]
 
@@ -561,6 +563,68 @@ def _body_text(message: Message) -> str:
     return text
 
 
+def is_user_turn(message: Message) -> bool:
+    """Whether a message opens a turn: a user message with something to send, or an agent call.
+
+    What a context window with ``start_on="user"`` starts on. An ``agent_call`` is sent as a
+    user message (``[Request from X]: ...``); a tool result, although Anthropic carries it in
+    a user message, answers a call and opens nothing; an empty user message is not sent to
+    Anthropic at all, so it opens nothing either.
+
+    Example:
+        >>> is_user_turn(Message.user("hi")), is_user_turn(Message.agent_call("go", name="lead"))
+        (True, True)
+        >>> is_user_turn(Message.tool("72F", tool_call_id="c1")), is_user_turn(Message.user(""))
+        (False, False)
+    """
+    if message.role == "agent_call":
+        return True
+    return message.role == "user" and bool(_body_text(message) or _image_urls(message))
+
+
+def provider_order(messages: Iterable[Message]) -> list[Message]:
+    """``messages`` with each tool result moved to right after the message that called it.
+
+    Every provider wants a call's results next to it (Anthropic: in the very next user
+    turn; Chat Completions: the tool messages right after the assistant message; Responses:
+    the output after the call), while a history may hold other messages in between (a pinned
+    or system message, a user message sent while the tool ran). Results keep their order;
+    the messages in between follow them; a result whose call is not in ``messages`` stays
+    where it is. :func:`to_llm_format` sends messages in this order.
+
+    Example:
+        >>> call = ToolCall(id="c1", name="weather")
+        >>> msgs = [Message.assistant("", tool_calls=[call]), Message.user("and Oslo?"),
+        ...         Message.tool("72F", tool_call_id="c1")]
+        >>> [m.role for m in provider_order(msgs)]
+        ['assistant', 'tool', 'user']
+    """
+    items = list(messages)
+    owner: dict[str, int] = {}  # call id -> position of the latest message that made it
+    moved: dict[int, list[int]] = {}  # caller position -> results to place right after it
+    late: set[int] = set()
+    displaced = False
+    for pos, m in enumerate(items):
+        if m.role == "tool" and m.tool_call_id is not None:
+            caller = owner.get(m.tool_call_id)
+            if caller is not None:
+                results = moved.setdefault(caller, [])
+                displaced = displaced or pos != caller + len(results) + 1
+                results.append(pos)
+                late.add(pos)
+        for call in m.tool_calls:
+            owner[call.id] = pos
+    if not displaced:
+        return items
+    out: list[Message] = []
+    for pos, m in enumerate(items):
+        if pos in late:
+            continue
+        out.append(m)
+        out.extend(items[r] for r in moved.get(pos, ()))
+    return out
+
+
 # ---------------------------------------------------------------------- OpenAI out
 def _openai_content(message: Message, text: str) -> str | list[dict[str, Any]]:
     urls = _image_urls(message)
@@ -641,7 +705,14 @@ def _to_anthropic(messages: Iterable[Message]) -> dict[str, Any]:
         if not blocks:
             continue
         if out and out[-1]["role"] == role:  # Anthropic wants alternating roles: merge.
-            out[-1]["content"].extend(blocks)
+            merged = out[-1]["content"]
+            if message.role == "tool":  # tool results come first in a user turn
+                first = next(
+                    (k for k, b in enumerate(merged) if b["type"] != "tool_result"), len(merged)
+                )
+                merged[first:first] = blocks
+            else:
+                merged.extend(blocks)
         else:
             out.append({"role": role, "content": blocks})
     for entry in out:  # plain text stays a plain string, as people write it by hand
@@ -685,15 +756,22 @@ def to_llm_format(
     ``agent_call`` becomes a user message prefixed ``[Request from <caller>]:`` and
     ``agent_response`` an assistant message.
 
+    Each tool result is sent right after the message that made its call
+    (:func:`provider_order`), and in Anthropic form a user turn lists its ``tool_result``
+    blocks first, as the providers require. What the messages are is not changed: a list
+    that starts with an assistant message, or holds a call with no result, is sent as it is
+    (a context window, with ``start_on="user"``, starts on a user turn).
+
     Raises:
         ValueError: an unknown provider.
     """
+    ordered = provider_order(messages)
     if provider == "openai":
-        return [_to_openai(m) for m in messages]
+        return [_to_openai(m) for m in ordered]
     if provider == "anthropic":
-        return _to_anthropic(messages)
+        return _to_anthropic(ordered)
     if provider == "responses":
-        return [i for m in messages for i in responses_from_chat(_to_openai(m), m.metadata)]
+        return [i for m in ordered for i in responses_from_chat(_to_openai(m), m.metadata)]
     raise ValueError(f"provider must be 'openai', 'anthropic' or 'responses', got {provider!r}")
 
 

@@ -167,18 +167,27 @@ def test_system_and_pinned_messages_always_kept() -> None:
 def test_tool_group_kept_or_dropped_together() -> None:
     turn = tool_turn(["a", "b"])  # 3 messages
     msgs = [*users(2), *turn, Message.assistant("done")]
-    # room for 3: the group (3 messages) does not fit next to "done", so it goes whole
-    win = build_context(msgs, ContextPolicy(max_messages=3))
+    # start_on="any": room for 3: the group (3 messages) does not fit next to "done", so it
+    # goes whole
+    win = build_context(msgs, ContextPolicy(max_messages=3, start_on="any"))
     assert [m.role for m in win.messages] == ["assistant"]
     assert texts(win) == ["done"]
-    win = build_context(msgs, ContextPolicy(max_messages=4))
+    win = build_context(msgs, ContextPolicy(max_messages=4, start_on="any"))
     assert win.messages == (*turn, msgs[-1])
+    # start_on="user" (the default): the newest user turn comes with its whole exchange
+    win = build_context(msgs, ContextPolicy(max_messages=5))
+    assert win.messages == (msgs[1], *turn, msgs[-1])
+    with pytest.raises(ContextOverflowError, match="newest user turn") as err:
+        build_context(msgs, ContextPolicy(max_messages=4))
+    assert (err.value.required, err.value.limit, err.value.unit) == (5, 4, "messages")
 
 
 def test_window_never_starts_with_a_tool_result() -> None:
     msgs = [*users(3), *tool_turn(["c1"])]
-    win = build_context(msgs, ContextPolicy(max_messages=2))
+    win = build_context(msgs, ContextPolicy(max_messages=2, start_on="any"))
     assert [m.role for m in win.messages] == ["assistant", "tool"]
+    win = build_context(msgs, ContextPolicy(max_messages=3))  # start_on="user"
+    assert [m.role for m in win.messages] == ["user", "assistant", "tool"]
 
 
 def test_pinned_tool_result_keeps_its_call_and_siblings() -> None:
@@ -552,7 +561,7 @@ def test_trim_oldest_keeps_tool_groups_and_drops_orphans_from_memory() -> None:
     orphan = Message.tool("stray", tool_call_id="ghost")
     turn = tool_turn(["k1", "k2"])
     mem = ConversationMemory([*users(3), orphan, *turn], strict_tools=False)
-    win = mem.context(ContextPolicy(max_messages=3, strategy="trim_oldest"))
+    win = mem.context(ContextPolicy(max_messages=3, strategy="trim_oldest", start_on="any"))
     assert list(win.messages) == turn
     assert mem.read() == turn
     assert "ghost" not in {m.tool_call_id for m in mem}

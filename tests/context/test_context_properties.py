@@ -4,7 +4,9 @@ Every strategy (``sliding_window``, ``trim_oldest``, ``summarize`` with a determ
 summariser and with the default extractive one) under random limits either raises
 ``ContextOverflowError`` with consistent numbers, or returns a window that keeps system and
 pinned messages, keeps tool-call groups atomic, never sends an orphan tool result, fits the
-budget, and keeps the newest unprotected messages as one contiguous suffix.
+budget, and keeps the newest unprotected messages as one contiguous suffix. These policies
+use ``start_on="any"`` (the exact greedy rule modelled here); ``test_start_on.py`` checks the
+default ``start_on="user"`` and the provider forms of its windows.
 """
 
 from __future__ import annotations
@@ -192,6 +194,7 @@ def policies(
         max_messages=max_messages,
         max_tokens=max_tokens,
         token_counter=token_counter,
+        start_on="any",  # the rules below model "any"; test_start_on.py checks "user"
         **kw,
     )
 

@@ -97,8 +97,10 @@ def test_a_memory_is_a_history_index_and_keeps_tool_groups_whole():
     ix: HistoryIndex = mem
     assert ix.call_owner("c1") == 4
     assert ix.call_results("c1") == [5]
-    built = build_window(ix, ContextPolicy(max_messages=3))
+    built = build_window(ix, ContextPolicy(max_messages=3, start_on="any"))
     assert built.kept == (0, 4, 5)
+    built = build_window(ix, ContextPolicy(max_messages=4))  # starts on the user turn
+    assert built.kept == (0, 3, 4, 5)
 
 
 def test_latest_before():
