@@ -322,6 +322,11 @@ def _plan(
     over: list[int] | None = None  # [tokens, messages] a turn that does not fit needs
     while j >= 0:
         if j in protected:
+            if need_user and is_user_turn(ix[j]):  # a kept user turn: the window may start here
+                if over is not None:
+                    raise _turn_overflow(over, policy, what)
+                user_mark = (len(retained), tokens, j)
+                mandatory = False
             j -= 1
             continue
         unit = _unit(ix, j)

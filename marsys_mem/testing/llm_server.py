@@ -6,6 +6,13 @@ network and no model: the server answers each POST with the next queued :class:`
 its ``responder`` makes of the request (default: a 599 error saying no reply is left).
 Every request is recorded (path, headers, JSON body). Stdlib only.
 
+The server is as strict as the real APIs (``strict=True``, the default): a request to
+``/chat/completions``, ``/messages`` or ``/responses`` that breaks one of the provider's
+documented request rules (:mod:`marsys_mem.testing.provider_rules`: a Messages request
+whose first message is an assistant's, a tool result away from its call, ...) is answered
+with the provider's own 400 ``invalid_request_error`` body, before any queued reply is used,
+so a test that sends an invalid request fails as it would against the provider.
+
 :func:`echo_chat` is a responder that answers any Chat Completions request
 deterministically (it repeats the last user message), so a chat loop can run against the
 server as against a local model. ``python -m marsys_mem.testing.llm_server [port]`` serves
@@ -39,6 +46,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
+
+from marsys_mem.testing.provider_rules import request_violations
 
 __all__ = [
     "Reply",
@@ -101,20 +110,31 @@ class ScriptedServer:
         responder: makes the reply when the queue is empty (default: a 599 error).
         host: the address to bind (loopback).
         port: the port (0: a free one).
+        strict: answer a request that breaks its provider's request rules with the
+            provider's 400 error (recorded, and no queued reply used); ``False`` accepts
+            whatever it is sent.
 
     Example:
         >>> srv = ScriptedServer()
         >>> srv.url.startswith("http://127.0.0.1:")
         True
+        >>> srv.strict
+        True
         >>> srv.close()
     """
 
     def __init__(
-        self, responder: Responder | None = None, *, host: str = "127.0.0.1", port: int = 0
+        self,
+        responder: Responder | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        strict: bool = True,
     ) -> None:
         self.replies: deque[Reply] = deque()
         self.requests: list[Request] = []
         self.responder: Responder = responder or _no_reply_left
+        self.strict = strict
         self._lock = threading.Lock()
         server = self
 
@@ -132,10 +152,13 @@ class ScriptedServer:
                 except ValueError:
                     body = {"raw": raw.decode("utf-8", "replace")}
                 request = Request(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+                refused = server._refusal(request)
                 with server._lock:
                     server.requests.append(request)
-                    queued = server.replies.popleft() if server.replies else None
-                reply = queued if queued is not None else server.responder(request)
+                    queued = None
+                    if refused is None and server.replies:
+                        queued = server.replies.popleft()
+                reply = refused or queued or server.responder(request)
                 if reply.delay:
                     time.sleep(reply.delay)
                 data = (
@@ -160,6 +183,17 @@ class ScriptedServer:
             target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )
         self._thread.start()
+
+    def _refusal(self, request: Request) -> Reply | None:
+        """The provider's 400 for a request that breaks its rules (``None``: accepted)."""
+        if not self.strict:
+            return None
+        if not isinstance(request.body, dict) or list(request.body) == ["raw"]:  # not JSON
+            return None
+        found = request_violations(request.path, request.body)
+        if not found:
+            return None
+        return Reply(found[0].status, found[0].error_body())
 
     def queue(self, *replies: Reply) -> None:
         """Queue replies, answered in order before the responder is asked."""
