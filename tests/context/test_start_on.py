@@ -164,7 +164,8 @@ def check_forms(messages: list[Message] | tuple[Message, ...]) -> None:
 def check_window(history: list[Message], policy: ContextPolicy, win: ContextWindow) -> None:
     body = [m for m in win.messages if m is not win.summary]
     opener = next((m for m in win.messages if m.role != "system"), None)
-    assert opener is not None and is_user_turn(opener), [m.role for m in win.messages]
+    assert opener is not None, [m.role for m in win.messages]
+    assert is_user_turn(opener), [m.role for m in win.messages]
     ids = {m.message_id for m in body}
     protected = _protected(history)
     for i in _must(history, protected):
@@ -180,7 +181,9 @@ def check_window(history: list[Message], policy: ContextPolicy, win: ContextWind
     check_forms(win.messages)
 
 
-def check_overflow(history: list[Message], policy: ContextPolicy, err: ContextOverflowError) -> None:
+def check_overflow(
+    history: list[Message], policy: ContextPolicy, err: ContextOverflowError
+) -> None:
     assert err.required > err.limit
     must = _must(history, _protected(history))
     counter = get_counter(policy.token_counter)

@@ -40,6 +40,7 @@ from marsys_mem import ContextPolicy, MemoryManager, Message
 from marsys_mem.config import MemoryConfig
 from marsys_mem.exceptions import InvalidNameError, MessageFormatError, OrphanToolResultError
 from marsys_mem.integrations.agents import ITEM_KEY, MarsysSession
+from marsys_mem.testing.provider_rules import responses_violations
 
 set_tracing_disabled(True)  # no trace export (no network, no API key)
 
@@ -317,7 +318,9 @@ async def test_summarize_mode_returns_the_compacted_window(manager: MemoryManage
         seen.append(messages)
         return "Earlier: the user asked about Tokyo weather (72F)."
 
-    policy = ContextPolicy(max_tokens=120, strategy="summarize", keep_recent=2)
+    # start_on="any": the window may open on the function call (the Responses API takes it);
+    # the default, start_on="user", keeps the whole last exchange (see the next test)
+    policy = ContextPolicy(max_tokens=120, strategy="summarize", keep_recent=2, start_on="any")
     session = MarsysSession("user-1", manager, policy=policy, summarizer=summarizer)
     model = ScriptedModel(
         [call("c1", "Tokyo")],
@@ -338,6 +341,27 @@ async def test_summarize_mode_returns_the_compacted_window(manager: MemoryManage
     # the full history stays in memory: compaction is a view
     assert len(await MarsysSession("user-1", manager).get_items()) == 6
     assert len(sent) < 5
+
+
+async def test_summarize_mode_starts_on_a_user_turn_by_default(manager: MemoryManager):
+    policy = ContextPolicy(max_tokens=150, strategy="summarize", keep_recent=2)
+    session = MarsysSession("user-2", manager, policy=policy, summarizer=lambda ms: "Earlier.")
+    model = ScriptedModel(
+        [call("c1", "Tokyo")],
+        [say("72F in Tokyo. " + "It is a mild day. " * 10)],
+        [call("c2", "Oslo")],
+        [say("5C in Oslo.", "msg_3")],
+        [say("Noted.", "msg_4")],
+    )
+    await Runner.run(agent_with(model), "Weather in Tokyo?", session=session)
+    await Runner.run(agent_with(model), "And in Oslo?", session=session)
+    await Runner.run(agent_with(model), "Thanks", session=session)
+    sent = model.inputs[-1]
+    assert sent[0] == {"type": "message", "role": "system", "content": "Earlier."}
+    assert sent[1] == {"role": "user", "content": "And in Oslo?"}  # not the function call
+    assert sent[-1] == {"role": "user", "content": "Thanks"}
+    assert_pairs_whole(sent)
+    assert not responses_violations(sent)
 
 
 # ---------------------------------------------------------------------- the other methods

@@ -88,24 +88,37 @@ def _history(turns: int, tools_per_turn: int = 2) -> list[BaseMessage]:
 def test_window_keeps_tool_groups_whole_and_the_objects_themselves() -> None:
     history = _history(6)
     for max_messages in range(2, 20):
-        window = marsys_window(history, ContextPolicy(max_messages=max_messages))
+        window = marsys_window(history, ContextPolicy(max_messages=max_messages, start_on="any"))
         assert len(window) <= max_messages
         assert window[0] is history[0]  # the system message always stays
         assert all(any(m is h for h in history) for m in window)  # the same objects
         _check_window(window)
-    window = marsys_window(history, ContextPolicy(max_messages=4))
+    # start_on="any": the newest messages that fit, wherever they start
+    window = marsys_window(history, ContextPolicy(max_messages=4, start_on="any"))
     assert [m.id for m in window] == ["sys", "f5"]  # a 4-message group never fits in 3 slots
-    window = marsys_window(history, ContextPolicy(max_messages=5))
+    window = marsys_window(history, ContextPolicy(max_messages=5, start_on="any"))
     assert [m.id for m in window] == ["sys", "a5", "t5-0", "t5-1", "f5"]
+    # the default, start_on="user": the newest user turn with all that follows, or an error
+    with pytest.raises(ContextOverflowError, match="newest user turn"):
+        marsys_window(history, ContextPolicy(max_messages=5))
     window = marsys_window(history, ContextPolicy(max_messages=6))
     assert [m.id for m in window] == ["sys", "h5", "a5", "t5-0", "t5-1", "f5"]
+    window = marsys_window(history, ContextPolicy(max_messages=10))
+    assert [m.id for m in window] == ["sys", "h5", "a5", "t5-0", "t5-1", "f5"]  # not "f4" first
 
 
 def test_window_fits_the_token_budget() -> None:
     history = _history(20)
     for budget in (40, 60, 100, 250, 1000):
-        window = marsys_window(history, ContextPolicy(max_tokens=budget))
+        window = marsys_window(history, ContextPolicy(max_tokens=budget, start_on="any"))
         _check_window(window, budget)
+        try:
+            window = marsys_window(history, ContextPolicy(max_tokens=budget))
+        except ContextOverflowError:
+            assert budget < 100  # the newest user turn and its exchange do not fit
+            continue
+        _check_window(window, budget)
+        assert isinstance(window[1], HumanMessage)
     with pytest.raises(ContextOverflowError):
         marsys_window(history, ContextPolicy(max_tokens=3))
 
@@ -215,9 +228,11 @@ def _script(calls: int) -> list[AIMessage]:
 def test_react_agent_model_gets_a_bounded_window_without_orphans() -> None:
     budget = 150
     model = RecordingModel(responses=_script(6))
-    agent = create_react_agent(
-        model, [weather], pre_model_hook=marsys_context_hook(ContextPolicy(max_tokens=budget))
-    )
+    # one question and a long tool loop: with start_on="user" the whole loop would have to
+    # fit (ContextOverflowError); a model that takes windows opening on a tool call (OpenAI)
+    # can use start_on="any"
+    policy = ContextPolicy(max_tokens=budget, start_on="any")
+    agent = create_react_agent(model, [weather], pre_model_hook=marsys_context_hook(policy))
     out = agent.invoke(
         {"messages": [SystemMessage("You forecast."), HumanMessage("Weather everywhere?")]}
     )
@@ -241,7 +256,8 @@ async def test_async_agent_with_an_async_summarizer() -> None:
 
     model = RecordingModel(responses=_script(4))
     hook = amarsys_context_hook(
-        ContextPolicy(max_tokens=220, strategy="summarize", keep_recent=4), summarizer=summarize
+        ContextPolicy(max_tokens=220, strategy="summarize", keep_recent=4, start_on="any"),
+        summarizer=summarize,
     )
     agent = create_react_agent(model, [weather], pre_model_hook=hook)
     await agent.ainvoke({"messages": [HumanMessage("Weather?")]})
@@ -257,7 +273,7 @@ class _State(TypedDict):
 
 
 def test_trim_oldest_rewrites_the_state_in_a_state_graph() -> None:
-    hook = marsys_context_hook(ContextPolicy(max_messages=5, strategy="trim_oldest"))
+    hook = marsys_context_hook(ContextPolicy(max_messages=6, strategy="trim_oldest"))
     model = RecordingModel(responses=[AIMessage(f"answer {i}") for i in range(10)])
 
     def call_model(state: _State) -> dict[str, Any]:
@@ -271,6 +287,6 @@ def test_trim_oldest_rewrites_the_state_in_a_state_graph() -> None:
     graph = builder.compile()
     history = _history(3)
     out = graph.invoke({"messages": history})
-    assert [m.id for m in model.seen[0]] == ["sys", "a2", "t2-0", "t2-1", "f2"]
-    assert [m.id for m in out["messages"][:-1]] == ["sys", "a2", "t2-0", "t2-1", "f2"]
+    assert [m.id for m in model.seen[0]] == ["sys", "h2", "a2", "t2-0", "t2-1", "f2"]
+    assert [m.id for m in out["messages"][:-1]] == ["sys", "h2", "a2", "t2-0", "t2-1", "f2"]
     assert out["messages"][-1].content == "answer 0"

@@ -200,10 +200,10 @@ def marsys_window(
         ...     ToolMessage("72F", tool_call_id="c1", id="3"),
         ...     AIMessage("It is 72F.", id="4"),
         ... ]
-        >>> [m.id for m in marsys_window(history, ContextPolicy(max_messages=3))]
+        >>> [m.id for m in marsys_window(history, ContextPolicy(max_messages=4))]
+        ['1', '2', '3', '4']
+        >>> [m.id for m in marsys_window(history, ContextPolicy(max_messages=3, start_on="any"))]
         ['2', '3', '4']
-        >>> [m.id for m in marsys_window(history, ContextPolicy(max_messages=2))]
-        ['4']
     """
     pol = _policy(policy)
     originals = _as_langchain(messages)
