@@ -47,7 +47,7 @@ from marsys_mem.patterns.hierarchical import HierarchicalMemory
 from marsys_mem.patterns.rag import RAGMemory, ScoredMessage
 from marsys_mem.patterns.user_facts import Fact, FactMemory
 from marsys_mem.retrieval.embeddings import Embedder, HashingEmbedder
-from marsys_mem.store.base import Key, MemoryStore
+from marsys_mem.store.base import Key, Load, MemoryStore
 from marsys_mem.store.keys import internal_key, validate_key
 from marsys_mem.store.retention import evicted
 
@@ -174,6 +174,7 @@ class AgentPatterns:
     ) -> None:
         self.config = config
         self.key = key
+        self.store = store
         rag_key = internal_key(key, "rag")  # raises InvalidNameError for a bad name
         namespace, episodes_agent, _ = internal_key(key, "episodes")
         tiers_prefix = internal_key(key, "tiers", "core")[:2]
@@ -241,6 +242,7 @@ class AgentPatterns:
                     max_batch=fcfg.max_batch,
                     maintain=fcfg.maintain,
                     source_key=key,
+                    stored_sources=store is not None,
                 )
         except BaseException:
             self.close()
@@ -258,6 +260,7 @@ class AgentPatterns:
                 self.extraction.submit(messages)
             except RuntimeError as exc:  # closed pipeline
                 log.debug("fact extraction skipped %d message(s): %s", len(messages), exc)
+        added: list[str] = []
         for m in messages:
             if not m.text.strip() or m.role == "system":
                 continue
@@ -266,8 +269,24 @@ class AgentPatterns:
                     continue
                 try:
                     pattern.add(m)
+                    added.append(m.message_id)
                 except MarsysMemError as exc:  # duplicate after a reload, oversized text
                     log.debug("pattern %s skipped message %s: %s", pattern, m.message_id, exc)
+        if added and self.store is not None:
+            self._drop_orphans(list(dict.fromkeys(added)))
+
+    def _drop_orphans(self, ids: list[str]) -> None:
+        """Copies of messages the store deleted before they were made go at once.
+
+        (A message older than the ttl, or deleted by another process, between its append
+        and this copy: its link would never fire.)
+        """
+        assert self.store is not None
+        stored = {m.message_id for m in self.store.batch([Load(self.key, ids=tuple(ids))])[0]}
+        missing = [mid for mid in ids if mid not in stored]
+        if missing:
+            self.forget(missing, cause="forget")
+            self.store.scrub()
 
     def forget(self, ids: Sequence[str], *, cause: Literal["forget", "ttl", "bound"]) -> int:
         """The conversation lost ``ids``: remove what every pattern derived from them.

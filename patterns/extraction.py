@@ -33,13 +33,14 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from marsys_mem.exceptions import MarsysMemError
 from marsys_mem.lifecycle import Closing
 from marsys_mem.llm.base import LLM
 from marsys_mem.model.messages import Message
 from marsys_mem.model.names import validate_name
 from marsys_mem.patterns.user_facts import FactCandidate, FactCategory, FactMemory
 from marsys_mem.retrieval.scoring import finite_number, positive_int
-from marsys_mem.store.base import Key, validate_key
+from marsys_mem.store.base import Key, Load, validate_key
 
 __all__ = [
     "EXTRACTION_PROMPT",
@@ -295,6 +296,7 @@ class ExtractionPipeline(Closing):
         roles: the roles worth reading (others are skipped like trivial messages).
         source_key: the store key of the conversation the messages come from: the facts
             learned from them follow them (deleted when all their sources are).
+        stored_sources: that conversation is stored in the facts' store.
         maintain: run :meth:`FactMemory.maintain` after each batch.
 
     Example:
@@ -320,6 +322,7 @@ class ExtractionPipeline(Closing):
         roles: Iterable[str] = ("user",),
         maintain: bool = False,
         source_key: Key | None = None,
+        stored_sources: bool = False,
     ) -> None:
         if not isinstance(facts, FactMemory):
             raise TypeError(f"facts must be a FactMemory, got {type(facts).__name__}")
@@ -333,6 +336,7 @@ class ExtractionPipeline(Closing):
         self.roles = frozenset(roles)
         self.maintain = bool(maintain)
         self.source_key = validate_key(source_key) if source_key is not None else None
+        self.stored_sources = bool(stored_sources)
         self._cond = threading.Condition()
         self._pending: list[tuple[str, Message]] = []
         self._last_submit = 0.0
@@ -408,9 +412,22 @@ class ExtractionPipeline(Closing):
                     self._flush_requested = 0
                 self._cond.notify_all()
 
+    def _alive(self, batch: list[tuple[str, Message]]) -> list[tuple[str, Message]]:
+        """Drop messages their stored conversation no longer holds (nothing to learn)."""
+        store = self.facts.store
+        if not (self.stored_sources and self.source_key is not None and store is not None):
+            return batch
+        ids = tuple(m.message_id for _, m in batch)
+        try:
+            stored = {m.message_id for m in store.batch([Load(self.source_key, ids=ids)])[0]}
+        except MarsysMemError as exc:  # learn them; the facts check their sources after
+            log.debug("could not check the sources of a batch: %s", exc)
+            return batch
+        return [(who, m) for who, m in batch if m.message_id in stored]
+
     def _process(self, batch: list[tuple[str, Message]]) -> None:
         by_subject: dict[str, list[Message]] = {}
-        for who, m in batch:
+        for who, m in self._alive(batch):
             by_subject.setdefault(who, []).append(m)
         for who, messages in by_subject.items():
             try:
@@ -418,7 +435,12 @@ class ExtractionPipeline(Closing):
                 if inspect.isawaitable(result):
                     result = asyncio.run(_await(result))
                 candidates = list(result)
-                self.facts.add_many(candidates, who, source_key=self.source_key)
+                self.facts.add_many(
+                    candidates,
+                    who,
+                    source_key=self.source_key,
+                    stored_sources=self.stored_sources,
+                )
                 if self.maintain:
                     self.facts.maintain()
                 with self._cond:

@@ -491,6 +491,8 @@ class FactMemory(Closing):
                     doomed.append(f)
         for f in doomed:
             self.forget(f.fact_id)
+        if doomed and self.store is not None:
+            self.store.scrub()  # their text is not left in the store's files
         if kept:
             with self._lock:
                 kept = [f for f in kept if f.fact_id in self._facts]
@@ -586,11 +588,15 @@ class FactMemory(Closing):
         subject: str,
         *,
         source_key: Key | None = None,
+        stored_sources: bool = False,
     ) -> list[FactChange]:
         """Learn several facts in order (one embedding call; each written when decided).
 
         ``source_key``: the store key of the conversation the candidates' ``source_ids``
         are in; the facts then follow those messages (deleted when all of them are).
+        ``stored_sources``: those messages are in this memory's store (a persistent
+        conversation): a fact whose sources were all deleted before it was written is
+        deleted at once.
 
         Raises:
             TypeError: an item is not a :class:`FactCandidate`.
@@ -613,10 +619,18 @@ class FactMemory(Closing):
         self.sync()
         vectors = self._embed([c.text for c in batch])
         with self._lock:
-            return [
+            changes = [
                 self._learn(c, v, subject, source_key)
                 for c, v in zip(batch, vectors, strict=True)
             ]
+        if source_key is not None and self.store is not None and stored_sources:
+            # a source deleted before its fact was written would never take the fact along
+            ids = tuple(dict.fromkeys(mid for c in batch for mid in c.source_ids))
+            stored = {m.message_id for m in self.store.batch([Load(source_key, ids=ids)])[0]}
+            missing = [mid for mid in ids if mid not in stored]
+            if missing:
+                self.forget_sources(source_key, missing)
+        return changes
 
     async def aadd_many(
         self, candidates: Iterable[FactCandidate], subject: str

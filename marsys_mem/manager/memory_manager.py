@@ -633,6 +633,9 @@ class MemoryManager(Closing):
     def apply_retention(self, agent: str | None = None) -> int:
         """Enforce ttl / max_stored_messages now, in the store and in memory.
 
+        What they delete takes what was derived from it along (RAG entries, tiers, facts
+        with no other source), and the store's files are scrubbed afterwards.
+
         Returns the number of messages deleted from the store (persistent memories) plus
         those removed from non-persistent memories.
         """
@@ -646,6 +649,24 @@ class MemoryManager(Closing):
                 stored, drop = sink.retain(mem)
                 dropped = mem.evict(drop)  # the store already applied the same rule
             removed += stored if sink.writer is not None else len(dropped)
+        removed += self._retain_unloaded(agent)
+        self.store.scrub()  # what expired is not left in the store's files
+        return removed
+
+    def _retain_unloaded(self, agent: str | None) -> int:
+        """Apply persistent agents' ttl / bound to their stored keys not loaded here."""
+        removed = 0
+        for key in self.store.list_keys(self.namespace):
+            info = parse_key(key)
+            if info.kind != "conversation" or (agent is not None and key[1] != agent):
+                continue
+            if (key[1], key[2]) in self._memories:
+                continue
+            policy = self.config.policy_for(key[1])
+            if policy.is_persistent and (policy.ttl or policy.max_stored_messages):
+                removed += self.store.enforce_retention(
+                    key, ttl=policy.ttl, max_messages=policy.max_stored_messages
+                )
         return removed
 
     def flush(self) -> None:
