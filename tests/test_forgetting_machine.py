@@ -16,8 +16,10 @@ import contextlib
 import io
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -28,6 +30,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from marsys_mem import MemoryManager, Message
 from marsys_mem.cli.main import main as cli
 from marsys_mem.config import load_config
+from marsys_mem.testing.postgres import PostgresServer
 
 BOUND = 6
 
@@ -44,13 +47,18 @@ def _token(n: int) -> str:
 class Forgetting(RuleBasedStateMachine):
     """One agent with every pattern, a bound and a ttl, on SQLite; a second process."""
 
+    make_dsn: Callable[[], str] | None = None  # PostgreSQL: a fresh schema per machine
+
     def __init__(self) -> None:
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="forget-machine-"))
         self.db = self.dir / "store" / "memory.db"
+        store: dict[str, Any] = {"backend": "sqlite", "path": str(self.db)}
+        if self.make_dsn is not None:
+            store = {"backend": "postgres", "dsn": self.make_dsn()}
         data = {
             "version": 1,
-            "store": {"backend": "sqlite", "path": str(self.db)},
+            "store": store,
             "agents": {
                 "a": {
                     "retention": "persistent",
@@ -208,9 +216,39 @@ class Forgetting(RuleBasedStateMachine):
 
 
 Forgetting.TestCase.settings = settings(
-    max_examples=12,
-    stateful_step_count=14,
+    max_examples=25,
+    stateful_step_count=16,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestForgetting = pytest.mark.filterwarnings("ignore::ResourceWarning")(Forgetting.TestCase)
+
+
+class ForgettingOnPostgres(Forgetting):
+    """The same machine on PostgreSQL (the files are the server's: not grepped)."""
+
+    def __init__(self) -> None:
+        assert self.make_dsn is not None, "the _postgres_schemas fixture sets make_dsn"
+        super().__init__()
+        assert self.manager.config.store.backend == "postgres"
+
+
+@pytest.fixture
+def _postgres_schemas(postgres_server: PostgresServer) -> Iterator[None]:
+    names = iter(range(10**6))
+    ForgettingOnPostgres.make_dsn = staticmethod(
+        lambda: postgres_server.create_schema(f"forget{next(names)}")
+    )
+    yield
+    ForgettingOnPostgres.make_dsn = None
+
+
+ForgettingOnPostgres.TestCase.settings = settings(
+    max_examples=8,
+    stateful_step_count=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestForgettingOnPostgres = pytest.mark.usefixtures("_postgres_schemas")(
+    pytest.mark.filterwarnings("ignore::ResourceWarning")(ForgettingOnPostgres.TestCase)
+)
