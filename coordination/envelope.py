@@ -28,8 +28,8 @@ from marsys_mem.patterns.shared import ConflictRule, member_key
 __all__ = [
     "CONTROL_ADAPTER",
     "ENVELOPE_ADAPTER",
-    "Envelope",
     "ControlMessage",
+    "Envelope",
     "FactCallback",
     "FactDelivery",
     "FactEnvelope",

@@ -53,8 +53,8 @@ from marsys_mem.patterns.importance import Scorer, check_importance, default_imp
 from marsys_mem.patterns.rag import RAGMemory, ScoredMessage
 from marsys_mem.retrieval.embeddings import Embedder
 from marsys_mem.store.base import Append, Delete, Key, MemoryStore, validate_key
-from marsys_mem.store.owners import DeletionFeed, Source, same_id
 from marsys_mem.store.memory import InMemoryStore
+from marsys_mem.store.owners import DeletionFeed, Source, same_id
 
 __all__ = ["HierarchicalMemory", "Tier", "default_importance"]
 

@@ -58,8 +58,8 @@ from marsys_mem.retrieval.bm25 import BM25Index
 from marsys_mem.retrieval.embeddings import Embedder, HashingEmbedder, default_embedder
 from marsys_mem.retrieval.scoring import check_query, finite_number, positive_int
 from marsys_mem.store.base import Append, Delete, Key, Load, MemoryStore, validate_key
-from marsys_mem.store.owners import DeletionFeed, Source
 from marsys_mem.store.keys import SUBJECT_FACTS_AGENT, subject_facts_key
+from marsys_mem.store.owners import DeletionFeed, Source
 
 __all__ = [
     "Fact",

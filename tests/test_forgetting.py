@@ -76,7 +76,8 @@ def test_the_bound_bounds_the_rag_copy(tmp_path: Path) -> None:
         assert manager.store.count_messages(internal_key(key, "rag")) == 50
         hits = manager.patterns("a").search_all("note about topic3")  # type: ignore[union-attr]
         kept = {m.message_id for m in manager.store.load_messages(key)}
-        assert hits and all(h.message.message_id in kept for h in hits)
+        assert hits
+        assert all(h.message.message_id in kept for h in hits)
 
 
 def test_forget_by_the_id_recall_returned(tmp_path: Path) -> None:
@@ -95,7 +96,8 @@ def test_forget_by_the_id_recall_returned(tmp_path: Path) -> None:
         patterns = manager.patterns("a")
         assert patterns is not None
         hit = patterns.search_all("locker code")[0]
-        assert "4711" in hit.message.text and hit.message.message_id not in mem
+        assert "4711" in hit.message.text
+        assert hit.message.message_id not in mem
         removed = manager.forget("a", message_ids=[hit.message.message_id])
         assert [m.text for m in removed] == ["my locker code is 4711"]
         assert all("4711" not in h.message.text for h in patterns.search_all("locker code"))

@@ -415,8 +415,7 @@ class MemoryServer:
         everything: bool = False,
         branch: str = "main",
     ) -> dict[str, Any]:
-        """Delete messages by id (all or none: an unknown id removes nothing), shared facts
-        by id, or everything the agent holds and shared.
+        """Delete messages by id (all or none), shared facts by id, or everything.
 
         Messages leave the memory, the store (persistent agents) and everything derived
         from them (RAG entries, episodes, tiers, learned facts). ``fact_ids``: shared facts

@@ -68,8 +68,8 @@ from marsys_mem.patterns.user_facts import FactMemory
 from marsys_mem.retrieval.embeddings import Embedder, HashingEmbedder, default_embedder
 from marsys_mem.store.base import Key, Load, MemoryStore
 from marsys_mem.store.keys import parse_key
-from marsys_mem.store.owners import DeletionFeed
 from marsys_mem.store.memory import InMemoryStore
+from marsys_mem.store.owners import DeletionFeed
 from marsys_mem.store.sqlite import SQLiteStore
 
 __all__ = ["MemoryManager"]
@@ -607,18 +607,18 @@ class MemoryManager(Closing):
 
         removed: dict[str, SharedFact] = {}
         doomed = {f.id for f in self.shared.facts() if wanted(f)} | set(ids or ())
-        for fact in self.shared.retract(doomed):
-            removed[fact.id] = fact
+        for pooled in self.shared.retract(doomed):
+            removed[pooled.id] = pooled
         for key in self.store.list_keys(self.namespace):
             if parse_key(key).kind != "facts":
                 continue
             gone: list[str] = []
             for m in self.store.load_messages(key):
-                fact = fact_of_message(m)
-                if fact is not None and (fact.id in doomed or wanted(fact)):
+                recorded = fact_of_message(m)
+                if recorded is not None and (recorded.id in doomed or wanted(recorded)):
                     gone.append(m.message_id)
-                    removed.setdefault(fact.id, fact)
-                    self.shared.retract([fact.id])
+                    removed.setdefault(recorded.id, recorded)
+                    self.shared.retract([recorded.id])
             if gone:
                 self.store.delete_messages(key, gone)
         if removed:

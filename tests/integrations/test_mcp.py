@@ -157,7 +157,13 @@ async def test_stdio_round_trip(policy: Path, tmp_path: Path) -> None:
         gone = _data(
             await client.call_tool("forget", {"agent": "researcher", "message_ids": [ids[1]]})
         )
-        assert gone == {"agent": "researcher", "branch": "main", "removed": 1, "facts_removed": 0, "left": 3}
+        assert gone == {
+            "agent": "researcher",
+            "branch": "main",
+            "removed": 1,
+            "facts_removed": 0,
+            "left": 3,
+        }
         found = _data(
             await client.call_tool(
                 "recall", {"agent": "researcher", "query": "parked the car level 4", "k": 4}

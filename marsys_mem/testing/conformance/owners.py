@@ -165,14 +165,16 @@ class OwnersConformance(StoreHarness):
         _copy(store, msgs)
         store.append_messages(("other", "a", "main"), user_messages(1))
         head = store.load_deletions()
-        assert head.message_ids == () and head.complete
+        assert head.message_ids == ()
+        assert head.complete
         store.delete_messages(KEY, ids=["m0"])
         store.delete_messages(("other", "a", "main"))
         page = store.load_deletions(after=head.cursor)
         assert sorted(zip(page.keys, page.message_ids, strict=True)) == sorted(
             [(KEY, "m0"), (COPIES, "m0"), (("other", "a", "main"), "m0")]
         )
-        assert page.complete and page.cursor > head.cursor
+        assert page.complete
+        assert page.cursor > head.cursor
         only = store.load_deletions(after=head.cursor, namespace="other")
         assert only.keys == (("other", "a", "main"),)
         assert store.load_deletions(after=page.cursor).message_ids == ()
