@@ -211,7 +211,7 @@ def find_store(path: str | Path) -> Path:
 def _open(path: str | Path) -> SQLiteStore:
     file = find_store(path)
     try:
-        return SQLiteStore(file)
+        return SQLiteStore(file, read_only=True)  # inspection never writes
     except StoreError as exc:
         raise StoreError(f"{file}: not a marsys-mem store ({exc})") from exc
 

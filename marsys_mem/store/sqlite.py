@@ -405,6 +405,48 @@ def _check_identity(conn: sqlite3.Connection, path: str) -> None:
     raise _not_ours(path, f"an SQLite database of another application, with tables {shown}{more}")
 
 
+def _open_read_only(path: str, busy_timeout: float) -> sqlite3.Connection:
+    """A read-only connection to an existing store of this version: nothing is written.
+
+    No migration, no journal-mode change: a store of an older schema is refused with how
+    to upgrade it (open it once with the library).
+    """
+    if not os.path.isfile(path):
+        raise StoreError(f"{_short(path, 200)}: no such store file")
+    uri = Path(os.path.abspath(path)).as_uri() + "?mode=ro"
+    try:
+        conn = sqlite3.connect(
+            uri, uri=True, timeout=busy_timeout, isolation_level=None, check_same_thread=False
+        )
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot open {_short(path, 200)} read-only: {exc}") from exc
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+        _check_identity(conn, path)
+        version = _schema_version(conn)
+    except sqlite3.Error as exc:
+        conn.close()
+        raise StoreError(f"cannot read {_short(path, 200)}: {exc}") from exc
+    except BaseException:
+        conn.close()
+        raise
+    latest = len(MIGRATIONS)
+    if version != latest:
+        conn.close()
+        newer = "newer than this marsys-mem knows" if version > latest else "an older one"
+        how = (
+            "upgrade marsys-mem to read it"
+            if version > latest
+            else "open it once with the library (MemoryManager or SQLiteStore) to upgrade it; "
+            "reading it read-only never changes it"
+        )
+        raise StoreError(
+            f"{_short(path, 200)} has schema version {version}, {newer} (this marsys-mem: "
+            f"{latest}): {how}"
+        )
+    return conn
+
+
 def _remove(path: str) -> None:
     for suffix in ("", "-journal", "-wal", "-shm"):
         with contextlib.suppress(FileNotFoundError):
@@ -476,6 +518,9 @@ class SQLiteStore(MemoryStore):
             ``"NORMAL"`` (faster; in WAL mode the last commits can be lost on power loss,
             never on a process crash).
         busy_timeout: seconds to wait for another connection's write lock before failing.
+        read_only: open an existing store of this version for reading only: nothing is
+            migrated or written (``inspect`` opens stores this way); writes raise
+            :class:`~marsys_mem.exceptions.StoreError`.
 
     Attributes:
         path: the database file, as given (``os.fspath``).
@@ -505,6 +550,7 @@ class SQLiteStore(MemoryStore):
         *,
         synchronous: Synchronous = "FULL",
         busy_timeout: float = 30.0,
+        read_only: bool = False,
     ) -> None:
         level = synchronous.upper() if isinstance(synchronous, str) else synchronous
         if level not in ("FULL", "NORMAL"):
@@ -525,6 +571,11 @@ class SQLiteStore(MemoryStore):
         if not self.path:
             raise StoreError("the path of an SQLiteStore must not be empty")
         memory = self.path == ":memory:"
+        self.read_only = bool(read_only)
+        if self.read_only:
+            self._conn = _open_read_only(self.path, self.busy_timeout)
+            self.journal_mode = str(self._conn.execute("PRAGMA journal_mode").fetchone()[0])
+            return
         if not memory:
             try:
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
@@ -593,8 +644,10 @@ class SQLiteStore(MemoryStore):
         With ``secure_delete`` on, deleted rows are zeroed in the pages written back, so
         once the WAL is checkpointed and truncated no file of the store holds their text.
         A reader holding an old snapshot (another process) can keep the checkpoint from
-        completing; the next scrub finishes it.
+        completing; the next scrub finishes it. A read-only store does nothing.
         """
+        if self.read_only:
+            return
         with self._lock:
             conn = self._open_conn()
             try:
@@ -635,6 +688,8 @@ class SQLiteStore(MemoryStore):
         # Serialise outside the lock: the transaction then holds the file only for SQL.
         rows = {id(op): _rows(op) for op in ops if isinstance(op, Append)}
         writes = any(isinstance(op, _WRITES) for op in ops)
+        if writes and self.read_only:
+            raise StoreError(f"{self.path} is open read-only: nothing can be written")
         with self._lock:
             conn = self._open_conn()
             try:

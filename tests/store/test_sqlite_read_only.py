@@ -1,0 +1,55 @@
+"""SQLiteStore(read_only=True): inspection reads a store without changing one byte of it."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from marsys_mem import Message
+from marsys_mem.cli.main import main as cli
+from marsys_mem.exceptions import StoreError
+from marsys_mem.store.sqlite import MIGRATIONS, SQLiteStore
+
+KEY = ("default", "a", "main")
+
+
+def _version_1_store(path: Path) -> None:
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("BEGIN")
+    MIGRATIONS[0](conn)
+    conn.execute("INSERT INTO schema_version (version, applied_at) VALUES (1, 'then')")
+    conn.execute("COMMIT")
+    conn.close()
+
+
+def test_an_older_store_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    _version_1_store(path)
+    before = path.read_bytes()
+    with pytest.raises(StoreError, match=r"schema version 1, an older one .*open it once"):
+        SQLiteStore(path, read_only=True)
+    assert cli(["inspect", str(path)]) == 2
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.db"]  # no -wal, no -shm
+
+
+def test_a_current_store_reads_and_refuses_writes(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    with SQLiteStore(path) as store:
+        store.append_messages(KEY, [Message.user("hello")])
+    before = path.read_bytes()
+    with SQLiteStore(path, read_only=True) as store:
+        assert [m.text for m in store.load_messages(KEY)] == ["hello"]
+        assert store.count_messages(KEY) == 1
+        with pytest.raises(StoreError, match="read-only"):
+            store.append_messages(KEY, [Message.user("more")])
+        store.scrub()  # nothing to do, nothing written
+    assert path.read_bytes() == before
+
+
+def test_a_missing_file_is_not_created(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="no such store file"):
+        SQLiteStore(tmp_path / "nope.db", read_only=True)
+    assert list(tmp_path.iterdir()) == []
