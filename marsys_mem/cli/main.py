@@ -37,6 +37,7 @@ from marsys_mem.cli.demo import windows_demo, workflow_demo
 from marsys_mem.cli.inspect import inspect_store, search_store
 from marsys_mem.cli.output import Output, progress_bar, status_spinner
 from marsys_mem.config.load import config_schema
+from marsys_mem.config.lifetimes import lifetimes
 from marsys_mem.exceptions import ConfigError, MarsysMemError, StoreError, StoreNotFoundError
 from marsys_mem.workflow import Workflow, check_file, load_workflow, prepare_workflow, run_workflow
 from marsys_mem.workflow.models import workflow_schema
@@ -105,6 +106,14 @@ def cmd_validate(out: Output, args: argparse.Namespace) -> int:
             f"ok: retention config: store {value.store.backend}, default retention "
             f"{value.defaults.retention}, agents: {agents}",
             "green",
+        )
+        for agent in [*value.agents, "(any other agent)"]:
+            policy = value.policy_for(agent) if agent in value.agents else value.defaults
+            out.print(f"  {agent} ({policy.retention}):")
+            for kind, lifetime in lifetimes(policy):
+                out.print(f"    {kind}: {lifetime}")
+        out.print(
+            "  shared facts: until forgotten (forget_shared, MCP forget), in every process"
         )
     return 0
 
