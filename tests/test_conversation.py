@@ -539,11 +539,11 @@ def test_child_answers_call_made_in_parent_before_fork() -> None:
     with pytest.raises(DuplicateToolCallError):
         child.add(result("p1", "twice"))
     child.add(result("p2"))
-    win = child.context(ContextPolicy(max_messages=3))
-    assert [m.role for m in win.messages] == ["assistant", "tool", "tool"]
-    assert [m.text for m in win.messages[1:]] == ["child's answer", "ok"]
-    pwin = parent.context(ContextPolicy(max_messages=2))
-    assert [m.text for m in pwin.messages] == ["", "parent's answer"]
+    win = child.context(ContextPolicy(max_messages=4))  # from the user turn (start_on="user")
+    assert [m.role for m in win.messages] == ["user", "assistant", "tool", "tool"]
+    assert [m.text for m in win.messages[2:]] == ["child's answer", "ok"]
+    pwin = parent.context(ContextPolicy(max_messages=3))
+    assert [m.text for m in pwin.messages] == ["go", "", "parent's answer"]
     # a grandchild sees its parent's answer as already given
     grandchild = child.fork()
     with pytest.raises(DuplicateToolCallError):
