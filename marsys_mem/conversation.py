@@ -260,9 +260,9 @@ class ConversationMemory:
         >>> _ = mem.add(Message.tool("72F", tool_call_id="c1", name="weather"))
         >>> len(mem), len(mem.appended()), mem.get(mid).text
         (5, 3, 'Weather in Tokyo?')
-        >>> win = mem.context(ContextPolicy(max_messages=3))
+        >>> win = mem.context(ContextPolicy(max_messages=4))  # it starts on a user turn
         >>> [m.role for m in win.messages]
-        ['system', 'assistant', 'tool']
+        ['system', 'user', 'assistant', 'tool']
     """
 
     def __init__(
