@@ -590,7 +590,8 @@ def provider_order(messages: Iterable[Message]) -> list[Message]:
     the output after the call), while a history may hold other messages in between (a pinned
     or system message, a user message sent while the tool ran). Results keep their order;
     the messages in between follow them; a result whose call is not in ``messages`` stays
-    where it is. :func:`to_llm_format` sends messages in this order.
+    where it is. :func:`to_llm_format` sends Chat Completions and Anthropic messages in this
+    order.
 
     Example:
         >>> call = ToolCall(id="c1", name="weather")
@@ -756,22 +757,22 @@ def to_llm_format(
     ``agent_call`` becomes a user message prefixed ``[Request from <caller>]:`` and
     ``agent_response`` an assistant message.
 
-    Each tool result is sent right after the message that made its call
-    (:func:`provider_order`), and in Anthropic form a user turn lists its ``tool_result``
-    blocks first, as the providers require. What the messages are is not changed: a list
+    In ``openai`` and ``anthropic`` form each tool result is sent right after the message that
+    made its call (:func:`provider_order`), and in Anthropic form a user turn lists its
+    ``tool_result`` blocks first, as those APIs require; ``responses`` keeps the order (an
+    output only has to come after its call). What the messages are is not changed: a list
     that starts with an assistant message, or holds a call with no result, is sent as it is
     (a context window, with ``start_on="user"``, starts on a user turn).
 
     Raises:
         ValueError: an unknown provider.
     """
-    ordered = provider_order(messages)
     if provider == "openai":
-        return [_to_openai(m) for m in ordered]
+        return [_to_openai(m) for m in provider_order(messages)]
     if provider == "anthropic":
-        return _to_anthropic(ordered)
-    if provider == "responses":
-        return [i for m in ordered for i in responses_from_chat(_to_openai(m), m.metadata)]
+        return _to_anthropic(provider_order(messages))
+    if provider == "responses":  # an output only has to come after its call: order kept
+        return [i for m in messages for i in responses_from_chat(_to_openai(m), m.metadata)]
     raise ValueError(f"provider must be 'openai', 'anthropic' or 'responses', got {provider!r}")
 
 
