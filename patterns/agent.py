@@ -175,6 +175,7 @@ class AgentPatterns:
         self.config = config
         self.key = key
         self.store = store
+        self._unverified: dict[str, None] = {}  # ingested, not yet checked against the store
         rag_key = internal_key(key, "rag")  # raises InvalidNameError for a bad name
         namespace, episodes_agent, _ = internal_key(key, "episodes")
         tiers_prefix = internal_key(key, "tiers", "core")[:2]
@@ -273,19 +274,22 @@ class AgentPatterns:
                 except MarsysMemError as exc:  # duplicate after a reload, oversized text
                     log.debug("pattern %s skipped message %s: %s", pattern, m.message_id, exc)
         if added and self.store is not None:
-            self._drop_orphans(list(dict.fromkeys(added)))
+            self._unverified.update(dict.fromkeys(added))
 
-    def _drop_orphans(self, ids: list[str]) -> None:
-        """Copies of messages the store deleted before they were made go at once.
+    def _drop_orphans(self) -> None:
+        """Copies of messages the store deleted before they were made go (before a read).
 
-        (A message older than the ttl, or deleted by another process, between its append
-        and this copy: its link would never fire.)
+        A message older than the ttl, evicted in its own append, or deleted by another
+        process between its append and its copy: its cascade found no copy to delete.
+        Checked in one query for everything ingested since the last read.
         """
-        assert self.store is not None
+        if not self._unverified or self.store is None:
+            return
+        ids, self._unverified = list(self._unverified), {}
         stored = {m.message_id for m in self.store.batch([Load(self.key, ids=tuple(ids))])[0]}
         missing = [mid for mid in ids if mid not in stored]
-        if missing:
-            self.forget(missing, cause="forget")
+        if missing:  # an archive keeps its entries: it has its own bound and ttl
+            self.forget(missing, cause="bound")
             self.store.scrub()
 
     def forget(self, ids: Sequence[str], *, cause: Literal["forget", "ttl", "bound"]) -> int:
@@ -380,6 +384,7 @@ class AgentPatterns:
 
     def blocks(self, query: str | None, exclude: set[str]) -> list[Block]:
         """The ``user_facts``, ``core`` and ``retrieval`` blocks (``exclude``: ids in window)."""
+        self._drop_orphans()
         budget = self.config.budget
         out: list[Block] = []
         fcfg = self.config.facts
@@ -415,6 +420,7 @@ class AgentPatterns:
 
     def search_all(self, query: str) -> list[ScoredMessage]:
         """Every enabled pattern's hits for ``query`` (for reports and the CLI)."""
+        self._drop_orphans()
         return self._hits(query)
 
     # ------------------------------------------------------------------ lifecycle
@@ -428,6 +434,7 @@ class AgentPatterns:
                 self.extraction.flush()
             except Exception:
                 log.exception("fact extraction failed for %s", self.key)
+        self._drop_orphans()
         for pattern in self._patterns():
             pattern.flush()
 
@@ -441,6 +448,10 @@ class AgentPatterns:
                 self.extraction.close()
             except Exception:
                 log.exception("closing the fact extraction of %s failed", self.key)
+        try:
+            self._drop_orphans()
+        except MarsysMemError:
+            log.exception("checking the copies of %s against the store failed", self.key)
         for pattern in self._patterns():
             try:
                 pattern.close()

@@ -54,7 +54,7 @@ from marsys_mem.patterns.rag import RAGMemory, ScoredMessage
 from marsys_mem.retrieval.embeddings import Embedder
 from marsys_mem.store.base import Append, Delete, Key, MemoryStore, validate_key
 from marsys_mem.store.memory import InMemoryStore
-from marsys_mem.store.owners import DeletionFeed, Source, same_id
+from marsys_mem.store.owners import DeletionFeed
 
 __all__ = ["HierarchicalMemory", "Tier", "default_importance"]
 
@@ -226,12 +226,6 @@ class HierarchicalMemory(Closing):
             raise
 
     # ------------------------------------------------------------------ opening
-    def _src(self, messages: Sequence[Message]) -> tuple[tuple[Source, ...], ...]:
-        """Links of tier copies to the owner's messages (same ids), if an owner."""
-        if self.owner is None:
-            return ()
-        return same_id(self.owner, tuple(m.message_id for m in messages))
-
     def sync(self) -> list[str]:
         """Drop what was deleted from the store (cascades, other processes); returns ids."""
         if self._closed:
@@ -358,7 +352,7 @@ class HierarchicalMemory(Closing):
         try:
             ops: list[Append | Delete] = []
             if new:
-                ops.append(Append(self.working_key, tuple(new), sources=self._src(new)))
+                ops.append(Append(self.working_key, tuple(new), copies_of=self.owner))
             if evicted:
                 ops.append(Delete(self.working_key, tuple(evicted)))
             self.store.batch(ops)
@@ -427,7 +421,7 @@ class HierarchicalMemory(Closing):
                 or value >= self.core_threshold
                 or (stored.role == "tool" and stored.tool_call_id in self._core_calls_locked())
             ):
-                self.store.batch([Append(self.core_key, (stored,), sources=self._src([stored]))])
+                self.store.batch([Append(self.core_key, (stored,), copies_of=self.owner)])
                 self._core[mid] = stored
                 return mid
             moved = self._evict_locked([*self._working, stored])
@@ -461,14 +455,14 @@ class HierarchicalMemory(Closing):
                 self.store.batch(
                     [
                         Delete(self.working_key, (message_id,)),
-                        Append(self.core_key, (m,), sources=self._src([m])),
+                        Append(self.core_key, (m,), copies_of=self.owner),
                     ]
                 )
                 self._working = [w for w in self._working if w.message_id != message_id]
                 self._working_ids.discard(message_id)
             else:
                 m = self.archive.get(message_id)
-                self.store.batch([Append(self.core_key, (m,), sources=self._src([m]))])
+                self.store.batch([Append(self.core_key, (m,), copies_of=self.owner)])
                 self.archive.remove([message_id])
             self._core[message_id] = m
             return "core"
@@ -503,7 +497,7 @@ class HierarchicalMemory(Closing):
                 try:
                     ops: list[Append | Delete] = [
                         Delete(self.core_key, (message_id,)),
-                        Append(self.working_key, (m,), sources=self._src([m])),
+                        Append(self.working_key, (m,), copies_of=self.owner),
                     ]
                     if evicted:
                         ops.append(Delete(self.working_key, tuple(evicted)))

@@ -134,7 +134,7 @@ from marsys_mem.retrieval.scoring import (
 )
 from marsys_mem.retrieval.threads import LabelSlots, SlotArray, SlotMemo, ThreadLinks
 from marsys_mem.store.base import Append, Key, Load, MemoryStore, PutVectors, validate_key
-from marsys_mem.store.owners import DeletionFeed, Source, same_id
+from marsys_mem.store.owners import DeletionFeed
 
 __all__ = ["Fusion", "RAGMemory", "ScoredMessage", "SearchMode"]
 
@@ -688,12 +688,12 @@ class RAGMemory(SharedVectors, Closing):
                     model = self.embedder.name
                     self.store.batch(
                         [
-                            Append(self.key, tuple(batch), sources=self._sources(ids)),
+                            Append(self.key, tuple(batch), copies_of=self.owner),
                             PutVectors(self.key, model, tuple(ids), vectors),
                         ]
                     )
                 else:
-                    self.store.batch([Append(self.key, tuple(batch), sources=self._sources(ids))])
+                    self.store.batch([Append(self.key, tuple(batch), copies_of=self.owner)])
             for m, text in zip(batch, texts, strict=True):
                 self._messages[m.message_id] = m
                 self._bm25.add(m.message_id, self._keyword_text(m, text))
@@ -705,10 +705,6 @@ class RAGMemory(SharedVectors, Closing):
         if self._queue is not None:
             self._submit(list(zip(ids, texts, strict=True)))
         return ids
-
-    def _sources(self, ids: Sequence[str]) -> tuple[tuple[Source, ...], ...]:
-        """Each stored copy's link to the owner's message of the same id (if an owner)."""
-        return same_id(self.owner, tuple(ids)) if self.owner is not None else ()
 
     def sync(self) -> list[str]:
         """Drop what was deleted from the store since the last sync; returns those ids.

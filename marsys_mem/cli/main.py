@@ -36,8 +36,8 @@ from pathlib import Path
 from marsys_mem.cli.demo import windows_demo, workflow_demo
 from marsys_mem.cli.inspect import inspect_store, search_store
 from marsys_mem.cli.output import Output, progress_bar, status_spinner
-from marsys_mem.config.load import config_schema
 from marsys_mem.config.lifetimes import lifetimes
+from marsys_mem.config.load import config_schema
 from marsys_mem.exceptions import ConfigError, MarsysMemError, StoreError, StoreNotFoundError
 from marsys_mem.workflow import Workflow, check_file, load_workflow, prepare_workflow, run_workflow
 from marsys_mem.workflow.models import workflow_schema

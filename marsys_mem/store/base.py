@@ -90,11 +90,15 @@ class Append:
     ``sources``: empty (records owned by their key only), or one tuple of
     :class:`~marsys_mem.store.owners.Source` per message: the messages it was derived from.
     Deleting every source of a record deletes the record (:mod:`marsys_mem.store.owners`).
+    ``copies_of``: ``key`` holds copies of that key's messages, under the same ids (a RAG
+    index, tiers): deleting a message there deletes its copy here. It is a property of
+    the key from then on, and costs nothing per record.
     """
 
     key: Key
     messages: tuple[Message, ...]
     sources: tuple[tuple[Source, ...], ...] = ()
+    copies_of: Key | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,6 +325,10 @@ def _validate(op: Op) -> None:
 
 
 def _validate_sources(op: Append) -> None:
+    if op.copies_of is not None:
+        validate_key(op.copies_of)
+        if tuple(op.copies_of) == tuple(op.key):
+            raise ValueError(f"copies_of: a key cannot hold copies of itself ({op.key})")
     if not isinstance(op.sources, tuple):
         raise TypeError(f"sources must be a tuple, got {type(op.sources).__name__}")
     if not op.sources:

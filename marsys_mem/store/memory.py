@@ -141,6 +141,7 @@ class _State:
     """
 
     __slots__ = (
+        "copies",
         "deletions",
         "deletions_first",
         "derived",
@@ -160,6 +161,7 @@ class _State:
         self.seq = 0  # the last cursor handed out (messages and vectors share it)
         self.seqs: dict[Key, dict[str, int]] = {}  # key -> message id -> its cursor
         self.vectors: dict[str, _ModelVectors] = {}
+        self.copies: dict[Key, set[Key]] = {}  # key -> the keys holding copies of it
         self.owners: dict[Record, set[Record]] = {}
         self.derived: dict[Record, set[Record]] = {}
         self.deletions: deque[Record] = deque()
@@ -218,6 +220,7 @@ class _Transaction:
         self.undo: list[tuple[str, str, int, _Row | None]] = []  # vector writes, to revert
         self.undo_links: list[tuple[bool, Record, Record]] = []  # (added, record, source)
         self.logged = 0  # deletions this batch appended to the log
+        self.undo_copies: list[tuple[Key, Key]] = []  # (owner, key) registered by this batch
 
     # ------------------------------------------------------------------ state access
     def draft(self, key: Key) -> _Draft:
@@ -264,6 +267,8 @@ class _Transaction:
         """Undo this batch's vector writes and link changes, newest first."""
         for _ in range(self.logged):
             self.state.deletions.pop()
+        for owner, key in self.undo_copies:
+            self.state.copies[owner].discard(key)
         for added, record, source in reversed(self.undo_links):
             if added:
                 self._unlink(record, source)
@@ -366,6 +371,11 @@ class _Transaction:
         for m in op.messages:
             self.state.seq += 1
             new[m.message_id] = self.state.seq
+        if op.copies_of is not None:
+            holders = self.state.copies.setdefault(op.copies_of, set())
+            if op.key not in holders:
+                holders.add(op.key)
+                self.undo_copies.append((op.copies_of, op.key))
         for m, refs in zip(op.messages, op.sources, strict=False):
             for ref in refs:
                 source = (ref.key, ref.message_id)
@@ -399,6 +409,8 @@ class _Transaction:
             for record in frontier:
                 state.deletions.append(record)
                 self.logged += 1
+                for holder in state.copies.get(record[0], ()):
+                    doomed.setdefault(holder, set()).add(record[1])
                 if not state.owners and not state.derived:
                     continue
                 for source in list(state.owners.get(record, ())):

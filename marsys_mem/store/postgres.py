@@ -207,11 +207,12 @@ def _v1_tables(conn: Connection) -> None:
 
 
 def _v3_owners(conn: Connection) -> None:
-    """Version 3: ``marsys_sources`` (what each derived record came from), the deletion log.
+    """Version 3: ownership (``marsys_key_copies``, ``marsys_sources``), the deletion log.
 
-    One statement trigger per delete (:mod:`marsys_mem.store.owners`): the deleted rows'
-    own links go; records derived from them that have no other source are deleted (a
-    nested delete, so the cascade cascades); the deletions are logged (key and id only)
+    One statement trigger per delete (:mod:`marsys_mem.store.owners`): the copies of the
+    deleted rows (same id, in keys holding copies of theirs) go; their own links go;
+    records derived from them that have no other source are deleted (a nested delete, so
+    the cascade cascades); the deletions are logged (key and id only)
     with cursors taken from ``marsys_deletion_clock`` (row-locked until commit, so the log
     is read in commit order, as the vector clock is).
     """
@@ -224,6 +225,10 @@ def _v3_owners(conn: Connection) -> None:
         " PRIMARY KEY (s_key_id, s_message_id, key_id, message_id))"
     )
     conn.execute("CREATE INDEX marsys_sources_by_record ON marsys_sources (key_id, message_id)")
+    conn.execute(
+        "CREATE TABLE marsys_key_copies (owner_id bigint NOT NULL, key_id bigint NOT NULL,"
+        " PRIMARY KEY (owner_id, key_id))"
+    )
     conn.execute(
         "CREATE TABLE marsys_deletion_clock (id integer PRIMARY KEY CHECK (id = 1),"
         " last bigint NOT NULL)"
@@ -240,6 +245,9 @@ def _v3_owners(conn: Connection) -> None:
         " SET search_path FROM CURRENT AS $$ DECLARE c bigint; last_d bigint; BEGIN"
         " SELECT count(*) INTO c FROM gone;"
         " IF c = 0 THEN RETURN NULL; END IF;"
+        " DELETE FROM marsys_messages m USING gone g, marsys_key_copies k"
+        "  WHERE k.owner_id = g.key_id AND m.key_id = k.key_id"
+        "  AND m.message_id = g.message_id;"
         " DELETE FROM marsys_sources s USING gone g"
         "  WHERE s.key_id = g.key_id AND s.message_id = g.message_id;"
         " DELETE FROM marsys_messages m USING ("
@@ -810,6 +818,18 @@ def _append(conn: Connection, op: Append, rows: dict[str, Any] | None) -> None:
             if duplicate is not None
             else f"a message_id of this append is already stored under {op.key}"
         ) from exc
+    if op.copies_of is not None:
+        conn.execute(
+            "INSERT INTO marsys_keys (namespace, agent, branch) VALUES (%s, %s, %s)"
+            " ON CONFLICT (namespace, agent, branch) DO NOTHING",
+            op.copies_of,
+        )
+        conn.execute(
+            f"INSERT INTO marsys_key_copies (owner_id, key_id) SELECT o.id, {_KEY_ID}"
+            f" FROM marsys_keys o WHERE o.namespace = %s AND o.agent = %s AND o.branch = %s"
+            " ON CONFLICT DO NOTHING",
+            [*op.key, *op.copies_of],
+        )
     if op.sources:
         links = [
             (m.message_id, *ref.key, ref.message_id)

@@ -253,12 +253,14 @@ def _v4_vectors(conn: sqlite3.Connection) -> None:
 
 
 def _v5_owners(conn: sqlite3.Connection) -> None:
-    """Version 5: ``sources`` (what each derived record came from) and ``deletions``.
+    """Version 5: ownership (``key_copies``, ``sources``) and the ``deletions`` log.
 
-    One trigger per deleted row (``recursive_triggers`` is on, so a cascade cascades):
-    the row's own links go; records derived from it lose that link and, with no source
-    left, are deleted too; the deletion is logged (key and id only) for readers to catch
-    up (:mod:`marsys_mem.store.owners`).
+    Triggers per deleted row (``recursive_triggers`` is on, so a cascade cascades): the
+    row is logged (key and id only) for readers to catch up; its own links go; records
+    derived from it lose that link and, with no source left, are deleted too. Copies
+    (same id, in the keys that hold copies of its key) are deleted by the statements that
+    delete (:func:`_delete_where`), set-based: a per-row trigger costs 3x as much.
+    (:mod:`marsys_mem.store.owners`).
     """
     conn.execute(
         "CREATE TABLE sources ("
@@ -271,17 +273,37 @@ def _v5_owners(conn: sqlite3.Connection) -> None:
     )
     conn.execute("CREATE INDEX sources_by_record ON sources (namespace, agent, branch, message_id)")
     conn.execute(
+        "CREATE TABLE key_copies ("
+        " o_namespace TEXT NOT NULL, o_agent TEXT NOT NULL, o_branch TEXT NOT NULL,"
+        " namespace TEXT NOT NULL, agent TEXT NOT NULL, branch TEXT NOT NULL,"
+        " PRIMARY KEY (o_namespace, o_agent, o_branch, namespace, agent, branch)) WITHOUT ROWID"
+    )
+    conn.execute(
         "CREATE TABLE deletions ("
-        " dseq INTEGER PRIMARY KEY AUTOINCREMENT,"
+        " dseq INTEGER PRIMARY KEY,"  # the newest row is never pruned: rowids only grow
         " namespace TEXT NOT NULL, agent TEXT NOT NULL, branch TEXT NOT NULL,"
         " message_id TEXT NOT NULL)"
     )
     conn.execute(
-        "CREATE TRIGGER messages_owned_delete AFTER DELETE ON messages BEGIN "
+        "CREATE TRIGGER messages_logged_delete AFTER DELETE ON messages BEGIN "
         "INSERT INTO deletions (namespace, agent, branch, message_id) "
-        "VALUES (old.namespace, old.agent, old.branch, old.message_id); "
-        "DELETE FROM sources WHERE namespace = old.namespace AND agent = old.agent "
-        "AND branch = old.branch AND message_id = old.message_id; "
+        "VALUES (old.namespace, old.agent, old.branch, old.message_id); END"
+    )
+    # The two link triggers fire only for rows that have links (one index probe each).
+    conn.execute(
+        "CREATE TRIGGER messages_record_delete AFTER DELETE ON messages "
+        "WHEN EXISTS (SELECT 1 FROM sources) AND EXISTS (SELECT 1 FROM sources "
+        "WHERE namespace = old.namespace "
+        "AND agent = old.agent AND branch = old.branch AND message_id = old.message_id) "
+        "BEGIN DELETE FROM sources WHERE namespace = old.namespace AND agent = old.agent "
+        "AND branch = old.branch AND message_id = old.message_id; END"
+    )
+    conn.execute(
+        "CREATE TRIGGER messages_source_delete AFTER DELETE ON messages "
+        "WHEN EXISTS (SELECT 1 FROM sources) AND EXISTS (SELECT 1 FROM sources "
+        "WHERE s_namespace = old.namespace "
+        "AND s_agent = old.agent AND s_branch = old.branch AND s_message_id = old.message_id) "
+        "BEGIN "
         "DELETE FROM messages WHERE seq IN (SELECT m.seq FROM sources s JOIN messages m "
         "ON m.namespace = s.namespace AND m.agent = s.agent AND m.branch = s.branch "
         "AND m.message_id = s.message_id "
@@ -834,6 +856,12 @@ def _append(conn: sqlite3.Connection, op: Append, rows: list[Row]) -> None:
         ) from exc
     if rows:  # counted here, once per append (a per-row trigger costs ~20% of batched speed)
         conn.execute(_COUNT_ADD, (*op.key, len(rows)))
+    if op.copies_of is not None:
+        conn.execute(
+            "INSERT OR IGNORE INTO key_copies (o_namespace, o_agent, o_branch, namespace, "
+            "agent, branch) VALUES (?, ?, ?, ?, ?, ?)",
+            (*op.copies_of, *op.key),
+        )
     if op.sources:
         conn.executemany(
             _SOURCE_INSERT,
@@ -878,9 +906,12 @@ def _load(conn: sqlite3.Connection, op: Load) -> list[Message]:
         return []
     sql = f"SELECT seq, data FROM messages WHERE {_KEY_WHERE}"
     params: list[Any] = list(op.key)
-    if op.ids is not None:  # one JSON array: no bound on the number of ids
-        sql += " AND message_id IN (SELECT value FROM json_each(?))"
-        params.append(json.dumps(list(op.ids)))
+    if op.ids is not None:
+        if not op.ids:
+            return []
+        where_ids, id_params = _ids_in(op.ids)
+        sql += f" AND {where_ids}"
+        params.extend(id_params)
     if op.since is not None:
         sql += " AND ts >= ?"
         params.append(_micros(op.since))
@@ -895,25 +926,54 @@ def _load(conn: sqlite3.Connection, op: Load) -> list[Message]:
     return MESSAGE_LIST_ADAPTER.validate_json("[" + ",".join(data) + "]")
 
 
+def _delete_where(conn: sqlite3.Connection, where: str, params: Sequence[Any]) -> int:
+    """``DELETE FROM messages WHERE {where}``, their copies first; the rows deleted.
+
+    Copies live in the keys that hold copies of a deleted row's key (``key_copies``),
+    under the same id; they are deleted by key and ids, set-based (and their own copies
+    in turn). The rest of the cascade (sources, the log) is the triggers' work.
+    """
+    if conn.execute("SELECT 1 FROM key_copies LIMIT 1").fetchone() is not None:
+        doomed: dict[tuple[str, str, str], list[str]] = {}
+        for ns, agent, branch, mid in conn.execute(
+            f"SELECT namespace, agent, branch, message_id FROM messages WHERE {where}", params
+        ):
+            doomed.setdefault((ns, agent, branch), []).append(mid)
+        for owner, ids in doomed.items():
+            holders = conn.execute(
+                "SELECT namespace, agent, branch FROM key_copies WHERE o_namespace = ? "
+                "AND o_agent = ? AND o_branch = ?",
+                owner,
+            ).fetchall()
+            for holder in holders:
+                where_ids, id_params = _ids_in(ids)
+                _delete_where(conn, f"{_KEY_WHERE} AND {where_ids}", (*holder, *id_params))
+    return max(conn.execute(f"DELETE FROM messages WHERE {where}", params).rowcount, 0)
+
+
+def _ids_in(ids: Sequence[str]) -> tuple[str, list[Any]]:
+    """``message_id IN (...)``: a list of values (index lookups) when short, else JSON.
+
+    SQLite looks each value of a short list up in the key's unique index; for a long
+    list (past the bound-parameter limit) it scans the key's rows once instead.
+    """
+    if len(ids) <= _CHUNK:
+        return f"message_id IN ({','.join('?' * len(ids))})", list(ids)
+    return "message_id IN (SELECT value FROM json_each(?))", [json.dumps(list(ids))]
+
+
 def _delete(conn: sqlite3.Connection, op: Delete) -> int:
-    # rowcount counts the rows the statement deleted (not what its triggers changed).
+    where, params = _KEY_WHERE, list[Any](op.key)
     if op.ids is not None:
         if not op.ids:
             return 0
-        sql = f"DELETE FROM messages WHERE {_KEY_WHERE} AND message_id = ?"
-        if op.before is None:
-            cur = conn.executemany(sql, [(*op.key, i) for i in op.ids])
-        else:
-            cutoff = _micros(op.before)
-            cur = conn.executemany(sql + " AND ts < ?", [(*op.key, i, cutoff) for i in op.ids])
-    elif op.before is not None:
-        cur = conn.execute(
-            f"DELETE FROM messages WHERE {_KEY_WHERE} AND ts < ?",
-            (*op.key, _micros(op.before)),
-        )
-    else:
-        cur = conn.execute(f"DELETE FROM messages WHERE {_KEY_WHERE}", op.key)
-    return max(cur.rowcount, 0)
+        where_ids, id_params = _ids_in(op.ids)
+        where += f" AND {where_ids}"
+        params.extend(id_params)
+    if op.before is not None:
+        where += " AND ts < ?"
+        params.append(_micros(op.before))
+    return _delete_where(conn, where, params)
 
 
 def _count(conn: sqlite3.Connection, key: tuple[str, str, str]) -> int:
@@ -950,10 +1010,9 @@ def _retention(conn: sqlite3.Connection, op: EnforceRetention) -> int:
     where, key_params = (_KEY_WHERE, tuple(op.key)) if op.key is not None else ("1", ())
     cutoff = ttl_cutoff(op.now, op.ttl)
     if cutoff is not None:
-        deleted += conn.execute(
-            f"DELETE FROM messages WHERE {where} AND protected = 0 AND ts < ?",
-            (*key_params, _micros(cutoff)),
-        ).rowcount
+        deleted += _delete_where(
+            conn, f"{where} AND protected = 0 AND ts < ?", (*key_params, _micros(cutoff))
+        )
     if op.max_messages is not None:
         # Counted inside this (write) transaction: the bound holds across processes.
         if op.key is not None:
@@ -971,11 +1030,12 @@ def _retention(conn: sqlite3.Connection, op: EnforceRetention) -> int:
             for protected in EVICTION_ORDER:
                 if excess <= 0:
                     break
-                gone = conn.execute(
-                    "DELETE FROM messages WHERE seq IN (SELECT seq FROM messages "
+                gone = _delete_where(
+                    conn,
+                    "seq IN (SELECT seq FROM messages "
                     f"WHERE {_KEY_WHERE} AND protected = ? ORDER BY seq LIMIT ?)",
                     (ns, agent, branch, int(protected), excess),
-                ).rowcount
+                )
                 deleted += gone
                 excess -= gone
     return deleted

@@ -25,8 +25,14 @@ FACTS = ("default", "facts", "alice")
 
 
 def _copy(store: MemoryStore, messages: list[Message], into: tuple[str, str, str] = COPIES) -> None:
+    """Copies of ``KEY``'s messages, each linked to its source by ``sources``."""
     ids = tuple(m.message_id for m in messages)
     store.batch([Append(into, tuple(messages), sources=same_id(KEY, ids))])
+
+
+def _copy_key(store: MemoryStore, messages: list[Message]) -> None:
+    """Copies of ``KEY``'s messages in a key that holds copies of it (``copies_of``)."""
+    store.batch([Append(COPIES, tuple(messages), copies_of=KEY)])
 
 
 class OwnersConformance(StoreHarness):
@@ -73,6 +79,38 @@ class OwnersConformance(StoreHarness):
             store.delete_messages(KEY, before=T0 + timedelta(seconds=3))
         left = [m.message_id for m in store.load_messages(KEY)]
         assert [m.message_id for m in store.load_messages(COPIES)] == left
+
+    @pytest.mark.parametrize("how", ["ids", "key", "ttl", "bound"])
+    def test_copies_of_a_key_follow_it(self, store: MemoryStore, how: str) -> None:
+        """``copies_of``: a key's copies (same ids) go with the messages they copy.
+
+        Checks: by ids, a whole key, the ttl and the bound; a record of the copies' key
+        whose id is not in the owner stays; copies appended later are covered too.
+        """
+        msgs = user_messages(4)
+        store.append_messages(KEY, msgs)
+        _copy_key(store, msgs[:2])
+        store.append_messages(COPIES, [msgs[2], Message.user("own", message_id="x")])
+        if how == "ids":
+            store.delete_messages(KEY, ids=["m0", "m2"])
+        elif how == "key":
+            store.delete_messages(KEY)
+        elif how == "ttl":
+            store.enforce_retention(KEY, ttl=timedelta(seconds=1), now=T0 + timedelta(seconds=3))
+        else:
+            store.enforce_retention(KEY, max_messages=1)
+        left = {m.message_id for m in store.load_messages(KEY)}
+        copies = sorted(m.message_id for m in store.load_messages(COPIES))
+        assert copies == sorted([*(i for i in ("m0", "m1", "m2") if i in left), "x"])
+
+    def test_copies_of_validated(self, store: MemoryStore) -> None:
+        """``copies_of`` must be another key.
+
+        Checks: a key holding copies of itself is refused; nothing is written.
+        """
+        with pytest.raises(ValueError, match="copies of itself"):
+            store.batch([Append(KEY, tuple(user_messages(1)), copies_of=KEY)])
+        assert store.count_messages(KEY) == 0
 
     def test_record_with_another_source_stays(self, store: MemoryStore) -> None:
         """A record stays while one of its sources remains, and goes with the last.
