@@ -316,6 +316,19 @@ class AgentPatterns:
             removed += self.facts.forget_sources(self.key, ids)
         return removed
 
+    def sync(self) -> list[str]:
+        """Catch every pattern up with the store's deletions (cascades, other processes).
+
+        Returns the ids dropped. Facts catch up too (their count is not in the list).
+        """
+        dropped: list[str] = []
+        for pattern in (self.rag, self.episodic, self.hierarchical):
+            if pattern is not None:
+                dropped += pattern.sync()
+        if self.facts is not None:
+            self.facts.sync()
+        return dropped
+
     def held_ids(self) -> list[str]:
         """Every message id some pattern holds (for ``forget(everything=True)``)."""
         held: dict[str, None] = {}

@@ -651,6 +651,9 @@ class MemoryManager(Closing):
             removed += stored if sink.writer is not None else len(dropped)
         removed += self._retain_unloaded(agent)
         self.store.scrub()  # what expired is not left in the store's files
+        for slot, patterns in list(self._patterns.items()):
+            if agent is None or slot[0] == agent:
+                patterns.sync()  # their copies went with the messages: drop them here too
         return removed
 
     def _retain_unloaded(self, agent: str | None) -> int:
