@@ -191,3 +191,20 @@ def test_two_processes_on_one_store_are_one_memory(tmp_path: Path) -> None:
         assert "Friday" not in _window_text(b, "a", "parcel")
         rag_key = internal_key(a.key("a"), "rag")
         assert a.store.count_messages(rag_key) == 0
+
+
+def test_two_mcp_servers_on_one_policy_file_are_one_memory(tmp_path: Path) -> None:
+    """Case 6 over MCP: what server A forgets, server B no longer recalls or lists."""
+    policy = _policy(tmp_path)
+    a, b = MemoryServer.from_config(policy), MemoryServer.from_config(policy)
+    try:
+        a.remember("a", "my locker code is 4711")
+        b.remember("a", "the parcel arrives on Friday")
+        assert {m["content"] for m in b.messages("a")} >= {"my locker code is 4711"}
+        assert "Friday" in str(a.recall("a", "parcel")["hits"])
+        a.forget("a", everything=True)
+        assert "4711" not in str(b.recall("a", "locker code")["hits"])
+        assert b.messages("a") == []
+    finally:
+        a.close()
+        b.close()

@@ -331,6 +331,7 @@ class MemoryServer:
         validate_name("agent", agent)
         validate_name("branch", branch)
         _not_blank(query)
+        self.manager.sync()  # other processes' writes and deletions on the same store
         patterns = self.manager.patterns(agent, branch)
         self._join(agent, branch)
         if patterns is not None and patterns.rag is not None:
@@ -602,6 +603,7 @@ class MemoryServer:
         """``agent``'s messages on ``branch``, oldest first (JSON-ready); creates nothing."""
         validate_name("agent", agent)
         validate_name("branch", branch)
+        self.manager.sync()
         for a, b, memory in self.manager.memories():
             if (a, b) == (agent, branch):
                 return [_message(m) for m in memory]
