@@ -208,3 +208,22 @@ def test_two_mcp_servers_on_one_policy_file_are_one_memory(tmp_path: Path) -> No
     finally:
         a.close()
         b.close()
+
+
+def test_the_cli_forgets_messages_and_shared_facts(tmp_path: Path) -> None:
+    """``marsys-mem forget``: messages with what was derived from them, shared facts."""
+    from marsys_mem.cli.main import main as cli
+    from marsys_mem.model.facts import fact_message
+    from marsys_mem.store.keys import facts_key
+
+    policy = _policy(tmp_path, patterns={"embedder": "hashing", "rag": True})
+    with MemoryManager.from_config(policy) as manager:
+        mid = manager.memory("a").add(Message.user("my locker code is 4711"))
+        fact = manager.shared.share_insight("a", "The door code is 2468")
+        manager.store.append_messages(facts_key(manager.namespace, "main"), [fact_message(fact)])
+    assert cli(["forget", "--config", str(policy)]) == 2  # nothing named
+    assert cli(["forget", "--config", str(policy), "--everything"]) == 2  # no agent
+    assert cli(["forget", "--config", str(policy), "--agent", "a", "--message-id", mid]) == 0
+    assert cli(["forget", "--config", str(policy), "--sharer", "a"]) == 0
+    assert _files_holding(tmp_path / "store", "4711") == []
+    assert _files_holding(tmp_path / "store", "2468") == []

@@ -39,6 +39,7 @@ from marsys_mem.cli.output import Output, progress_bar, status_spinner
 from marsys_mem.config.lifetimes import lifetimes
 from marsys_mem.config.load import config_schema
 from marsys_mem.exceptions import ConfigError, MarsysMemError, StoreError, StoreNotFoundError
+from marsys_mem.manager import MemoryManager
 from marsys_mem.workflow import Workflow, check_file, load_workflow, prepare_workflow, run_workflow
 from marsys_mem.workflow.models import workflow_schema
 
@@ -203,6 +204,36 @@ def cmd_mcp(out: Output, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_forget(out: Output, args: argparse.Namespace) -> int:
+    if not (args.message_id or args.everything or args.fact_id or args.sharer or args.all_facts):
+        raise ValueError(
+            "forget needs what to forget: --message-id ID, --everything (with --agent), "
+            "--fact-id ID, --sharer AGENT or --all-facts"
+        )
+    if (args.message_id or args.everything) and not args.agent:
+        raise ValueError("--message-id and --everything need --agent")
+    with MemoryManager.from_config(args.config) as manager:
+        removed = 0
+        if args.message_id or args.everything:
+            removed = len(
+                manager.forget(
+                    args.agent,
+                    args.branch,
+                    message_ids=args.message_id or None,
+                    everything=args.everything,
+                )
+            )
+        facts = 0
+        if args.fact_id:
+            facts += len(manager.forget_shared(args.fact_id))
+        if args.sharer:
+            facts += len(manager.forget_shared(sharer=args.sharer))
+        if args.all_facts:
+            facts += len(manager.forget_shared(everything=True))
+    out.print(f"forgot {removed} message(s) and {facts} shared fact(s)", "green")
+    return 0
+
+
 # ---------------------------------------------------------------------------- parser
 class _Parser(argparse.ArgumentParser):
     """argparse with exit code 2 for every usage error (argparse's own convention)."""
@@ -271,6 +302,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_search)
+
+    p = sub.add_parser(
+        "forget",
+        help="forget messages (and all derived from them) or shared facts, for good",
+    )
+    p.add_argument("--config", metavar="POLICY", required=True, help="retention-policy file")
+    p.add_argument("--agent", help="whose messages (with --message-id or --everything)")
+    p.add_argument("--branch", default="main")
+    p.add_argument("--message-id", action="append", metavar="ID", help="repeatable")
+    p.add_argument("--everything", action="store_true", help="all of the agent's messages")
+    p.add_argument("--fact-id", action="append", metavar="ID", help="a shared fact; repeatable")
+    p.add_argument("--sharer", metavar="AGENT", help="every fact this agent shared")
+    p.add_argument("--all-facts", action="store_true", help="every shared fact")
+    p.set_defaults(handler=cmd_forget)
 
     p = sub.add_parser("mcp", help="serve the agents' memory over MCP (needs the mcp extra)")
     p.add_argument(
