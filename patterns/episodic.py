@@ -473,12 +473,17 @@ class EpisodicMemory(Closing):
         gone = self.rag.sync()
         if gone:
             with self._lock:
-                dropped = set(gone)
-                changed = [state for state in self._episodes.values() if state.drop(dropped)]
-                for state in changed:
-                    state.summary = state.summary_of = None
-                self._save(changed)
+                self._drop_locked(set(gone))
         return gone
+
+    def _drop_locked(self, gone: set[str]) -> None:
+        """Episodes lose ``gone`` and, where they had any, their cached summary."""
+        changed = [state for state in self._episodes.values() if state.drop(gone)]
+        for state in changed:
+            state.summary = state.summary_of = None
+        # if this write fails, the stale summary no longer matches its episode's
+        # fingerprint when read back, so it is never served
+        self._save(changed)
 
     def remove(self, ids: str | Iterable[str]) -> int:
         """Delete messages by id, from the store too; returns how many were removed.
@@ -516,13 +521,7 @@ class EpisodicMemory(Closing):
             if not present:
                 return 0
             removed = self.rag.remove(present)  # the store first: durable when it returns
-            gone = set(present)
-            changed = [state for state in self._episodes.values() if state.drop(gone)]
-            for state in changed:
-                state.summary = state.summary_of = None
-            # if this write fails, the stale summary no longer matches its episode's
-            # fingerprint when read back, so it is never served
-            self._save(changed)
+            self._drop_locked(set(present))
             return removed
 
     # ------------------------------------------------------------------ recall

@@ -40,7 +40,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -94,6 +94,22 @@ class DeletionPage:
 
     def __len__(self) -> int:
         return len(self.message_ids)
+
+    @classmethod
+    def of_rows(
+        cls, rows: Sequence[Sequence[object]], *, head: int, after: int, first: object
+    ) -> DeletionPage:
+        """The page a backend read: ``rows`` of ``(cursor, namespace, agent, branch, id)``.
+
+        ``head``: the log's newest cursor; ``first``: its oldest (``None``: empty log).
+        """
+        complete = first is None or after >= int(str(first)) - 1
+        return cls(
+            tuple((str(r[1]), str(r[2]), str(r[3])) for r in rows),
+            tuple(str(r[4]) for r in rows),
+            max(head, after),
+            complete,
+        )
 
 
 class DeletionFeed:

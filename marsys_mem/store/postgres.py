@@ -860,7 +860,6 @@ def _load_deletions(conn: Connection, op: LoadDeletions) -> DeletionPage:
     if op.after is None:
         return DeletionPage((), (), head)
     first = conn.execute("SELECT min(dseq) FROM marsys_deletions").fetchone()
-    complete = first is None or first[0] is None or op.after >= int(first[0]) - 1
     sql = (
         "SELECT d.dseq, k.namespace, k.agent, k.branch, d.message_id FROM marsys_deletions d"
         " JOIN marsys_keys k ON k.id = d.key_id WHERE d.dseq > %s"
@@ -870,11 +869,8 @@ def _load_deletions(conn: Connection, op: LoadDeletions) -> DeletionPage:
         sql += " AND k.namespace = %s"
         params.append(op.namespace)
     rows = conn.execute(sql + " ORDER BY d.dseq", params).fetchall()
-    return DeletionPage(
-        tuple((str(r[1]), str(r[2]), str(r[3])) for r in rows),
-        tuple(str(r[4]) for r in rows),
-        max(head, op.after),
-        complete,
+    return DeletionPage.of_rows(
+        rows, head=head, after=op.after, first=first[0] if first is not None else None
     )
 
 

@@ -878,19 +878,13 @@ def _load_deletions(conn: sqlite3.Connection, op: LoadDeletions) -> DeletionPage
     if op.after is None:
         return DeletionPage((), (), int(head))
     (first,) = conn.execute("SELECT min(dseq) FROM deletions").fetchone()
-    complete = first is None or op.after >= int(first) - 1
     sql = "SELECT dseq, namespace, agent, branch, message_id FROM deletions WHERE dseq > ?"
     params: list[Any] = [op.after]
     if op.namespace is not None:
         sql += " AND namespace = ?"
         params.append(op.namespace)
     rows = conn.execute(sql + " ORDER BY dseq", params).fetchall()
-    return DeletionPage(
-        tuple((str(r[1]), str(r[2]), str(r[3])) for r in rows),
-        tuple(str(r[4]) for r in rows),
-        max(int(head), op.after),
-        complete,
-    )
+    return DeletionPage.of_rows(rows, head=int(head), after=op.after, first=first)
 
 
 def _prune_deletions(conn: sqlite3.Connection) -> None:
