@@ -436,6 +436,10 @@ def _open_read_only(path: str, busy_timeout: float) -> sqlite3.Connection:
     if not os.path.isfile(path):
         raise StoreError(f"{_short(path, 200)}: no such store file")
     uri = Path(os.path.abspath(path)).as_uri() + "?mode=ro"
+    if not os.path.exists(path + "-wal"):
+        # Closed cleanly (no writer has it open): read the file as it is, creating no
+        # -wal / -shm beside it. With a -wal, a writer may be live: read through it.
+        uri += "&immutable=1"
     try:
         conn = sqlite3.connect(
             uri, uri=True, timeout=busy_timeout, isolation_level=None, check_same_thread=False

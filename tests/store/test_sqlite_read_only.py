@@ -47,6 +47,16 @@ def test_a_current_store_reads_and_refuses_writes(tmp_path: Path) -> None:
             store.append_messages(KEY, [Message.user("more")])
         store.scrub()  # nothing to do, nothing written
     assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.db"]  # no -wal / -shm made
+
+
+def test_a_live_store_is_read_through_its_wal(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    with SQLiteStore(path) as writer:
+        writer.append_messages(KEY, [Message.user("first")])
+        with SQLiteStore(path, read_only=True) as reader:
+            writer.append_messages(KEY, [Message.user("second")])
+            assert [m.text for m in reader.load_messages(KEY)] == ["first", "second"]
 
 
 def test_a_missing_file_is_not_created(tmp_path: Path) -> None:
