@@ -924,28 +924,41 @@ def _load(conn: sqlite3.Connection, op: Load) -> list[Message]:
     return MESSAGE_LIST_ADAPTER.validate_json("[" + ",".join(data) + "]")
 
 
-def _delete_where(conn: sqlite3.Connection, where: str, params: Sequence[Any]) -> int:
+def _delete_where(
+    conn: sqlite3.Connection,
+    where: str,
+    params: Sequence[Any],
+    owner: tuple[str, str, str] | None = None,
+) -> int:
     """``DELETE FROM messages WHERE {where}``, their copies first; the rows deleted.
 
     Copies live in the keys that hold copies of a deleted row's key (``key_copies``),
-    under the same id; they are deleted by key and ids, set-based (and their own copies
-    in turn). The rest of the cascade (sources, the log) is the triggers' work.
+    under the same id; they are deleted set-based, one statement per holding key (and
+    their own copies in turn). ``owner``: the one key ``where`` is limited to, if any.
+    The rest of the cascade (sources, the log) is the triggers' work.
     """
-    if conn.execute("SELECT 1 FROM key_copies LIMIT 1").fetchone() is not None:
-        doomed: dict[tuple[str, str, str], list[str]] = {}
-        for ns, agent, branch, mid in conn.execute(
-            f"SELECT namespace, agent, branch, message_id FROM messages WHERE {where}", params
-        ):
-            doomed.setdefault((ns, agent, branch), []).append(mid)
-        for owner, ids in doomed.items():
-            holders = conn.execute(
+    if owner is None:
+        pairs = conn.execute(
+            "SELECT o_namespace, o_agent, o_branch, namespace, agent, branch FROM key_copies"
+        ).fetchall()
+    else:
+        pairs = [
+            (*owner, *holder)
+            for holder in conn.execute(
                 "SELECT namespace, agent, branch FROM key_copies WHERE o_namespace = ? "
                 "AND o_agent = ? AND o_branch = ?",
                 owner,
-            ).fetchall()
-            for holder in holders:
-                where_ids, id_params = _ids_in(ids)
-                _delete_where(conn, f"{_KEY_WHERE} AND {where_ids}", (*holder, *id_params))
+            )
+        ]
+    for ns, agent, branch, *holder in pairs:
+        # the subquery's bare columns are its own (the innermost FROM): the deleted rows
+        _delete_where(
+            conn,
+            f"{_KEY_WHERE} AND message_id IN (SELECT message_id FROM messages WHERE {where} "
+            "AND namespace = ? AND agent = ? AND branch = ?)",
+            (*holder, *params, ns, agent, branch),
+            owner=(holder[0], holder[1], holder[2]),
+        )
     return max(conn.execute(f"DELETE FROM messages WHERE {where}", params).rowcount, 0)
 
 
@@ -971,7 +984,7 @@ def _delete(conn: sqlite3.Connection, op: Delete) -> int:
     if op.before is not None:
         where += " AND ts < ?"
         params.append(_micros(op.before))
-    return _delete_where(conn, where, params)
+    return _delete_where(conn, where, params, op.key)
 
 
 def _count(conn: sqlite3.Connection, key: tuple[str, str, str]) -> int:
@@ -1009,7 +1022,10 @@ def _retention(conn: sqlite3.Connection, op: EnforceRetention) -> int:
     cutoff = ttl_cutoff(op.now, op.ttl)
     if cutoff is not None:
         deleted += _delete_where(
-            conn, f"{where} AND protected = 0 AND ts < ?", (*key_params, _micros(cutoff))
+            conn,
+            f"{where} AND protected = 0 AND ts < ?",
+            (*key_params, _micros(cutoff)),
+            op.key,
         )
     if op.max_messages is not None:
         # Counted inside this (write) transaction: the bound holds across processes.
@@ -1033,6 +1049,7 @@ def _retention(conn: sqlite3.Connection, op: EnforceRetention) -> int:
                     "seq IN (SELECT seq FROM messages "
                     f"WHERE {_KEY_WHERE} AND protected = ? ORDER BY seq LIMIT ?)",
                     (ns, agent, branch, int(protected), excess),
+                    (ns, agent, branch),
                 )
                 deleted += gone
                 excess -= gone
