@@ -248,6 +248,8 @@ class AgentPatterns:
         except BaseException:
             self.close()
             raise
+        if store is not None:  # copies a store of an earlier version kept past their message
+            self._unverified.update(dict.fromkeys(self.held_ids()))
 
     # ------------------------------------------------------------------ ingest
     def ingest(self, messages: Iterable[Message]) -> None:
@@ -286,7 +288,10 @@ class AgentPatterns:
         if not self._unverified or self.store is None:
             return
         ids, self._unverified = list(self._unverified), {}
-        stored = {m.message_id for m in self.store.batch([Load(self.key, ids=tuple(ids))])[0]}
+        if len(ids) > 500:  # a whole index (on opening): read the conversation's ids once
+            stored = {m.message_id for m in self.store.load_messages(self.key)}
+        else:
+            stored = {m.message_id for m in self.store.batch([Load(self.key, ids=tuple(ids))])[0]}
         missing = [mid for mid in ids if mid not in stored]
         if missing:  # an archive keeps its entries: it has its own bound and ttl
             self.forget(missing, cause="bound")

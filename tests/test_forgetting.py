@@ -227,3 +227,21 @@ def test_the_cli_forgets_messages_and_shared_facts(tmp_path: Path) -> None:
     assert cli(["forget", "--config", str(policy), "--sharer", "a"]) == 0
     assert _files_holding(tmp_path / "store", "4711") == []
     assert _files_holding(tmp_path / "store", "2468") == []
+
+
+def test_copies_an_earlier_version_kept_go_on_opening(tmp_path: Path) -> None:
+    """A store written before ownership holds RAG copies of messages long gone (5,000
+    copies for a bound of 50): the first read after the upgrade drops them."""
+    policy = _policy(
+        tmp_path, max_stored_messages=5, patterns={"embedder": "hashing", "rag": True}
+    )
+    with MemoryManager.from_config(policy) as manager:
+        key = manager.key("a")
+        rag_key = internal_key(key, "rag")
+        old = [Message.user(f"old note {i} SECRETOLD") for i in range(20)]
+        manager.store.append_messages(rag_key, old)  # unlinked, as an earlier version wrote
+        manager.store.append_messages(key, old[-5:])
+    with MemoryManager.from_config(policy) as manager:
+        hits = manager.patterns("a").search_all("old note")  # type: ignore[union-attr]
+        assert {h.message.message_id for h in hits} <= {m.message_id for m in old[-5:]}
+        assert manager.store.count_messages(rag_key) == 5
