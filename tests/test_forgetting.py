@@ -245,3 +245,21 @@ def test_copies_an_earlier_version_kept_go_on_opening(tmp_path: Path) -> None:
         hits = manager.patterns("a").search_all("old note")  # type: ignore[union-attr]
         assert {h.message.message_id for h in hits} <= {m.message_id for m in old[-5:]}
         assert manager.store.count_messages(rag_key) == 5
+
+
+def test_ttl_is_a_hard_lifetime_between_retention_passes(tmp_path: Path) -> None:
+    """No read returns an expired message, whenever retention last ran (and on opening)."""
+    import time
+
+    policy = _policy(tmp_path, ttl=1, patterns={"embedder": "hashing", "rag": True})
+    with MemoryManager.from_config(policy) as manager:
+        manager.memory("a").add(Message.user("SECRETSHORT my card PIN is 9876"))
+        assert "9876" in _window_text(manager, "a", "card PIN")
+        time.sleep(1.2)
+        assert "9876" not in _window_text(manager, "a", "card PIN")  # no retention call
+    with MemoryManager.from_config(policy) as manager:
+        manager.memory("a").add(Message.user("SECRETOPEN my other PIN is 5555"))
+    time.sleep(1.2)
+    with MemoryManager.from_config(policy) as manager:  # a restart after the ttl
+        assert "5555" not in _window_text(manager, "a", "other PIN")
+        assert manager.store.count_messages(internal_key(manager.key("a"), "rag")) == 0

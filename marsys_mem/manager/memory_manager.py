@@ -70,6 +70,7 @@ from marsys_mem.store.base import Key, Load, MemoryStore
 from marsys_mem.store.keys import parse_key
 from marsys_mem.store.memory import InMemoryStore
 from marsys_mem.store.owners import DeletionFeed
+from marsys_mem.store.retention import is_expired, ttl_cutoff
 from marsys_mem.store.sqlite import SQLiteStore
 
 __all__ = ["MemoryManager"]
@@ -264,6 +265,11 @@ class MemoryManager(Closing):
         initial: list[Message] = []
         if policy.is_persistent:
             key = self.key(agent, branch)
+            if policy.ttl is not None or policy.max_stored_messages is not None:
+                # expired or excess messages (and all derived from them) go before any read
+                self.store.enforce_retention(
+                    key, ttl=policy.ttl, max_messages=policy.max_stored_messages
+                )
             if self.store.supports_vectors:  # with the cursor sync() catches up from
                 page = self.store.load_messages_after(key, 0)
                 initial, self._cursors[slot] = list(page.messages), page.cursor
@@ -656,6 +662,28 @@ class MemoryManager(Closing):
                 patterns.sync()  # their copies went with the messages: drop them here too
         return removed
 
+    def _expire_due(self) -> None:
+        """Apply the ttl now to every agent one of whose messages has outlived it.
+
+        ``ttl`` is a hard lifetime: no read (``context_for``, recall) may return an
+        expired message or anything derived from it, whenever retention last ran. The
+        check looks at each memory's oldest unprotected message only.
+        """
+        now = datetime.now(UTC)
+        due: set[str] = set()
+        for (agent, _), mem in list(self._memories.items()):
+            ttl = self.config.policy_for(agent).ttl
+            if ttl is None or agent in due:
+                continue
+            cutoff = ttl_cutoff(now, ttl)
+            with mem.lock:  # by position: O(log n) each, never a copy of the memory
+                head = [mem[i] for i in range(min(len(mem), 64))]
+            oldest = next((m for m in head if not m.is_protected), None)
+            if oldest is not None and is_expired(oldest, cutoff):
+                due.add(agent)
+        for agent in sorted(due):
+            self.apply_retention(agent)
+
     def _retain_unloaded(self, agent: str | None) -> int:
         """Apply persistent agents' ttl / bound to their stored keys not loaded here."""
         removed = 0
@@ -874,6 +902,7 @@ class MemoryManager(Closing):
             ``(added, removed)`` message counts.
         """
         self._check_open()
+        self._expire_due()
         gone_by_key, complete = self._feed.poll()
         removed = 0
         for key, ids in gone_by_key.items():
