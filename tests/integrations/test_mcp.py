@@ -646,3 +646,26 @@ async def test_forget_reaches_episodic_and_hierarchical_memory(tmp_path: Path) -
         }
     finally:
         await server.aclose()
+
+
+async def test_forget_shared_facts_through_the_mcp_client(server: MemoryServer) -> None:
+    """issue 24 case 5, through the real client: by id, then everything the agent shared."""
+    async with Client(server.mcp) as client:
+        args = {"agent": "planner", "text": "The door code is 2468", "scope": "global"}
+        first = _data(await client.call_tool("share_fact", args))
+        _data(
+            await client.call_tool(
+                "remember", {"agent": "planner", "kind": "fact", "content": "Budget is 4,000 EUR"}
+            )
+        )
+        gone = _data(
+            await client.call_tool("forget", {"agent": "planner", "fact_ids": [first["id"]]})
+        )
+        assert gone["facts_removed"] == 1
+        window = _data(await client.call_tool("context", {"agent": "writer"}))
+        assert "2468" not in str(window)
+        assert "Budget is 4,000 EUR" in str(window)
+        gone = _data(await client.call_tool("forget", {"agent": "planner", "everything": True}))
+        assert gone["facts_removed"] == 1
+        window = _data(await client.call_tool("context", {"agent": "writer"}))
+        assert "Budget" not in str(window)
