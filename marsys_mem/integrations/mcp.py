@@ -574,6 +574,7 @@ class MemoryServer:
     def list_agents(self) -> list[dict[str, Any]]:
         """Every agent the policy names, in use or in the store: retention and message counts."""
         manager = self.manager
+        manager.sync()
         counts: dict[str, dict[str, int]] = {a: {} for a in manager.config.agents}
         for agent, branch, memory in manager.memories():
             counts.setdefault(agent, {})[branch] = len(memory)
