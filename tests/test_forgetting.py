@@ -31,7 +31,10 @@ def _policy(tmp_path: Path, **agent: Any) -> Path:
 
 
 def _files_holding(folder: Path, text: str) -> list[str]:
-    """Files under ``folder`` whose bytes contain ``text`` (UTF-8)."""
+    """Files under ``folder`` whose bytes contain ``text`` (UTF-8).
+
+    ``text`` must not look like hex: message ids are, and would match by chance.
+    """
     needle = text.encode()
     return [str(p) for p in folder.rglob("*") if p.is_file() and needle in p.read_bytes()]
 
@@ -89,7 +92,7 @@ def test_forget_by_the_id_recall_returned(tmp_path: Path) -> None:
     )
     with MemoryManager.from_config(policy) as manager:
         mem = manager.memory("a")
-        mem.add(Message.user("my locker code is 4711"))
+        mem.add(Message.user("my locker code is LOCKER-4711"))
         for i in range(20):
             mem.add(Message.user(f"small talk {i}"))
         manager.flush()
@@ -99,9 +102,9 @@ def test_forget_by_the_id_recall_returned(tmp_path: Path) -> None:
         assert "4711" in hit.message.text
         assert hit.message.message_id not in mem
         removed = manager.forget("a", message_ids=[hit.message.message_id])
-        assert [m.text for m in removed] == ["my locker code is 4711"]
+        assert [m.text for m in removed] == ["my locker code is LOCKER-4711"]
         assert all("4711" not in h.message.text for h in patterns.search_all("locker code"))
-    assert _files_holding(tmp_path / "store", "4711") == []
+    assert _files_holding(tmp_path / "store", "LOCKER-4711") == []
 
 
 def test_facts_learned_from_a_forgotten_message_go(tmp_path: Path) -> None:
@@ -218,15 +221,15 @@ def test_the_cli_forgets_messages_and_shared_facts(tmp_path: Path) -> None:
 
     policy = _policy(tmp_path, patterns={"embedder": "hashing", "rag": True})
     with MemoryManager.from_config(policy) as manager:
-        mid = manager.memory("a").add(Message.user("my locker code is 4711"))
-        fact = manager.shared.share_insight("a", "The door code is 2468")
+        mid = manager.memory("a").add(Message.user("my locker code is LOCKER-4711"))
+        fact = manager.shared.share_insight("a", "The door code is DOOR-2468")
         manager.store.append_messages(facts_key(manager.namespace, "main"), [fact_message(fact)])
     assert cli(["forget", "--config", str(policy)]) == 2  # nothing named
     assert cli(["forget", "--config", str(policy), "--everything"]) == 2  # no agent
     assert cli(["forget", "--config", str(policy), "--agent", "a", "--message-id", mid]) == 0
     assert cli(["forget", "--config", str(policy), "--sharer", "a"]) == 0
-    assert _files_holding(tmp_path / "store", "4711") == []
-    assert _files_holding(tmp_path / "store", "2468") == []
+    assert _files_holding(tmp_path / "store", "LOCKER-4711") == []
+    assert _files_holding(tmp_path / "store", "DOOR-2468") == []
 
 
 def test_copies_an_earlier_version_kept_go_on_opening(tmp_path: Path) -> None:

@@ -50,13 +50,18 @@ are recognised by their tables and stamped when migrated). Anything else (an emp
 a file that is not SQLite, another application's SQLite database, a folder) raises
 :class:`~marsys_mem.exceptions.StoreError` and is left untouched.
 
+Schema: :data:`SCHEMA` is the current schema, in one place; a new store is made from it.
 Migrations: :data:`MIGRATIONS` lists one function per schema version, applied in order
 inside one ``BEGIN IMMEDIATE`` transaction when a file with an older version is opened.
 A file written by a newer version of marsys-mem is refused with
 :class:`~marsys_mem.exceptions.StoreError`. History: version 1 created the tables;
 version 2 added ``protected`` (backfilled from the stored JSON) for retention; version 3
 added ``key_counts`` (backfilled) and stamped the ``application_id``; version 4 added
-``vector_models`` and ``vectors`` (empty: nothing was embedded into a store before).
+``vector_models`` and ``vectors`` (empty: nothing was embedded into a store before);
+version 5 added ownership (``key_copies``, ``sources``, the ``deletions`` log and their
+triggers; :mod:`marsys_mem.store.owners`), nothing backfilled: a pattern's copies are
+linked when it next writes, and checked against their messages when it next reads.
+``inspect`` never migrates (it opens stores read-only).
 
 All SQL is parameterised; the only values formatted into statements are PRAGMA settings
 checked against a fixed set. Nothing is pickled: messages and run snapshots are stored as
@@ -104,7 +109,15 @@ from marsys_mem.store.owners import DELETION_LOG_SIZE, DeletionPage
 from marsys_mem.store.retention import EVICTION_ORDER, ttl_cutoff
 from marsys_mem.store.vectors import MessagePage, VectorPage, from_bytes, to_bytes
 
-__all__ = ["APPLICATION_ID", "MIGRATIONS", "Migration", "SQLiteStore", "Synchronous"]
+__all__ = [
+    "APPLICATION_ID",
+    "MIGRATIONS",
+    "SCHEMA",
+    "SCHEMA_VERSION",
+    "Migration",
+    "SQLiteStore",
+    "Synchronous",
+]
 
 Synchronous = Literal["FULL", "NORMAL"]
 """The ``PRAGMA synchronous`` levels a :class:`SQLiteStore` accepts."""
@@ -252,17 +265,8 @@ def _v4_vectors(conn: sqlite3.Connection) -> None:
     )
 
 
-def _v5_owners(conn: sqlite3.Connection) -> None:
-    """Version 5: ownership (``key_copies``, ``sources``) and the ``deletions`` log.
-
-    Triggers per deleted row (``recursive_triggers`` is on, so a cascade cascades): the
-    row is logged (key and id only) for readers to catch up; its own links go; records
-    derived from it lose that link and, with no source left, are deleted too. Copies
-    (same id, in the keys that hold copies of its key) are deleted by the statements that
-    delete (:func:`_delete_where`), set-based: a per-row trigger costs 3x as much.
-    (:mod:`marsys_mem.store.owners`).
-    """
-    conn.execute(
+_OWNERSHIP: tuple[str, ...] = (
+    (
         "CREATE TABLE sources ("
         " namespace TEXT NOT NULL, agent TEXT NOT NULL, branch TEXT NOT NULL,"
         " message_id TEXT NOT NULL,"
@@ -270,35 +274,35 @@ def _v5_owners(conn: sqlite3.Connection) -> None:
         " s_message_id TEXT NOT NULL,"
         " PRIMARY KEY (s_namespace, s_agent, s_branch, s_message_id,"
         "  namespace, agent, branch, message_id)) WITHOUT ROWID"
-    )
-    conn.execute("CREATE INDEX sources_by_record ON sources (namespace, agent, branch, message_id)")
-    conn.execute(
+    ),
+    "CREATE INDEX sources_by_record ON sources (namespace, agent, branch, message_id)",
+    (
         "CREATE TABLE key_copies ("
         " o_namespace TEXT NOT NULL, o_agent TEXT NOT NULL, o_branch TEXT NOT NULL,"
         " namespace TEXT NOT NULL, agent TEXT NOT NULL, branch TEXT NOT NULL,"
         " PRIMARY KEY (o_namespace, o_agent, o_branch, namespace, agent, branch)) WITHOUT ROWID"
-    )
-    conn.execute(
+    ),
+    (
         "CREATE TABLE deletions ("
         " dseq INTEGER PRIMARY KEY,"  # the newest row is never pruned: rowids only grow
         " namespace TEXT NOT NULL, agent TEXT NOT NULL, branch TEXT NOT NULL,"
         " message_id TEXT NOT NULL)"
-    )
-    conn.execute(
+    ),
+    (
         "CREATE TRIGGER messages_logged_delete AFTER DELETE ON messages BEGIN "
         "INSERT INTO deletions (namespace, agent, branch, message_id) "
         "VALUES (old.namespace, old.agent, old.branch, old.message_id); END"
-    )
+    ),
     # The two link triggers fire only for rows that have links (one index probe each).
-    conn.execute(
+    (
         "CREATE TRIGGER messages_record_delete AFTER DELETE ON messages "
         "WHEN EXISTS (SELECT 1 FROM sources) AND EXISTS (SELECT 1 FROM sources "
         "WHERE namespace = old.namespace "
         "AND agent = old.agent AND branch = old.branch AND message_id = old.message_id) "
         "BEGIN DELETE FROM sources WHERE namespace = old.namespace AND agent = old.agent "
         "AND branch = old.branch AND message_id = old.message_id; END"
-    )
-    conn.execute(
+    ),
+    (
         "CREATE TRIGGER messages_source_delete AFTER DELETE ON messages "
         "WHEN EXISTS (SELECT 1 FROM sources) AND EXISTS (SELECT 1 FROM sources "
         "WHERE s_namespace = old.namespace "
@@ -315,7 +319,23 @@ def _v5_owners(conn: sqlite3.Connection) -> None:
         "AND o.s_branch = old.branch AND o.s_message_id = old.message_id))); "
         "DELETE FROM sources WHERE s_namespace = old.namespace AND s_agent = old.agent "
         "AND s_branch = old.branch AND s_message_id = old.message_id; END"
-    )
+    ),
+)
+"""The ownership tables and triggers (schema version 5; :mod:`marsys_mem.store.owners`)."""
+
+
+def _v5_owners(conn: sqlite3.Connection) -> None:
+    """Version 5: ownership (``key_copies``, ``sources``) and the ``deletions`` log.
+
+    Triggers per deleted row (``recursive_triggers`` is on, so a cascade cascades): the
+    row is logged (key and id only) for readers to catch up; its own links go; records
+    derived from it lose that link and, with no source left, are deleted too. Copies
+    (same id, in the keys that hold copies of its key) are deleted by the statements that
+    delete (:func:`_delete_where`), set-based: a per-row trigger costs 3x as much
+    (:mod:`marsys_mem.store.owners`).
+    """
+    for statement in _OWNERSHIP:
+        conn.execute(statement)
 
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -326,6 +346,56 @@ MIGRATIONS: tuple[Migration, ...] = (
     _v5_owners,
 )
 """Schema migrations, in order: ``MIGRATIONS[i]`` takes a file from version i to i + 1."""
+
+
+SCHEMA: tuple[str, ...] = (
+    "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)",
+    # a key's messages in append order (seq); data: the message's pydantic JSON
+    "CREATE TABLE messages ("
+    " seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+    " namespace TEXT NOT NULL, agent TEXT NOT NULL, branch TEXT NOT NULL,"
+    " message_id TEXT NOT NULL,"
+    " ts INTEGER NOT NULL,"  # microseconds since 1970 (UTC)
+    " data TEXT NOT NULL,"
+    " protected INTEGER NOT NULL DEFAULT 0,"  # system / pinned: retention spares them
+    " UNIQUE (namespace, agent, branch, message_id))",
+    "CREATE INDEX messages_by_key ON messages (namespace, agent, branch)",
+    "CREATE TABLE runs ("
+    " run_id TEXT PRIMARY KEY, parent_id TEXT,"
+    " namespace TEXT NOT NULL, agent TEXT NOT NULL,"
+    " started_at INTEGER NOT NULL, data TEXT NOT NULL)",
+    "CREATE INDEX runs_by_agent ON runs (namespace, agent)",
+    "CREATE INDEX runs_by_parent ON runs (parent_id)",
+    # rows per key: appends add, a trigger subtracts (count_messages is O(1))
+    "CREATE TABLE key_counts ("
+    " namespace TEXT NOT NULL, agent TEXT NOT NULL, branch TEXT NOT NULL,"
+    " n INTEGER NOT NULL, PRIMARY KEY (namespace, agent, branch)) WITHOUT ROWID",
+    "CREATE TRIGGER messages_count_delete AFTER DELETE ON messages BEGIN "
+    "UPDATE key_counts SET n = n - 1 WHERE namespace = old.namespace "
+    "AND agent = old.agent AND branch = old.branch; "
+    "DELETE FROM key_counts WHERE namespace = old.namespace AND agent = old.agent "
+    "AND branch = old.branch AND n <= 0; END",
+    "CREATE TRIGGER messages_key_fixed BEFORE UPDATE OF namespace, agent, branch "
+    "ON messages BEGIN SELECT RAISE(ABORT, 'a message key cannot change'); END",
+    # embeddings next to their messages, one per model (vseq: the write-order cursor)
+    "CREATE TABLE vector_models (model TEXT PRIMARY KEY, dim INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE vectors ("
+    " vseq INTEGER PRIMARY KEY AUTOINCREMENT, msg_seq INTEGER NOT NULL,"
+    " namespace TEXT NOT NULL, agent TEXT NOT NULL, branch TEXT NOT NULL,"
+    " message_id TEXT NOT NULL, model TEXT NOT NULL, data BLOB NOT NULL,"
+    " UNIQUE (msg_seq, model))",
+    "CREATE INDEX vectors_by_model ON vectors (model, vseq)",
+    "CREATE INDEX vectors_by_key ON vectors (namespace, agent, branch, model, vseq)",
+    "CREATE TRIGGER messages_vectors_delete AFTER DELETE ON messages BEGIN "
+    "DELETE FROM vectors WHERE msg_seq = old.seq; END",
+    *_OWNERSHIP,
+)
+"""The current schema (version :data:`SCHEMA_VERSION`), the one place to read it: a new
+store is made from it; :data:`MIGRATIONS` take files of earlier versions to the same schema
+(a test compares the two). A new migration is added to both (and to ``SCHEMA_VERSION``)."""
+
+SCHEMA_VERSION = 5
+"""The version :data:`SCHEMA` is (``len(MIGRATIONS)`` unless a migration was just added)."""
 
 
 def _schema_version(conn: sqlite3.Connection) -> int:
@@ -356,6 +426,14 @@ def _migrate(conn: sqlite3.Connection, path: str) -> None:
             raise StoreError(
                 f"{path} has schema version {version}, newer than this marsys-mem knows "
                 f"({latest}): upgrade marsys-mem to open it"
+            )
+        if version == 0 and latest >= SCHEMA_VERSION:  # a new store: SCHEMA at once
+            for statement in SCHEMA:
+                conn.execute(statement)
+            version = SCHEMA_VERSION
+            conn.execute(
+                "INSERT INTO schema_version (version, applied_at) VALUES (?, ?)",
+                (version, datetime.now(UTC).isoformat()),
             )
         for target in range(version + 1, latest + 1):
             migrations[target - 1](conn)

@@ -87,7 +87,7 @@ async def test_a_retraction_reaches_every_coordinator(
     try:
         async with a, b:
             keep = await a.share("planner", "Hotels cost 140 EUR", scope="global")
-            drop = await a.share("planner", "The door code is 2468", scope="global")
+            drop = await a.share("planner", "The door code is DOOR-2468", scope="global")
             assert await until(lambda: len(_texts(manager_b.shared)) == 2)
             record = facts_key(ns, "main")  # what b's side recorded in its store
             manager_b.store.append_messages(record, [fact_message(drop)])
@@ -102,10 +102,10 @@ async def test_a_retraction_reaches_every_coordinator(
             b.join("critic")
             assert _texts(manager_b.shared, "critic") == ["Hotels cost 140 EUR"]
             manager_b.shared.add_fact(drop)  # a late copy is refused
-            assert "The door code is 2468" not in _texts(manager_b.shared)
+            assert "The door code is DOOR-2468" not in _texts(manager_b.shared)
     finally:
         manager_b.close()
-    assert b"2468" not in (tmp_path / "b.db").read_bytes()
+    assert b"DOOR-2468" not in (tmp_path / "b.db").read_bytes()
 
 
 async def test_a_forged_tombstone_is_dropped(make_transport: Callable[..., Any]) -> None:

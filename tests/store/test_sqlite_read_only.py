@@ -63,3 +63,30 @@ def test_a_missing_file_is_not_created(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="no such store file"):
         SQLiteStore(tmp_path / "nope.db", read_only=True)
     assert list(tmp_path.iterdir()) == []
+
+
+def _shape(conn: sqlite3.Connection) -> dict[str, object]:
+    """Tables (columns), indexes (columns) and triggers (normalised SQL) of a database."""
+    shape: dict[str, object] = {}
+    for kind, name, table, sql in conn.execute(
+        "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"
+    ):
+        if kind == "table":
+            shape[name] = [tuple(r[1:]) for r in conn.execute(f"PRAGMA table_info({name})")]
+        elif kind == "index":
+            shape[name] = (table, [r[2] for r in conn.execute(f"PRAGMA index_info({name})")])
+        else:
+            shape[name] = " ".join(str(sql).split())
+    return shape
+
+
+def test_the_schema_in_one_place_is_what_the_migrations_build(tmp_path: Path) -> None:
+    """SCHEMA (a new store) and MIGRATIONS (a version-1 file, upgraded) agree."""
+    old = tmp_path / "old.db"
+    _version_1_store(old)
+    SQLiteStore(old).close()  # migrated by the library, on open
+    SQLiteStore(tmp_path / "new.db").close()
+    with sqlite3.connect(old) as a, sqlite3.connect(tmp_path / "new.db") as b:
+        assert _shape(a) == _shape(b)
+        versions = [v for (v,) in b.execute("SELECT version FROM schema_version")]
+        assert versions == [len(MIGRATIONS)]
