@@ -160,8 +160,14 @@ class Forgetting(RuleBasedStateMachine):
         return {m.message_id for m in self.manager.store.load_messages(self.manager.key("a"))}
 
     def live(self) -> set[str]:
+        """Tokens whose message is stored and alive (an old one has outlived the ttl: the
+        next read of the memory deletes it, so it cannot be forgotten by id any more)."""
         stored = self.stored_ids()
-        return {t for t, mid in self.ids.items() if mid in stored and t not in self.dead}
+        return {
+            t
+            for t, mid in self.ids.items()
+            if mid in stored and t not in self.dead and t not in self.old
+        }
 
     def gone(self) -> set[str]:
         """Tokens whose message is no longer stored (forgotten, expired or evicted)."""
