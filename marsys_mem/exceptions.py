@@ -140,7 +140,8 @@ class InvalidNameError(ConfigError):
     """An agent, branch or namespace name that breaks the one naming rule.
 
     The rule (:mod:`marsys_mem.model.names`): 1-256 characters of valid Unicode, without ``/``,
-    ``+``, ``#``, ``@`` or control characters. The message names the kind of name and
+    ``+``, ``#``, ``@``, control or invisible (zero-width, bidi) characters. The message
+    names the kind of name and
     shows the value (truncated). It is a :class:`ConfigError` (a ``ValueError``).
 
     Example:

@@ -195,8 +195,8 @@ def test_invalid_name_error_is_a_config_error_naming_kind_and_value():
     assert isinstance(info.value, ConfigError)
     assert isinstance(info.value, ValueError)
     assert str(info.value) == (
-        "branch must be 1-256 characters without '/', '+', '#', '@' or control characters, "
-        "got 'main#rag' (it contains '#')"
+        "branch must be 1-256 characters without '/', '+', '#', '@', control or invisible "
+        "characters, got 'main#rag' (it contains '#')"
     )
     with pytest.raises(InvalidNameError, match=r"'xxxx.*\.\.\. \(100000 characters\) \(100000"):
         names_validate_name("agent", "x" * 100_000)
@@ -230,7 +230,10 @@ def test_inbox_keys_round_trip():
 
 
 def test_name_pattern_is_the_documented_rule():
-    assert NAME_PATTERN == r"^[^/+#@\x00-\x1f\x7f-\x9f]{1,256}$"
+    assert NAME_PATTERN == (
+        r"^[^/+#@\x00-\x1f\x7f-\x9f\u061c\u180e\u200b-\u200f\u2028-\u202e"
+        r"\u2060-\u2064\u2066-\u2069\ufeff]{1,256}$"
+    )
 
 
 def test_coordinator_inboxes_use_the_rule():
@@ -248,3 +251,28 @@ def test_coordinator_inboxes_use_the_rule():
             assert graph.agents("main") == ["planner"]
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize(
+    "char",
+    ["\u202e", "\u202a", "\u2066", "\u200b", "\u200d", "\u200e", "\u2028", "\u2029",
+     "\ufeff", "\u2060", "\u061c", "\u180e"],
+)
+def test_invisible_and_bidi_characters_are_not_in_names(char: str) -> None:
+    """issue 25 item 9: look-alike names (a bidi override, a zero-width space, a line
+    separator) are refused everywhere: by validate_name and by NAME_PATTERN (pydantic)."""
+    from pydantic import BaseModel, Field, ValidationError
+
+    from marsys_mem.model.names import NAME_PATTERN, is_name
+
+    name = f"admin{char}"
+    assert not is_name(name)
+    with pytest.raises(InvalidNameError, match=r"it contains"):
+        names_validate_name("agent", name)
+
+    class Named(BaseModel):
+        agent: str = Field(pattern=NAME_PATTERN)
+
+    with pytest.raises(ValidationError):
+        Named(agent=name)
+    assert Named(agent="admin\u00e9").agent == "admin\u00e9"  # letters beyond ASCII stay

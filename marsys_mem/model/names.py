@@ -4,9 +4,11 @@
 wherever a name comes in: the manager, the stores, the branch graph, the transports, the
 workflow files and the wire. A name is 1-256 characters of valid Unicode (no lone
 surrogates) without ``/`` and ``+`` (MQTT topic levels and wildcards), ``#`` (the mark of
-internal keys, also an MQTT wildcard), ``@`` (the separator of inbox keys) or control
-characters (``U+0000``-``U+001F``, ``U+007F``-``U+009F``). :data:`NAME_PATTERN` is the
-same rule as a regular expression, for pydantic fields and JSON Schema.
+internal keys, also an MQTT wildcard), ``@`` (the separator of inbox keys), control
+characters (``U+0000``-``U+001F``, ``U+007F``-``U+009F``), or invisible and bidi format
+characters (zero-width, direction marks and overrides, line and paragraph separators),
+which would let two different names look alike. :data:`NAME_PATTERN` is the same rule as
+a regular expression, for pydantic fields and JSON Schema.
 
 **Inbox keys.** The shared-fact inbox of an agent on a branch is :func:`inbox_key`:
 ``agent`` on ``main``, ``agent@branch`` elsewhere. Names cannot contain ``@``, so the
@@ -38,14 +40,22 @@ __all__ = [
 ]
 
 MAX_NAME_LENGTH: Final = 256
-NAME_PATTERN: Final = r"^[^/+#@\x00-\x1f\x7f-\x9f]{1,256}$"
+# controls; and the invisible or direction-changing format characters that make two names
+# look alike or reorder text around them: zero-width (U+200B-U+200D, U+2060-U+2064,
+# U+FEFF), marks and bidi controls (U+061C, U+200E-U+200F, U+202A-U+202E, U+2066-U+2069),
+# U+180E, and the line / paragraph separators (U+2028-U+2029)
+_FORBIDDEN = (
+    r"/+#@\x00-\x1f\x7f-\x9f\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2064"
+    r"\u2066-\u2069\ufeff"
+)
+NAME_PATTERN: Final = rf"^[^{_FORBIDDEN}]{{1,256}}$"
 """The naming rule as a regular expression (for pydantic ``Field(pattern=...)``).
 
 Python's :mod:`re` also needs the lone-surrogate check of :func:`is_name`; pydantic
 rejects lone surrogates in every string on its own.
 """
 
-_NAME = re.compile(r"[^/+#@\x00-\x1f\x7f-\x9f]{1,256}")
+_NAME = re.compile(rf"[^{_FORBIDDEN}]{{1,256}}")
 _RESERVED = "/+#@"
 _SHOWN = 60
 
@@ -124,8 +134,8 @@ def validate_name(kind: str, value: object) -> str:
         assert isinstance(value, str)
         return value
     raise InvalidNameError(
-        f"{kind} must be 1-256 characters without '/', '+', '#', '@' or control "
-        f"characters, got {shown(value)} ({_why_not(value)})"
+        f"{kind} must be 1-256 characters without '/', '+', '#', '@', control or "
+        f"invisible characters, got {shown(value)} ({_why_not(value)})"
     )
 
 

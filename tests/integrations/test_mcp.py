@@ -669,3 +669,13 @@ async def test_forget_shared_facts_through_the_mcp_client(server: MemoryServer) 
         assert gone["facts_removed"] == 1
         window = _data(await client.call_tool("context", {"agent": "writer"}))
         assert "Budget" not in str(window)
+
+
+async def test_look_alike_agent_names_are_refused(server: MemoryServer) -> None:
+    """issue 25 item 9: a bidi override, a zero-width space or a line separator in a name."""
+    async with Client(server.mcp) as client:
+        for name in ["admin\u202e", "ad\u200bmin", "admin\u2028"]:
+            result = await client.call_tool("remember", {"agent": name, "content": "hi"})
+            assert result.is_error, name
+        agents = [a["agent"] for a in await _agents(client)]
+        assert all(a.isprintable() for a in agents)
