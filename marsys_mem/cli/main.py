@@ -35,7 +35,7 @@ from pathlib import Path
 
 from marsys_mem.cli.demo import windows_demo, workflow_demo
 from marsys_mem.cli.inspect import inspect_store, search_store
-from marsys_mem.cli.output import Output, progress_bar, status_spinner
+from marsys_mem.cli.output import Output, progress_bar, safe_text, status_spinner
 from marsys_mem.config.lifetimes import lifetimes
 from marsys_mem.config.load import config_schema
 from marsys_mem.exceptions import ConfigError, MarsysMemError, StoreError, StoreNotFoundError
@@ -368,12 +368,14 @@ def _report_error(exc: Exception, *, debug: bool) -> int:
     if isinstance(exc, MarsysMemError | ValueError | OSError):
         lines = str(exc).splitlines() or [""]
         for line in lines:  # a file's errors: one per line, each marked
-            print(f"error: {line}", file=sys.stderr)
+            print(f"error: {safe_text(line)}", file=sys.stderr)
         if len(lines) > 1 and isinstance(exc, ConfigError) and not lines[-1].startswith("..."):
             print(f"{len(lines)} errors", file=sys.stderr)
     else:
         print(
-            f"error: unexpected {type(exc).__name__}: {exc} (--debug shows where)", file=sys.stderr
+            f"error: unexpected {type(exc).__name__}: {safe_text(str(exc))} (--debug shows "
+            "where)",
+            file=sys.stderr,
         )
     return 2 if bad_input else 1
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import TextIO
@@ -23,7 +24,35 @@ from rich.progress import (
 )
 from rich.text import Text
 
-__all__ = ["Output", "isatty", "progress_bar", "status_spinner"]
+__all__ = ["Output", "isatty", "progress_bar", "safe_text", "status_spinner"]
+
+# C0 controls but tab and newline, DEL, C1 controls (ESC sequences: title, clear, colour,
+# OSC 8 links), and the invisible / bidi format characters that reorder or hide text
+_UNSAFE = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u180e\u200b-\u200f\u2028-\u202e"
+    "\u2060-\u2064\u2066-\u2069\ufeff]"
+)
+
+
+def safe_text(text: str) -> str:
+    r"""``text`` with every terminal control and bidi character shown as an escape.
+
+    Stored text (messages, facts, names of another era) reaches the terminal through the
+    CLI's human-readable output; an escape sequence in it must not set the title, clear
+    the screen or reorder the line. Tabs and newlines stay.
+
+    Example:
+        >>> print(safe_text("invoice \x1b]0;PWNED\x07\x1b[2J total"))
+        invoice \x1b]0;PWNED\x07\x1b[2J total
+        >>> print(safe_text("evil\u202etxt.exe"))
+        evil\u202etxt.exe
+    """
+    return _UNSAFE.sub(lambda m: _escape(m.group()), text)
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
 
 
 def isatty(stream: TextIO) -> bool:
@@ -59,7 +88,8 @@ class Output:
             self.console = Console(file=stream, highlight=False, soft_wrap=True)
 
     def print(self, text: str = "", style: str | None = None) -> None:
-        """One line, in ``style`` (a rich style) on a terminal."""
+        """One line, in ``style`` (a rich style) on a terminal; controls shown escaped."""
+        text = safe_text(text)
         if self.console is None:
             print(text, file=self.stream)
             return
