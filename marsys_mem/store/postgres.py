@@ -125,6 +125,25 @@ _MICROSECOND = timedelta(microseconds=1)
 _WRITES = (Append, Delete, SaveRun, EnforceRetention, PutVectors)
 _MIGRATION_LOCK = 0x4D4D454D  # pg_advisory_xact_lock id while migrating ("MMEM")
 _RETRY_STATES = frozenset({"40001", "40P01"})  # serialization failure, deadlock
+_WAITED = {
+    "55P03": "a lock another session holds (lock_timeout)",
+    "57014": "a statement to finish (statement_timeout)",
+}
+"""The errors of a wait bounded by :func:`_bound_waits`, and what waited."""
+
+
+def _bound_waits(conn: Connection, deadline: float) -> None:
+    """Bound every lock wait and statement of this transaction by the batch's deadline.
+
+    Without it a statement blocked behind another session's lock waits as long as that
+    lock is held, whatever ``retry_timeout`` says. ``set_config(..., true)`` is local to
+    the transaction (the pooled connection keeps no setting).
+    """
+    ms = max(int((deadline - time.monotonic()) * 1000), 100)
+    conn.execute(  # a lock wait is named as such: it times out before the statement does
+        "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)",
+        (str(ms), str(ms + 250)),
+    )
 _KEY_WHERE = "namespace = %s AND agent = %s AND branch = %s"
 _KEY_ID = f"(SELECT id FROM marsys_keys WHERE {_KEY_WHERE})"
 
@@ -572,11 +591,13 @@ class PostgresStore(MemoryStore):
             try:
                 if prepared.writes:
                     conn.execute("BEGIN", prepare=False)
+                    _bound_waits(conn, deadline)
                     row = conn.execute("SELECT pg_current_xact_id()::text").fetchone()
                     xid = str(row[0]) if row else None
                     prepared.lock_keys(conn)
                 elif not single:
                     conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", prepare=False)
+                    _bound_waits(conn, deadline)
                 results = [prepared.execute(conn, i) for i in range(len(ops))]
                 if any(isinstance(op, Delete | EnforceRetention) for op in ops):
                     _prune_deletions(conn)
@@ -585,6 +606,13 @@ class PostgresStore(MemoryStore):
                 if isinstance(exc, psycopg.Error):
                     if _is_connection_loss(exc, conn) or exc.sqlstate in _RETRY_STATES:
                         raise _Retry(exc) from exc
+                    if exc.sqlstate in _WAITED:
+                        raise StoreError(
+                            f"{self.where}: the batch waited past its "
+                            f"{self.retry_timeout:g} s (retry_timeout) for "
+                            f"{_WAITED[exc.sqlstate]}; rolled back, nothing of it was "
+                            f"committed: {self._clean(exc)}"
+                        ) from exc
                     raise StoreError(
                         f"PostgreSQL error on {self.where}, batch rolled back: {self._clean(exc)}"
                     ) from exc

@@ -359,3 +359,22 @@ def test_a_lost_commit_of_a_batch_without_appends_is_resolved_by_its_status(
         assert cutter.cuts == 1
         assert message_ids(store.load_messages(KEY)) == ["m2", "m3"]
         assert store.count_messages(KEY) == 2
+
+
+# ---------------------------------------------------------------------- bounded waits
+def test_a_statement_blocked_by_a_lock_waits_at_most_retry_timeout(postgres_dsn: str) -> None:
+    """issue 25 item 6: before, an append behind another session's table lock returned
+    after the lock's full 25 s; now it fails after retry_timeout, naming what it waited for,
+    and commits nothing."""
+    with PostgresStore(postgres_dsn, retry_timeout=2) as store:
+        store.append_messages(KEY, user_messages(1))
+        with psycopg.connect(postgres_dsn, autocommit=False) as blocker:
+            blocker.execute("LOCK TABLE marsys_messages IN ACCESS EXCLUSIVE MODE")
+            started = time.monotonic()
+            with pytest.raises(StoreError, match=r"waited past its 2 s .*lock_timeout"):
+                store.append_messages(KEY, user_messages(1, prefix="late"))
+            assert time.monotonic() - started < 6
+            blocker.rollback()
+        assert message_ids(store.load_messages(KEY)) == ["m0"]
+        store.append_messages(KEY, user_messages(1, prefix="after"))  # the setting is gone
+        assert store.count_messages(KEY) == 2
