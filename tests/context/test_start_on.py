@@ -148,9 +148,25 @@ def _protected(history: list[Message]) -> set[int]:
     return out
 
 
+def _inside_a_tool_group(history: list[Message]) -> set[int]:
+    """Positions strictly between a tool call and its last result: a window cannot start
+    there (the results after them need their call, which is before them)."""
+    owner = {c.id: i for i, m in enumerate(history) for c in m.tool_calls}
+    last: dict[int, int] = {}
+    for i, m in enumerate(history):
+        if m.tool_call_id is not None:
+            last[owner[m.tool_call_id]] = i
+    return {k for caller, end in last.items() for k in range(caller + 1, end)}
+
+
 def _must(history: list[Message], protected: set[int]) -> set[int]:
-    """What a window must hold: the protected messages, the newest user turn and after."""
-    newest = max((i for i, m in enumerate(history) if is_user_turn(m)), default=len(history))
+    """What a window must hold: the protected messages, the newest user turn where a window
+    can start (not one between a tool call and its results) and everything after it."""
+    inside = _inside_a_tool_group(history)
+    newest = max(
+        (i for i, m in enumerate(history) if is_user_turn(m) and i not in inside),
+        default=len(history),
+    )
     return protected | set(range(newest, len(history)))
 
 
@@ -480,3 +496,25 @@ def test_the_validators_refuse_what_the_apis_refuse() -> None:
     assert responses_violations([{"type": "function_call", "call_id": "c1", "name": "f",
                                   "arguments": "{}"}])[0].message == (
         "No tool output found for function call c1.")
+
+
+def test_a_user_turn_between_a_call_and_its_results_is_no_place_to_start() -> None:
+    """Found by the property in CI: the newest user message sits between a tool call and its
+    last result, so a window that started on it would send the result without its call. The
+    window starts on the user turn before the call, or the error counts from there."""
+    call = ToolCall(id="c1", name="lookup", arguments={})
+    history = [
+        Message.system("be terse"),
+        Message.user("what is the weather in Tokyo and Lisbon"),
+        Message.assistant("", tool_calls=[call]),
+        Message.user("and meanwhile?"),
+        Message.tool("sunny", tool_call_id="c1", name="lookup"),
+        Message.assistant("sunny in both"),
+    ]
+    win = build_context(history, ContextPolicy(max_messages=6))
+    assert [m.role for m in win.messages] == ["system", "user", "assistant", "user", "tool",
+                                              "assistant"]
+    check_forms(win.messages)
+    with pytest.raises(ContextOverflowError) as err:
+        build_context(history, ContextPolicy(max_messages=4))
+    assert (err.value.required, err.value.limit) == (6, 4)
