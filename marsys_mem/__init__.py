@@ -42,6 +42,7 @@ from marsys_mem.context.window import (
 from marsys_mem.conversation import ConversationMemory
 from marsys_mem.exceptions import (
     ConfigError,
+    ConflictError,
     ContextOverflowError,
     DuplicateMessageError,
     DuplicateToolCallError,
@@ -133,6 +134,7 @@ __all__ = [
     "CallableCounter",
     "ClearEvent",
     "ConfigError",
+    "ConflictError",
     "ContextOverflowError",
     "ContextPolicy",
     "ContextWindow",

@@ -24,6 +24,7 @@ parent, the builtins it also subclasses in parentheses)::
     │   └── StoreConnectionError (ConnectionError)  the database server cannot be reached or used
     │       └── DatabaseNotFoundError            the server has no database of that name
     ├── StoreNotFoundError (FileNotFoundError)   no store file at a path given to the CLI
+    ├── ConflictError (RuntimeError)             a write lost a race with another writer
     ├── EmbeddingError (ValueError)              bad vectors (NaN, wrong dimension) or texts
     ├── MissingDependencyError (ImportError)     an optional extra is not installed
     ├── LLMError (RuntimeError)                  a model call failed (names provider, model, status)
@@ -49,6 +50,7 @@ __all__ = [
     "AuthenticationError",
     "BranchError",
     "ConfigError",
+    "ConflictError",
     "ContextOverflowError",
     "CoordinationError",
     "DatabaseNotFoundError",
@@ -156,6 +158,16 @@ class InvalidNameError(ConfigError):
 
 class StoreError(MarsysMemError, RuntimeError):
     """A storage backend failed; the original error is chained as ``__cause__``."""
+
+
+class ConflictError(MarsysMemError, RuntimeError):
+    """A write lost a race: what it was based on changed before it could commit.
+
+    Nothing of the write was stored. Raised by a store batch whose
+    :class:`~marsys_mem.store.base.ExpectLast` does not hold, and by the LangGraph
+    checkpointer when another writer extended a thread this run had read (the message
+    names the thread and what to do: run again from the latest state).
+    """
 
 
 class IndexCorruptError(StoreError):
