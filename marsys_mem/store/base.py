@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from marsys_mem.exceptions import DuplicateMessageError, StoreError
+from marsys_mem.exceptions import ConflictError, DuplicateMessageError, StoreError
 from marsys_mem.lifecycle import Closing
 from marsys_mem.model.messages import Message
 from marsys_mem.model.runs import RunSnapshot
@@ -47,6 +47,7 @@ __all__ = [
     "Delete",
     "DeletionPage",
     "EnforceRetention",
+    "ExpectLast",
     "Key",
     "ListKeys",
     "ListRuns",
@@ -62,6 +63,7 @@ __all__ = [
     "SaveRun",
     "Source",
     "VectorPage",
+    "conflict_error",
     "validate_key",
 ]
 
@@ -125,6 +127,22 @@ class Delete:
     key: Key
     ids: tuple[str, ...] | None = None
     before: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ExpectLast:
+    """Compare-and-set: the batch goes on only if ``key``'s newest message is ``message_id``.
+
+    ``None``: only if ``key`` holds no message. Otherwise the batch raises
+    :class:`~marsys_mem.exceptions.ConflictError` naming the key, the id expected and the
+    one found, and nothing of it is written (result: ``None``). It counts as a write: the
+    key is locked from the check to the commit (``BEGIN IMMEDIATE`` in SQLite, the key's
+    row in PostgreSQL, the store's lock in memory), so of two batches that expect the same
+    newest message and each append a new one to ``key``, exactly one commits.
+    """
+
+    key: Key
+    message_id: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +259,7 @@ Op = (
     | Load
     | Delete
     | CountMessages
+    | ExpectLast
     | ListKeys
     | SaveRun
     | LoadRun
@@ -251,6 +270,18 @@ Op = (
     | LoadVectors
     | LoadDeletions
 )
+
+
+def conflict_error(op: ExpectLast, found: str | None) -> ConflictError:
+    """The error of an :class:`ExpectLast` that does not hold (the same in every backend)."""
+    expected, got = (
+        "no message" if message_id is None else repr(message_id)
+        for message_id in (op.message_id, found)
+    )
+    return ConflictError(
+        f"{tuple(op.key)}: expected its newest message to be {expected}, found {got} "
+        "(another writer got there first); nothing of the batch was written"
+    )
 
 
 def _validate(op: Op) -> None:
@@ -289,6 +320,9 @@ def _validate(op: Op) -> None:
                 _check_str(f"ids[{i}]", mid)
     elif isinstance(op, CountMessages):
         validate_key(op.key)
+    elif isinstance(op, ExpectLast):
+        validate_key(op.key)
+        _check_str("message_id", op.message_id)
     elif isinstance(op, EnforceRetention):
         if op.key is not None:
             validate_key(op.key)

@@ -34,6 +34,7 @@ from marsys_mem.store.base import (
     CountMessages,
     Delete,
     EnforceRetention,
+    ExpectLast,
     Key,
     ListKeys,
     ListRuns,
@@ -46,6 +47,7 @@ from marsys_mem.store.base import (
     Op,
     PutVectors,
     SaveRun,
+    conflict_error,
 )
 from marsys_mem.store.owners import DELETION_LOG_SIZE, DeletionPage
 from marsys_mem.store.retention import evicted
@@ -245,6 +247,17 @@ class _Transaction:
             return len(found)
         return len(self.state.messages.get(key, ()))
 
+    def last_id(self, key: Key) -> str | None:
+        """The id of ``key``'s newest message as this batch sees it (O(1))."""
+        found = self.drafts.get(key)
+        if found is None:
+            messages: Sequence[Message] = self.state.messages.get(key, ())
+        elif found.messages is not None:
+            messages = found.messages
+        else:
+            messages = found.tail or found.base
+        return messages[-1].message_id if messages else None
+
     def keys(self) -> set[Key]:
         keys = set(self.state.messages)
         keys.update(self.drafts)
@@ -330,6 +343,11 @@ class _Transaction:
             return self.delete(op)
         if isinstance(op, CountMessages):
             return self.count(op.key)
+        if isinstance(op, ExpectLast):
+            found = self.last_id(op.key)
+            if found != op.message_id:
+                raise conflict_error(op, found)
+            return None
         if isinstance(op, ListKeys):
             return sorted(
                 k

@@ -86,6 +86,7 @@ from marsys_mem.store.base import (
     CountMessages,
     Delete,
     EnforceRetention,
+    ExpectLast,
     Key,
     ListKeys,
     ListRuns,
@@ -98,6 +99,7 @@ from marsys_mem.store.base import (
     Op,
     PutVectors,
     SaveRun,
+    conflict_error,
 )
 from marsys_mem.store.owners import DELETION_LOG_SIZE, DeletionPage
 from marsys_mem.store.retention import EVICTION_ORDER, ttl_cutoff
@@ -122,7 +124,7 @@ Migration = Callable[[Connection], None]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
-_WRITES = (Append, Delete, SaveRun, EnforceRetention, PutVectors)
+_WRITES = (Append, Delete, ExpectLast, SaveRun, EnforceRetention, PutVectors)
 _MIGRATION_LOCK = 0x4D4D454D  # pg_advisory_xact_lock id while migrating ("MMEM")
 _RETRY_STATES = frozenset({"40001", "40P01"})  # serialization failure, deadlock
 _WAITED = {
@@ -759,21 +761,28 @@ class _Prepared:
         """Lock the rows of every key this batch writes, in sorted order, if several.
 
         One key needs no lock up front: its first write locks the row. Retention over
-        every key locks them all.
+        every key locks them all. An :class:`ExpectLast` locks its key (creating the key's
+        row, empty, if need be) before any op runs: its check and the batch's commit see
+        the same newest message.
         """
         everything = any(isinstance(op, EnforceRetention) and op.key is None for op in self.ops)
         written = sorted(
             {
                 tuple(op.key)
                 for op in self.ops
-                if isinstance(op, Append | Delete | EnforceRetention | PutVectors)
+                if isinstance(op, Append | Delete | EnforceRetention | PutVectors | ExpectLast)
                 and op.key is not None
             }
         )
-        if not everything and len(written) <= 1:
+        expects = any(isinstance(op, ExpectLast) for op in self.ops)
+        if not everything and not expects and len(written) <= 1:
             return
         appended = sorted(
-            {tuple(op.key) for op in self.ops if isinstance(op, Append) and op.messages}
+            {
+                tuple(op.key)
+                for op in self.ops
+                if (isinstance(op, Append) and op.messages) or isinstance(op, ExpectLast)
+            }
         )
         if appended:
             columns = [list(c) for c in zip(*appended, strict=True)]
@@ -808,6 +817,16 @@ class _Prepared:
         if isinstance(op, CountMessages):
             row = conn.execute(f"SELECT n FROM marsys_keys WHERE {_KEY_WHERE}", op.key).fetchone()
             return int(row[0]) if row else 0
+        if isinstance(op, ExpectLast):
+            row = conn.execute(
+                f"SELECT message_id FROM marsys_messages WHERE key_id = {_KEY_ID}"
+                " ORDER BY seq DESC LIMIT 1",
+                op.key,
+            ).fetchone()
+            found = None if row is None else str(row[0])
+            if found != op.message_id:
+                raise conflict_error(op, found)
+            return None
         if isinstance(op, ListKeys):
             return _list_keys(conn, op)
         if isinstance(op, SaveRun):

@@ -93,6 +93,7 @@ from marsys_mem.store.base import (
     CountMessages,
     Delete,
     EnforceRetention,
+    ExpectLast,
     ListKeys,
     ListRuns,
     Load,
@@ -104,6 +105,7 @@ from marsys_mem.store.base import (
     Op,
     PutVectors,
     SaveRun,
+    conflict_error,
 )
 from marsys_mem.store.owners import DELETION_LOG_SIZE, DeletionPage
 from marsys_mem.store.retention import EVICTION_ORDER, ttl_cutoff
@@ -132,7 +134,7 @@ _HEADER = b"SQLite format 3\x00"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 _KEY_WHERE = "namespace = ? AND agent = ? AND branch = ?"
-_WRITES = (Append, Delete, SaveRun, EnforceRetention, PutVectors)
+_WRITES = (Append, Delete, ExpectLast, SaveRun, EnforceRetention, PutVectors)
 _DELETES = (Delete, EnforceRetention)
 _SOURCE_INSERT = (
     "INSERT OR IGNORE INTO sources (namespace, agent, branch, message_id, "
@@ -880,6 +882,8 @@ def _execute(conn: sqlite3.Connection, op: Op, rows: dict[int, list[Row]]) -> An
         return _delete(conn, op)
     if isinstance(op, CountMessages):
         return _count(conn, op.key)
+    if isinstance(op, ExpectLast):
+        return _expect_last(conn, op)
     if isinstance(op, ListKeys):
         if op.namespace is None:
             cur = conn.execute("SELECT DISTINCT namespace, agent, branch FROM messages")
@@ -1063,6 +1067,20 @@ def _delete(conn: sqlite3.Connection, op: Delete) -> int:
         where += " AND ts < ?"
         params.append(_micros(op.before))
     return _delete_where(conn, where, params, op.key)
+
+
+def _expect_last(conn: sqlite3.Connection, op: ExpectLast) -> None:
+    """Raise ``ConflictError`` unless ``op.key``'s newest row is ``op.message_id``.
+
+    The batch runs under ``BEGIN IMMEDIATE`` (``ExpectLast`` is a write): no other
+    connection can change the key between this check and the commit.
+    """
+    row = conn.execute(
+        f"SELECT message_id FROM messages WHERE {_KEY_WHERE} ORDER BY seq DESC LIMIT 1", op.key
+    ).fetchone()
+    found = None if row is None else str(row[0])
+    if found != op.message_id:
+        raise conflict_error(op, found)
 
 
 def _count(conn: sqlite3.Connection, key: tuple[str, str, str]) -> int:

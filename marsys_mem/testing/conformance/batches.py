@@ -11,13 +11,14 @@ import asyncio
 
 import pytest
 
-from marsys_mem.exceptions import DuplicateMessageError
+from marsys_mem.exceptions import ConflictError, DuplicateMessageError
 from marsys_mem.model.messages import Message
 from marsys_mem.store.base import (
     Append,
     CountMessages,
     Delete,
     EnforceRetention,
+    ExpectLast,
     ListKeys,
     ListRuns,
     Load,
@@ -76,6 +77,34 @@ class BatchesConformance(StoreHarness):
             ]
         )
         assert results == [None, msgs[1:], 3, [KEY], 1, 2, None, snap, ["r1"], 1, msgs[2:]]
+
+    def test_expect_last(self, store: MemoryStore) -> None:
+        """``ExpectLast``: the batch goes on only if the key's newest message is the one given.
+
+        Checks: ``None`` holds for an empty key; the newest id holds (also as written
+        earlier in the same batch); any other id fails with ``ConflictError`` naming the
+        key, the id expected and the one found, and nothing of the batch is written; a
+        malformed id is a ``ValueError``.
+        """
+        m0, m1, m2 = user_messages(3)
+        assert store.batch([ExpectLast(KEY, None), Append(KEY, (m0,))]) == [None, None]
+        assert store.batch([Append(KEY, (m1,)), ExpectLast(KEY, "m1")]) == [None, None]
+        before = observable_state(store, [KEY, OTHER_KEY], [])
+        for stale in ("m0", None, "nope"):
+            with pytest.raises(ConflictError, match=r"'researcher'.*'m1'") as caught:
+                store.batch(
+                    [
+                        Append(OTHER_KEY, tuple(user_messages(1, prefix="o"))),
+                        ExpectLast(KEY, stale),
+                        Append(KEY, (m2,)),
+                    ]
+                )
+            assert (repr(stale) if stale else "no message") in str(caught.value)
+            assert observable_state(store, [KEY, OTHER_KEY], []) == before
+        with pytest.raises(ValueError, match="message_id"):
+            store.batch([ExpectLast(KEY, "")])
+        store.batch([ExpectLast(KEY, "m1"), Append(KEY, (m2,))])
+        assert [m.message_id for m in store.load_messages(KEY)] == ["m0", "m1", "m2"]
 
     def test_empty_batch(self, store: MemoryStore) -> None:
         """``batch``: one result per op.
