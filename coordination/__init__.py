@@ -9,7 +9,8 @@ Modules, top to bottom (each imports only those below it; checked by ``lint-impo
 ``coordinator`` (the Coordinator); ``merging`` (merge strategies) and ``envelope`` (wire
 models); ``graph`` (BranchGraph), ``mqtt`` and ``transport`` (the transports); ``signing``,
 ``wire`` (topics and payload checks), ``ordering`` and ``repair`` (per-sender ordering, the
-outbox). The errors are in :mod:`marsys_mem.exceptions` with the rest of the library's.
+outbox), ``callbacks`` (bounded async ``on_fact`` callbacks). The errors are in
+:mod:`marsys_mem.exceptions` with the rest of the library's.
 """
 
 from marsys_mem.coordination.coordinator import Coordinator, attach_memory

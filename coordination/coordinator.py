@@ -33,6 +33,11 @@ Guarantees:
 * **Late joiners.** Each coordinator keeps a bounded log of the envelopes of its namespace;
   agents added to the graph later (:meth:`Coordinator.join`, forks, new branches) receive
   the facts already in their scope.
+* **Slow callbacks are bounded.** Async ``on_fact`` callbacks run in at most
+  ``max_callback_tasks`` tasks per subscription, with at most ``max_callback_queue``
+  deliveries waiting; past that the oldest waiting one is dropped (the fact itself is in
+  the inbox all the same) and counted (``stats["callbacks_dropped"]``; see
+  :mod:`~marsys_mem.coordination.callbacks`).
 * **Robust.** Payloads from the wire that are oversized or malformed (not a valid
   envelope, wrong namespace, topic and envelope disagree) are dropped, counted in
   :attr:`Coordinator.stats` and logged; the coordinator keeps working.
@@ -56,12 +61,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self, cast, get_args
 
@@ -69,6 +73,12 @@ from pydantic import ValidationError
 from pydantic_core import to_json
 
 from marsys_mem.conversation import ConversationMemory
+from marsys_mem.coordination.callbacks import (
+    DEFAULT_MAX_CALLBACK_QUEUE,
+    DEFAULT_MAX_CALLBACK_TASKS,
+    CallbackQueue,
+    CallbackStats,
+)
 from marsys_mem.coordination.envelope import (
     CONTROL_ADAPTER,
     ENVELOPE_ADAPTER,
@@ -189,6 +199,10 @@ class Coordinator(AsyncClosing):
             the broker's per-client queue: what a crashed broker held for a receiver
             further behind cannot be repaired).
         max_outbox_bytes: payload bytes it keeps for that, at most.
+        max_callback_tasks: async calls of one ``on_fact`` callback running at once
+            (default for :meth:`on_fact`).
+        max_callback_queue: deliveries waiting for one async ``on_fact`` callback; when
+            full the oldest is dropped and counted (default for :meth:`on_fact`).
 
     Example:
         >>> import asyncio
@@ -222,6 +236,8 @@ class Coordinator(AsyncClosing):
         heartbeat: float = 0.5,
         max_outbox: int = 100_000,
         max_outbox_bytes: int = 64 * 2**20,
+        max_callback_tasks: int = DEFAULT_MAX_CALLBACK_TASKS,
+        max_callback_queue: int = DEFAULT_MAX_CALLBACK_QUEUE,
     ) -> None:
         if not isinstance(graph, BranchGraph):
             raise TypeError(f"graph must be a BranchGraph, got {type(graph).__name__}")
@@ -231,6 +247,12 @@ class Coordinator(AsyncClosing):
             )
         if min(gap_timeout, resend_after, heartbeat) <= 0:
             raise ValueError("gap_timeout, resend_after and heartbeat must be > 0")
+        for name, value in (
+            ("max_callback_tasks", max_callback_tasks),
+            ("max_callback_queue", max_callback_queue),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if transport is None:
             transport = InProcessTransport(
                 namespace=namespace or "default", max_payload=max_payload
@@ -285,9 +307,12 @@ class Coordinator(AsyncClosing):
         self._asking: set[tuple[str, int]] = set()  # senders with a resend request in flight
         self._control_tasks: set[asyncio.Task[None]] = set()
         self._beat: asyncio.Task[None] | None = None
-        self._callbacks: list[tuple[FactCallback, str | None, str | None]] = []
+        self.max_callback_tasks = max_callback_tasks
+        self.max_callback_queue = max_callback_queue
+        self._callbacks: list[tuple[CallbackQueue, str | None, str | None]] = []
         self._callback_agents: set[str] | None = set()  # None: some callback takes every agent
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._callback_stats = CallbackStats()
+        self._retired: list[CallbackQueue] = []  # unsubscribed, a call still running
         self._targets_cache: dict[tuple[str | None, str], _Targets] = {}
         self._cache_version = -1
         self._entered = False
@@ -356,10 +381,10 @@ class Coordinator(AsyncClosing):
                     with contextlib.suppress(asyncio.CancelledError):
                         await receiver
             self._order.close()
-            if self._tasks:
-                _done, pending = await asyncio.wait(set(self._tasks), timeout=1.0)
-                for task in pending:
-                    task.cancel()
+            queues = [queue for queue, _agent, _branch in self._callbacks] + self._retired
+            self._retired = []
+            if queues:  # a second, all together, for the async callbacks to finish
+                await asyncio.gather(*(q.close(timeout=1.0) for q in queues))
 
     @property
     def running(self) -> bool:
@@ -388,13 +413,19 @@ class Coordinator(AsyncClosing):
         ``resend_requests``: requests this coordinator made; ``resent``: envelopes it
         published again for others. Bounds: ``evicted``: senders forgotten (over 10,000
         tracked; their buffered envelopes are delivered first); ``forgotten``: remembered
-        ``seq`` ranges dropped (over 100,000). With a signing
+        ``seq`` ranges dropped (over 100,000). Async ``on_fact`` callbacks:
+        ``callbacks_queued`` (waiting now), ``callbacks_in_flight`` (running now),
+        ``callbacks_max_in_flight`` (the most that ever ran at once), ``callbacks_dropped``
+        (the oldest waiting ones dropped when a queue was full, or left at close). With a signing
         transport (``signing_key=``), ``unsigned`` and ``bad_signature`` count what it
         dropped before ``received`` (and ``oversized`` includes what it dropped unverified).
         """
         rejected: dict[str, int] = getattr(self.transport, "rejected", None) or {}
+        callbacks = self._callback_stats
         return {
             **self._stats,
+            "errors": self._stats["errors"] + callbacks.errors,
+            **callbacks.as_stats(),
             "duplicates": self._order.duplicates,
             "gaps": self._order.gaps,
             "resend_requests": self._order.requests,
@@ -412,16 +443,37 @@ class Coordinator(AsyncClosing):
 
     # ------------------------------------------------------------------ callbacks
     def on_fact(
-        self, callback: FactCallback, *, agent: str | None = None, branch: str | None = None
+        self,
+        callback: FactCallback,
+        *,
+        agent: str | None = None,
+        branch: str | None = None,
+        max_tasks: int | None = None,
+        max_queue: int | None = None,
     ) -> Callable[[], None]:
         """Call ``callback(FactDelivery)`` whenever a fact reaches an agent.
 
-        Filtered by ``agent`` / ``branch`` if given; sync or async callbacks. Returns an
-        unsubscribe function. Exceptions in callbacks are logged and counted in ``stats["errors"]``.
+        Filtered by ``agent`` / ``branch`` if given; sync or async callbacks. A sync
+        callback runs on the receive path; async calls run in at most ``max_tasks`` tasks
+        with at most ``max_queue`` deliveries waiting (defaults: the coordinator's
+        ``max_callback_tasks`` / ``max_callback_queue``); when full the oldest waiting
+        delivery is dropped, counted in ``stats["callbacks_dropped"]``. Returns an
+        unsubscribe function (what is still waiting is dropped). Exceptions in callbacks
+        are logged and counted in ``stats["errors"]``.
+
+        Raises:
+            TypeError: ``callback`` is not callable.
+            ValueError: ``max_tasks`` or ``max_queue`` is not an int >= 1.
         """
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {type(callback).__name__}")
-        entry = (callback, agent, branch)
+        queue = CallbackQueue(
+            callback,
+            self._callback_stats,
+            max_tasks=self.max_callback_tasks if max_tasks is None else max_tasks,
+            max_queue=self.max_callback_queue if max_queue is None else max_queue,
+        )
+        entry = (queue, agent, branch)
         self._callbacks.append(entry)
         self._index_callbacks()
 
@@ -429,42 +481,26 @@ class Coordinator(AsyncClosing):
             if entry in self._callbacks:
                 self._callbacks.remove(entry)
                 self._index_callbacks()
+                queue.clear()
+                self._retired = [q for q in (*self._retired, queue) if q.busy]
 
         return unsubscribe
 
     def _index_callbacks(self) -> None:
         """Which agents have callbacks, so deliveries to the others skip ``_notify``."""
-        wanted = {agent for _cb, agent, _branch in self._callbacks}
+        wanted = {agent for _queue, agent, _branch in self._callbacks}
         self._callback_agents = None if None in wanted else cast("set[str]", wanted)
 
     def _notify(self, agent: str, branch: str, fact: SharedFact) -> None:
         delivery: FactDelivery | None = None
-        for callback, want_agent, want_branch in list(self._callbacks):
+        for queue, want_agent, want_branch in list(self._callbacks):
             if (want_agent is not None and want_agent != agent) or (
                 want_branch is not None and want_branch != branch
             ):
                 continue
             if delivery is None:
                 delivery = FactDelivery(agent, branch, fact)
-            try:
-                result = callback(delivery)
-                if inspect.isawaitable(result):
-                    self._schedule(result)
-            except Exception:
-                self._stats["errors"] += 1
-                log.exception("on_fact callback %r failed", callback)
-
-    def _schedule(self, awaitable: Awaitable[Any]) -> None:
-        async def run() -> None:
-            try:
-                await awaitable
-            except Exception:
-                self._stats["errors"] += 1
-                log.exception("async on_fact callback failed")
-
-        task = asyncio.get_running_loop().create_task(run())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+            queue.submit(delivery)  # never raises: failures are logged and counted
 
     # ------------------------------------------------------------------ reading
     def facts_for(self, agent: str, branch: str = "main") -> list[SharedFact]:
