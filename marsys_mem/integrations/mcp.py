@@ -4,8 +4,9 @@ Any MCP client (Claude Desktop, Cursor, IDE agents, the ``mcp`` client library) 
 memory of the agents a retention-policy file describes, on the official ``mcp`` Python SDK
 (``pip install 'marsys-mem[mcp]'``), over stdio or streamable HTTP.
 
-Tools (every input is validated by pydantic: a bad value is a tool error, ``isError``,
-that names the field and the value, and changes nothing):
+Tools (every input is validated strictly by pydantic, :mod:`.mcp_strict`: an unknown
+argument or a value of the wrong type, ``"yes"`` for a boolean, is a tool error,
+``isError``, of one line that names the field and the value, and changes nothing):
 
 * ``remember``: add a message (``role`` + ``content``) to an agent's memory, or a fact
   (``kind="fact"``) through the manager's shared pool, delivered to every agent in use.
@@ -24,6 +25,13 @@ that names the field and the value, and changes nothing):
 
 Resources: ``memory://agents`` (what ``list_agents`` returns) and
 ``memory://agents/{agent}/messages`` (an agent's messages on ``main``, JSON).
+
+Over HTTP (``marsys-mem mcp --transport http``) clients authenticate with bearer tokens
+(:mod:`.mcp_auth`), each limited to the agents its token names: it cannot read, change or
+forget any other agent, and ``list_agents`` shows it its own. Off loopback the server
+refuses to start without tokens, and it checks every request's Host and Origin against
+the allowed ones (:mod:`.mcp_http`). Over stdio the client is the local user who spawned
+the server, with every agent.
 
 Persistent agents live in the policy file's store (SQLite) and survive a restart of the
 server. So do shared facts (``share_fact``, ``remember`` with ``kind="fact"``) when the
@@ -48,6 +56,7 @@ import asyncio
 import functools
 import json
 import logging
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal, ParamSpec, TypeVar
@@ -57,7 +66,12 @@ from pydantic import AfterValidator, Field, ValidationError
 from marsys_mem.config.models import RetentionPolicy
 from marsys_mem.context.policy import ContextWindow
 from marsys_mem.coordination import BranchGraph, Coordinator, InProcessTransport, inbox_key
-from marsys_mem.exceptions import DuplicateMessageError, MarsysMemError, MissingDependencyError
+from marsys_mem.exceptions import (
+    ConfigError,
+    DuplicateMessageError,
+    MarsysMemError,
+    MissingDependencyError,
+)
 from marsys_mem.manager import MemoryManager
 from marsys_mem.model.facts import FactScope, SharedFact, fact_message, fact_of_message
 from marsys_mem.model.messages import Message, to_llm_format
@@ -68,12 +82,20 @@ from marsys_mem.store import InMemoryStore
 from marsys_mem.store.keys import facts_key, parse_key
 
 try:
+    from mcp.server.auth.middleware.auth_context import get_access_token
+    from mcp.server.auth.settings import AuthSettings
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ResourceError, ToolError
+    from mcp.server.mcpserver.tools import Tool
+    from pydantic import AnyHttpUrl
 except ImportError as exc:  # pragma: no cover - the extra is installed in CI
     raise MissingDependencyError(
         "the MCP server needs the mcp extra: pip install 'marsys-mem[mcp]'"
     ) from exc
+
+from marsys_mem.integrations.mcp_auth import ClientGrant, TokenAuth
+from marsys_mem.integrations.mcp_http import HttpSettings
+from marsys_mem.integrations.mcp_strict import StrictTool, describe
 
 __all__ = ["MemoryServer", "Transport", "serve"]
 
@@ -133,6 +155,8 @@ def _tool_errors(fn: Callable[_P, Awaitable[_T]]) -> Callable[_P, Awaitable[_T]]
     async def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _T:
         try:
             return await fn(*args, **kwargs)
+        except ValidationError as exc:  # one line, never pydantic's dump
+            raise ToolError(describe(exc)) from exc
         except (MarsysMemError, ValueError, TypeError, KeyError) as exc:
             raise ToolError(str(exc)) from exc
 
@@ -171,6 +195,9 @@ class MemoryServer:
             ``own_manager``).
         name: the server's name, as clients show it.
         own_manager: close the manager with the server (default: ``True``).
+        auth: bearer tokens for HTTP clients, each limited to its agents
+            (:class:`~marsys_mem.integrations.mcp_auth.TokenAuth`); ``None``: no
+            authentication (stdio, or HTTP on loopback).
 
     Example:
         >>> server = MemoryServer(MemoryManager())
@@ -185,11 +212,19 @@ class MemoryServer:
     """
 
     def __init__(
-        self, manager: MemoryManager, *, name: str = "marsys-mem", own_manager: bool = True
+        self,
+        manager: MemoryManager,
+        *,
+        name: str = "marsys-mem",
+        own_manager: bool = True,
+        auth: TokenAuth | None = None,
     ) -> None:
         if not isinstance(manager, MemoryManager):
             raise TypeError(f"manager must be a MemoryManager, got {type(manager).__name__}")
+        if auth is not None and not isinstance(auth, TokenAuth):
+            raise TypeError(f"auth must be a TokenAuth, got {type(auth).__name__}")
         self.manager = manager
+        self.auth = auth
         self.own_manager = own_manager
         self.graph = BranchGraph()
         self.graph.add_branch("main", agents=list(manager.config.agents))
@@ -207,8 +242,15 @@ class MemoryServer:
                 "send to its LLM; share_fact shares a fact with other agents by scope."
             ),
             log_level="WARNING",
+            tools=self._tools(),
+            # bearer tokens only: no OAuth routes, no protected-resource metadata (the
+            # issuer URL is required by the SDK's settings and unused without them)
+            auth=None
+            if auth is None
+            else AuthSettings(issuer_url=AnyHttpUrl("http://127.0.0.1"), resource_server_url=None),
+            token_verifier=auth,
         )
-        self._register()
+        self._register_resources()
 
     @classmethod
     def from_config(cls, path: str | Path | None = None, **kwargs: Any) -> MemoryServer:
@@ -613,11 +655,45 @@ class MemoryServer:
         stored = self.manager.store.load_messages(self.manager.key(agent, branch))
         return [_message(m) for m in stored]
 
-    # ------------------------------------------------------------------ MCP wiring
-    def _register(self) -> None:
-        app = self.mcp
+    # ------------------------------------------------------------------ access
+    def _client(self) -> ClientGrant | None:
+        """The HTTP client of the current request; ``None``: trusted (stdio, in process)."""
+        if self.auth is None:
+            return None
+        token = get_access_token()  # set by the SDK's bearer middleware for this request
+        return None if token is None else self.auth.grant(token.client_id)
 
-        @app.tool(name="remember")
+    def _allow(self, agent: str) -> ClientGrant | None:
+        """Refuse (a tool error) an agent the current client's token does not name."""
+        client = self._client()
+        if client is not None and not client.allows(agent):
+            raise ToolError(
+                f"agent: {agent!r} is not one of the agents client {client.name!r} may use"
+            )
+        return client
+
+    def _allow_facts(self, client: ClientGrant | None, fact_ids: list[str] | None) -> None:
+        """Refuse fact ids the client did not share (or that do not exist) to a limited client."""
+        if client is None or client.everything or not fact_ids:
+            return
+        sharers = {f.id: f.source_agent for f in self._recorded_facts()}
+        sharers.update({f.id: f.source_agent for f in self.manager.shared.facts()})
+        for fid in fact_ids:
+            sharer = sharers.get(fid)
+            if sharer is None or not client.allows(sharer):
+                raise ToolError(
+                    f"fact_ids: {fid!r} is not a fact shared by an agent client "
+                    f"{client.name!r} may use; nothing was removed"
+                )
+
+    def _visible(self, agents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        client = self._client()
+        return [a for a in agents if client is None or client.allows(a["agent"])]
+
+    # ------------------------------------------------------------------ MCP wiring
+    def _tools(self) -> list[Tool]:
+        """The tools, each with strict arguments (:class:`StrictTool`) and access checks."""
+
         @_tool_errors
         async def remember(
             agent: AgentName,
@@ -631,9 +707,9 @@ class MemoryServer:
             pinned: Annotated[bool, Field(description="always kept in the window")] = False,
         ) -> dict[str, Any]:
             """Remember a message for an agent (or, with kind=fact, a fact for every agent)."""
+            self._allow(agent)
             return self.remember(agent, content, role=role, kind=kind, branch=branch, pinned=pinned)
 
-        @app.tool(name="recall")
         @_tool_errors
         async def recall(
             agent: AgentName,
@@ -646,9 +722,9 @@ class MemoryServer:
             ] = None,
         ) -> dict[str, Any]:
             """Search an agent's messages (hybrid dense + BM25), best first, with scores."""
+            self._allow(agent)
             return self.recall(agent, query, k=k, branch=branch, mode=mode)
 
-        @app.tool(name="context")
         @_tool_errors
         async def context(
             agent: AgentName,
@@ -659,9 +735,14 @@ class MemoryServer:
             subject: SubjectName | None = None,
         ) -> dict[str, Any]:
             """The messages the agent would send to its LLM now, under its policy (OpenAI)."""
+            client = self._allow(agent)
+            if subject is not None and client is not None and not client.everything:
+                raise ToolError(
+                    "subject: recalls from the subject's conversations with any agent, so "
+                    f"it needs a token for every agent (*); client {client.name!r} has not"
+                )
             return await self.acontext(agent, query, branch=branch, subject=subject)
 
-        @app.tool(name="forget")
         @_tool_errors
         async def forget(
             agent: AgentName,
@@ -683,6 +764,7 @@ class MemoryServer:
             branch: BranchName = "main",
         ) -> dict[str, Any]:
             """Delete an agent's messages by id, shared facts by id, or all (everything=true)."""
+            self._allow_facts(self._allow(agent), fact_ids)
             return await self.aforget(
                 agent,
                 message_ids=message_ids,
@@ -691,7 +773,6 @@ class MemoryServer:
                 branch=branch,
             )
 
-        @app.tool(name="share_fact")
         @_tool_errors
         async def share_fact(
             agent: AgentName,
@@ -708,20 +789,33 @@ class MemoryServer:
             confidence: Annotated[float, Field(ge=0.0, le=1.0)] = 1.0,
         ) -> dict[str, Any]:
             """Share a fact from an agent with the agents in scope (through the coordinator)."""
+            self._allow(agent)
             return await self.share_fact(
                 agent, text, branch=branch, scope=scope, topic=topic, confidence=confidence
             )
 
-        @app.tool(name="list_agents")
         @_tool_errors
         async def list_agents() -> dict[str, Any]:
             """The agents: retention, whether RAG is on, message counts per branch."""
-            return {"agents": self.list_agents()}
+            return {"agents": self._visible(self.list_agents())}
+
+        tools: list[Callable[..., Any]] = [
+            remember,
+            recall,
+            context,
+            forget,
+            share_fact,
+            list_agents,
+        ]
+        return [StrictTool.of(fn, name=fn.__name__) for fn in tools]
+
+    def _register_resources(self) -> None:
+        app = self.mcp
 
         @app.resource("memory://agents", name="agents", mime_type="application/json")
         def agents_resource() -> str:
             """Every agent: retention and message counts per branch."""
-            return json.dumps({"agents": self.list_agents()}, indent=1)
+            return json.dumps({"agents": self._visible(self.list_agents())}, indent=1)
 
         @app.resource(
             "memory://agents/{agent}/messages",
@@ -732,23 +826,55 @@ class MemoryServer:
             """An agent's messages on main, oldest first."""
             try:
                 validate_name("agent", agent)
+                self._allow(agent)
                 return json.dumps(self.messages(agent), indent=1, ensure_ascii=False)
+            except ToolError as exc:
+                raise ResourceError(str(exc)) from exc
             except (MarsysMemError, ValueError, ValidationError) as exc:
                 raise ResourceError(str(exc)) from exc
 
     # ------------------------------------------------------------------ running
     async def run(
-        self, transport: Transport = "stdio", *, host: str = "127.0.0.1", port: int = 8000
+        self,
+        transport: Transport = "stdio",
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        http: HttpSettings | None = None,
     ) -> None:
-        """Serve until the client leaves (stdio) or the process is stopped (http); then close."""
+        """Serve until the client leaves (stdio) or the process is stopped (http); then close.
+
+        Over HTTP (``http``, or ``host`` and ``port``): refuses to start off loopback
+        without :attr:`auth` unless ``http.insecure`` (then warns on stderr), enforces the
+        allowed Hosts and Origins, and prints the endpoint's URL on stderr.
+
+        Raises:
+            ConfigError: off loopback without authentication (nothing is served).
+        """
         if transport not in ("stdio", "http"):
             raise ValueError(f"transport must be 'stdio' or 'http', got {transport!r}")
         try:
+            if transport == "http":
+                http = http or HttpSettings(host=host, port=port)
+                warning = http.check(authenticated=self.auth is not None)
+                if warning:
+                    print(warning, file=sys.stderr, flush=True)
             await self._coordinator()  # recorded facts reach their agents before any request
             if transport == "stdio":
                 await self.mcp.run_stdio_async()
             else:
-                await self.mcp.run_streamable_http_async(host=host, port=port)
+                assert http is not None
+                security = http.transport_security()
+                auth = "none" if self.auth is None else f"bearer tokens ({len(self.auth)} clients)"
+                print(
+                    f"marsys-mem: MCP server at {http.url} (auth: {auth}; allowed hosts: "
+                    f"{', '.join(security.allowed_hosts)})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                await self.mcp.run_streamable_http_async(
+                    host=http.host, port=http.port, transport_security=security
+                )
         finally:
             await self.aclose()
 
@@ -778,11 +904,39 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8000,
     name: str = "marsys-mem",
+    tokens: str | Path | None = None,
+    allowed_hosts: tuple[str, ...] = (),
+    allowed_origins: tuple[str, ...] = (),
+    insecure: bool = False,
 ) -> None:
     """Serve the agents of the policy file ``config`` over MCP (what ``marsys-mem mcp`` runs).
 
+    Over HTTP, clients authenticate with the tokens of the ``tokens`` file and/or
+    ``MARSYS_MEM_MCP_TOKEN`` (:meth:`TokenAuth.load`); see :class:`HttpSettings` for
+    ``allowed_hosts``, ``allowed_origins`` and ``insecure``.
+
     Raises:
-        ConfigError: a bad policy file (before anything is served).
+        ConfigError: a bad policy or tokens file, or an address off loopback without
+            tokens (before anything is served).
     """
-    server = MemoryServer.from_config(config, name=name)
-    asyncio.run(server.run(transport, host=host, port=port))
+    auth: TokenAuth | None = None
+    http: HttpSettings | None = None
+    if transport == "http":
+        try:
+            http = HttpSettings(
+                host=host,
+                port=port,
+                allowed_hosts=allowed_hosts,
+                allowed_origins=allowed_origins,
+                insecure=insecure,
+            )
+        except ValidationError as exc:
+            raise ConfigError(describe(exc)) from None
+        auth = TokenAuth.load(tokens)
+        http.check(authenticated=auth is not None)  # refuse before the store is opened
+    elif tokens is not None or allowed_hosts or allowed_origins or insecure:
+        raise ConfigError(
+            "--tokens, --allow-host, --allow-origin and --insecure are for --transport http"
+        )
+    server = MemoryServer.from_config(config, name=name, auth=auth)
+    asyncio.run(server.run(transport, http=http))
