@@ -10,6 +10,7 @@ Commands::
     marsys-mem inspect STORE [--json]     what a SQLite store holds
     marsys-mem search STORE QUERY [--agent A] [--branch B] [-k K] [--mode auto|bm25|hybrid]
     marsys-mem mcp [--config POLICY] [--transport stdio|http] [--host H] [--port N]
+                   [--tokens FILE] [--allow-host H] [--allow-origin O] [--insecure]
 
 Exit codes: 0 ok; 1 a runtime failure, or a question whose ``expect`` was not found;
 2 bad input (a bad file, flag or argument; with ``validate --strict`` also a warning).
@@ -200,7 +201,17 @@ def cmd_mcp(out: Output, args: argparse.Namespace) -> int:
     # the mcp extra is optional: a missing SDK is a MissingDependencyError naming the extra
     from marsys_mem.integrations.mcp import serve  # noqa: PLC0415 (optional dependency: mcp)
 
-    serve(args.config, args.transport, host=args.host, port=args.port, name=args.name)
+    serve(
+        args.config,
+        args.transport,
+        host=args.host,
+        port=args.port,
+        name=args.name,
+        tokens=args.tokens,
+        allowed_hosts=tuple(args.allow_host or ()),
+        allowed_origins=tuple(args.allow_origin or ()),
+        insecure=args.insecure,
+    )
     return 0
 
 
@@ -325,6 +336,28 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="http: the address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="http: the port (default 8000)")
     p.add_argument("--name", default="marsys-mem", help="the server's name shown to clients")
+    p.add_argument(
+        "--tokens",
+        metavar="FILE",
+        help="http: bearer tokens, each with the agents it may use (also MARSYS_MEM_MCP_TOKEN)",
+    )
+    p.add_argument(
+        "--allow-host",
+        action="append",
+        metavar="HOST",
+        help="http: a Host header to accept besides loopback (your server's name); repeatable",
+    )
+    p.add_argument(
+        "--allow-origin",
+        action="append",
+        metavar="ORIGIN",
+        help="http: a browser Origin to accept (https://app.example.com); repeatable",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="http: serve off loopback WITHOUT authentication (anyone can read and forget)",
+    )
     p.set_defaults(handler=cmd_mcp)
     return parser
 
