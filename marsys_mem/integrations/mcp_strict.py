@@ -88,7 +88,8 @@ def describe(exc: ValidationError, *, known: tuple[str, ...] = ()) -> str:
             parts.append(f"{field}: unknown argument{there}")
             continue
         problem = _PLAIN.get(err["type"], str(err["msg"]).removeprefix("Value error, "))
-        got = "" if err["type"] == "missing" else f", got {shown(err.get('input'))}"
+        said = err["type"] == "missing" or "got " in problem  # a validator's own message
+        got = "" if said else f", got {shown(err.get('input'))}"
         parts.append(f"{field}: {problem}{got}")
     if len(errors) > _MAX_SHOWN:
         parts.append(f"and {len(errors) - _MAX_SHOWN} more")
