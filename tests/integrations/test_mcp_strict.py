@@ -113,6 +113,7 @@ async def test_errors_name_the_field_and_the_value_in_one_line(server: MemorySer
         text = _error(await client.call_tool("remember", {"agent": "a/b", "content": "x"}))
         assert "agent" in text
         assert "a/b" in text
+        assert text.count("got ") == 1, text  # the value once, however the rule words it
         text = _error(await client.call_tool("recall", {"agent": "alice", "query": ""}))
         assert "query" in text
         text = _error(
