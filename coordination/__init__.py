@@ -29,7 +29,7 @@ from marsys_mem.coordination.graph import (
     MergeStrategy,
 )
 from marsys_mem.coordination.mqtt import MqttTransport
-from marsys_mem.coordination.signing import SIGNING_KEY_ENV, EnvelopeSigner
+from marsys_mem.coordination.signing import SIGNING_KEY_ENV, EnvelopeSigner, ReplayWindow
 from marsys_mem.coordination.transport import InProcessBroker, InProcessTransport, Transport
 from marsys_mem.coordination.wire import DEFAULT_MAX_PAYLOAD, fact_topic, facts_filter
 from marsys_mem.exceptions import (
@@ -63,6 +63,7 @@ __all__ = [
     "MergeResult",
     "MergeStrategy",
     "MqttTransport",
+    "ReplayWindow",
     "SignatureError",
     "Transport",
     "TransportError",

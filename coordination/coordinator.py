@@ -417,8 +417,11 @@ class Coordinator(AsyncClosing):
         ``callbacks_queued`` (waiting now), ``callbacks_in_flight`` (running now),
         ``callbacks_max_in_flight`` (the most that ever ran at once), ``callbacks_dropped``
         (the oldest waiting ones dropped when a queue was full, or left at close). With a signing
-        transport (``signing_key=``), ``unsigned`` and ``bad_signature`` count what it
-        dropped before ``received`` (and ``oversized`` includes what it dropped unverified).
+        transport (``signing_key=``), ``unsigned``, ``bad_signature``, ``stale`` (signed
+        outside the replay window, or before this receiver's session began) and
+        ``replayed`` (a copy of a signed payload already accepted: a replay, or a QoS 1
+        redelivery) count what it dropped before ``received`` (and ``oversized`` includes
+        what it dropped unverified).
         """
         rejected: dict[str, int] = getattr(self.transport, "rejected", None) or {}
         callbacks = self._callback_stats
@@ -435,6 +438,8 @@ class Coordinator(AsyncClosing):
             "oversized": self._stats["oversized"] + rejected.get("oversized", 0),
             "unsigned": rejected.get("unsigned", 0),
             "bad_signature": rejected.get("bad_signature", 0),
+            "stale": rejected.get("stale", 0),
+            "replayed": rejected.get("replayed", 0),
         }
 
     def _require_running(self) -> None:

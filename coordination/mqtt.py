@@ -24,9 +24,11 @@ must survive a broker restart):
   reconnect (pending publishes then fail with it). A payload over ``max_payload`` raises
   ``ValueError`` before anything is sent; topics outside ``marsys/<namespace>/`` too.
 * **Optional signing.** With ``signing_key`` (the namespace's shared secret), every payload
-  is signed (HMAC-SHA256, :mod:`~marsys_mem.coordination.signing`) and received payloads
-  that are unsigned or badly signed are dropped before anything parses them, counted in
-  :attr:`MqttTransport.rejected`.
+  is signed with its time (HMAC-SHA256, :mod:`~marsys_mem.coordination.signing`) and
+  received payloads that are unsigned, badly signed, stale or replayed are dropped before
+  anything parses them, counted in :attr:`MqttTransport.rejected`. Each connect on which
+  the broker has no session for this client (CONNACK *session present* unset) refuses
+  payloads signed before it (less the window's ``max_skew``): nothing older can be due.
 """
 
 from __future__ import annotations
@@ -38,16 +40,24 @@ import math
 import random
 import socket
 import ssl
-from collections.abc import AsyncIterator
-from typing import Final, Literal, Self, cast
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Final, Literal, Self, cast
 
 import aiomqtt
+import paho.mqtt.client as mqtt
 from paho.mqtt.client import MQTT_CLEAN_START_FIRST_ONLY
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from marsys_mem.coordination.signing import EnvelopeSigner, SignedWire, as_signer
+from marsys_mem.coordination.signing import (
+    EnvelopeSigner,
+    ReplayWindow,
+    SignedWire,
+    rejected_counts,
+    signed_wire,
+)
 from marsys_mem.coordination.wire import (
     DEFAULT_MAX_PAYLOAD,
     check_in_namespace,
@@ -72,6 +82,24 @@ _AUTH_CODES: Final = frozenset({4, 5, 134, 135})
 def _rc_value(rc: object) -> int | None:
     value = getattr(rc, "value", rc)
     return value if isinstance(value, int) else None
+
+
+class _Client(aiomqtt.Client):
+    """aiomqtt's client, telling :attr:`on_session` whether the broker resumed a session."""
+
+    on_session: Callable[[bool], None] | None = None
+
+    def _on_connect(
+        self,
+        client: mqtt.Client,
+        userdata: Any,
+        flags: mqtt.ConnectFlags,
+        reason_code: ReasonCode,
+        properties: Properties | None = None,
+    ) -> None:
+        if reason_code == mqtt.CONNACK_ACCEPTED and self.on_session is not None:
+            self.on_session(bool(flags.session_present))  # before any message is handed on
+        super()._on_connect(client, userdata, flags, reason_code, properties)
 
 
 class _Connection:
@@ -117,6 +145,8 @@ class MqttTransport(AsyncClosing):
             :class:`~marsys_mem.coordination.EnvelopeSigner`): every payload is signed,
             and received payloads that are unsigned or badly signed are dropped and
             counted in :attr:`rejected`. ``None`` (default): no signing.
+        replay_window: how fresh signed payloads must be (default
+            :class:`~marsys_mem.coordination.ReplayWindow`); only with ``signing_key``.
 
     Example:
         >>> transport = MqttTransport("127.0.0.1", 1883, "team-a", client_id="planner-1")
@@ -149,6 +179,7 @@ class MqttTransport(AsyncClosing):
         protocol: Literal["5", "3.1.1"] = "5",
         session_expiry: int = 7 * 24 * 3600,
         signing_key: EnvelopeSigner | bytes | str | None = None,
+        replay_window: ReplayWindow | None = None,
     ) -> None:
         if not isinstance(host, str) or not host:
             raise ValueError(f"host must be a non-empty string, got {host!r}")
@@ -194,9 +225,9 @@ class MqttTransport(AsyncClosing):
         self.max_inflight = max_inflight
         self.protocol = protocol
         self.session_expiry = session_expiry
-        signer = as_signer(signing_key)
-        self._wire = None if signer is None else SignedWire(signer, max_payload=max_payload)
+        self._wire: SignedWire | None = signed_wire(signing_key, max_payload, replay_window)
         self.reconnects = 0  # successful reconnects since entering
+        self.session_present: bool | None = None  # did the last CONNACK resume a session
         self._filters: list[str] = []
         self._entered = False
         self._closing = False
@@ -220,10 +251,8 @@ class MqttTransport(AsyncClosing):
 
     @property
     def rejected(self) -> dict[str, int]:
-        """Received payloads dropped by signing: ``unsigned``, ``bad_signature``, ``oversized``."""
-        return dict(self._wire.rejected) if self._wire is not None else dict.fromkeys(
-            ("unsigned", "bad_signature", "oversized"), 0
-        )
+        """Received payloads dropped by signing (:data:`~.signing.REJECTIONS`), by reason."""
+        return rejected_counts(self._wire)
 
     # ------------------------------------------------------------------ connecting
     def _make_client(self) -> aiomqtt.Client:
@@ -250,7 +279,7 @@ class MqttTransport(AsyncClosing):
         if v5:
             properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
             properties.SessionExpiryInterval = 0 if self.clean_session else self.session_expiry
-        client = aiomqtt.Client(
+        client = _Client(
             self.host,
             self.port,
             identifier=self.client_id,
@@ -268,7 +297,14 @@ class MqttTransport(AsyncClosing):
             socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
         )
         client.pending_calls_threshold = 1_000_000  # queued publishes are expected here
+        client.on_session = self._on_session
         return client
+
+    def _on_session(self, present: bool) -> None:
+        """CONNACK: without a session on the broker, nothing signed before now can be due."""
+        self.session_present = present
+        if not present and self._wire is not None:
+            self._wire.fresh_session()
 
     async def _connect_once(self) -> _Connection:
         client = self._make_client()

@@ -26,7 +26,13 @@ from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Final, Protocol, Self, cast, runtime_checkable
 
-from marsys_mem.coordination.signing import EnvelopeSigner, SignedWire, as_signer
+from marsys_mem.coordination.signing import (
+    EnvelopeSigner,
+    ReplayWindow,
+    SignedWire,
+    rejected_counts,
+    signed_wire,
+)
 from marsys_mem.coordination.wire import (
     DEFAULT_MAX_PAYLOAD,
     check_in_namespace,
@@ -144,6 +150,7 @@ class BrokerSession:
         queue: where deliveries go while the client is connected (``None`` while it is not).
         pending: what arrived while it was disconnected (bounded: the oldest dropped first).
         dropped: how many payloads were dropped from :attr:`pending`.
+        resumed: the last connect resumed this session (what MQTT calls *session present*).
 
     Example:
         >>> session = InProcessBroker().connect("c1", clean=True)
@@ -152,7 +159,9 @@ class BrokerSession:
         ('c1', ['marsys/t/#'], True)
     """
 
-    __slots__ = ("clean", "client_id", "dropped", "filters", "no_local", "pending", "queue")
+    __slots__ = (
+        "clean", "client_id", "dropped", "filters", "no_local", "pending", "queue", "resumed",
+    )
 
     def __init__(self, client_id: str, clean: bool, max_queued: int) -> None:
         self.client_id = client_id
@@ -162,6 +171,7 @@ class BrokerSession:
         self.queue: asyncio.Queue[object] | None = None  # set while connected
         self.pending: deque[tuple[str, bytes]] = deque(maxlen=max_queued)
         self.dropped = 0
+        self.resumed = False
 
     @property
     def connected(self) -> bool:
@@ -244,9 +254,11 @@ class InProcessBroker:
         session = self._sessions.get(client_id)
         if session is not None and session.queue is not None:
             raise TransportError(f"client id {client_id!r} is already connected to this broker")
+        resumed = session is not None and not clean
         if session is None or clean:
             session = BrokerSession(client_id, clean, self.max_queued)
             self._sessions[client_id] = session
+        session.resumed = resumed
         session.clean = clean
         session.no_local = no_local
         queue: asyncio.Queue[object] = asyncio.Queue()
@@ -305,8 +317,11 @@ class InProcessTransport(AsyncClosing):
             *No Local*; the default).
         signing_key: the namespace's key (or an
             :class:`~marsys_mem.coordination.EnvelopeSigner`): payloads are signed when
-            published, and received ones that are unsigned or badly signed are dropped
-            and counted in :attr:`rejected`. ``None`` (default): no signing.
+            published, and received ones that are unsigned, badly signed, stale or
+            replayed are dropped and counted in :attr:`rejected`. ``None`` (default): no
+            signing.
+        replay_window: how fresh signed payloads must be (default
+            :class:`~marsys_mem.coordination.ReplayWindow`); only with ``signing_key``.
 
     Example:
         >>> import asyncio
@@ -333,12 +348,12 @@ class InProcessTransport(AsyncClosing):
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         no_local: bool = True,
         signing_key: EnvelopeSigner | bytes | str | None = None,
+        replay_window: ReplayWindow | None = None,
     ) -> None:
         self.namespace = validate_name("namespace", namespace)
         if max_payload < 1:
             raise ValueError(f"max_payload must be >= 1, got {max_payload}")
-        signer = as_signer(signing_key)
-        self._wire = None if signer is None else SignedWire(signer, max_payload=max_payload)
+        self._wire = signed_wire(signing_key, max_payload, replay_window)
         if client_id is not None and (not isinstance(client_id, str) or not client_id):
             raise ValueError(f"client_id must be a non-empty string, got {client_id!r}")
         self.broker = broker if broker is not None else InProcessBroker.default()
@@ -356,10 +371,8 @@ class InProcessTransport(AsyncClosing):
 
     @property
     def rejected(self) -> dict[str, int]:
-        """Received payloads dropped by signing: ``unsigned``, ``bad_signature``, ``oversized``."""
-        return dict(self._wire.rejected) if self._wire is not None else dict.fromkeys(
-            ("unsigned", "bad_signature", "oversized"), 0
-        )
+        """Received payloads dropped by signing (:data:`~.signing.REJECTIONS`), by reason."""
+        return rejected_counts(self._wire)
 
     async def __aenter__(self) -> Self:
         if self._session is not None:
@@ -367,6 +380,8 @@ class InProcessTransport(AsyncClosing):
         self._session = self.broker.connect(
             self.client_id, clean=self.clean_session, no_local=self.no_local
         )
+        if self._wire is not None and not self._session.resumed:
+            self._wire.fresh_session()
         self._queue = self._session.queue
         return self
 

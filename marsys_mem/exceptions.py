@@ -32,7 +32,7 @@ parent, the builtins it also subclasses in parentheses)::
         ├── BranchError (ValueError)             a branch-graph operation that cannot be done
         │   ├── UnknownBranchError               no branch with that name
         │   └── MergeCycleError                  a merge that would close a cycle
-        ├── SignatureError (ValueError)          an unsigned or badly signed payload
+        ├── SignatureError (ValueError)          an unsigned, badly signed or stale payload
         └── TransportError (ConnectionError)     connecting, publishing or receiving failed
             └── AuthenticationError (PermissionError)  the broker refused the credentials
 
@@ -278,7 +278,7 @@ class MergeCycleError(BranchError):
     """A merge that would close a cycle (see ``BranchGraph.check_merge``)."""
 
 
-SignatureReason = Literal["unsigned", "bad_signature"]
+SignatureReason = Literal["unsigned", "bad_signature", "stale", "replayed"]
 """Why a payload failed verification (:attr:`SignatureError.reason`)."""
 
 
@@ -286,8 +286,10 @@ class SignatureError(CoordinationError, ValueError):
     """A payload that is not signed, or not signed by a key this signer knows.
 
     Attributes:
-        reason: ``"unsigned"`` (no ``mm1.`` header) or ``"bad_signature"`` (a header
-            whose key id is unknown or whose MAC does not match the topic and body).
+        reason: ``"unsigned"`` (no ``mm2.`` header), ``"bad_signature"`` (a header
+            whose key id is unknown or whose MAC does not match the topic and body),
+            ``"stale"`` (signed outside the receiver's replay window) or ``"replayed"``
+            (a copy of a payload already accepted).
 
     Example:
         >>> SignatureError("no header on 'marsys/t/x'", reason="unsigned").reason

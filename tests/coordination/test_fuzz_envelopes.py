@@ -4,8 +4,8 @@ Whatever arrives (arbitrary bytes, arbitrary JSON, envelopes with one field gone
 signed or not, tampered or not), the answer is a clear library error or a success, never
 a raw exception, and never over 1 s per input. Through a coordinator: each payload is
 either delivered (a valid envelope for this namespace and topic) or dropped and counted
-in exactly one of ``malformed`` / ``oversized`` / ``unsigned`` / ``bad_signature``, and
-the coordinator keeps working.
+in exactly one of ``malformed`` / ``oversized`` / ``unsigned`` / ``bad_signature`` /
+``stale`` / ``replayed``, and the coordinator keeps working.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from marsys_mem.patterns.shared import SharedMemoryPool
 NS = "fuzz"
 KEY = "fuzzing-key-0123456789abcdef-xyz"  # a test key, not a real secret
 MAX_PAYLOAD = 4096
-DROPS = ("malformed", "oversized", "unsigned", "bad_signature")
+DROPS = ("malformed", "oversized", "unsigned", "bad_signature", "stale", "replayed")
 FUZZ = settings(
     max_examples=120,
     deadline=None,  # we time each input ourselves (the first ones pay for imports)
@@ -242,7 +242,7 @@ def test_the_signature_check_answers_every_payload_with_a_body_or_a_signature_er
             error: SignatureError | None = exc
         else:
             error = None
-            assert data.startswith(b"mm1.k2.")
+            assert data.startswith(b"mm2.k2.")
             assert body == payload
         assert (error is None) == verifies
         if error is not None:
@@ -291,6 +291,8 @@ def test_a_signing_coordinator_delivers_or_drops_and_counts_every_payload(wire, 
 # ---------------------------------------------------------------------------- over MQTT
 HOSTILE = [
     b"", b"{}", b"null", b"\xff\xfe\xfd", b"mm1.", b"mm1.k1.", b"mm1.k1." + b"A" * 43 + b".{}",
+    b"mm2.", b"mm2.k1.", b"mm2.k1.1.AAAAAAAAAAAAAAAA." + b"A" * 43 + b".{}",
+    b"mm2.k1.99999999999999999999.AAAAAAAAAAAAAAAA." + b"A" * 43 + b".{}",
     b'{"v":1,"namespace":"fuzz","sender":"x","seq":1e999}', b"[" * 2000 + b"]" * 2000,
     b'{"v":1,' * 500, json.dumps({"text": "\udc80"}).encode(), b"\x00" * 100, b"x" * 5000,
 ]

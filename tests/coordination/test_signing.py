@@ -147,14 +147,16 @@ async def test_a_tampered_captured_payload_does_not_verify(net, ns):
         await a.share("writer", "the budget is 4000 EUR")
         assert await until(lambda: len(captured) == 1 and len(texts(pool_b)) == 1)
         topic, sealed = captured[0]
-        assert sealed.startswith(b"mm1.k1.")
+        assert sealed.startswith(b"mm2.k1.")
         assert b'"the budget is 4000 EUR"' in sealed  # signed, not encrypted
         tampered = [
             sealed.replace(b"4000 EUR", b"9000 EUR"),
             sealed.replace(b'"seq":1', b'"seq":7'),
-            sealed.replace(b"mm1.k1.", b"mm1.k2."),  # a key id nobody has
-            sealed[:50] + bytes([sealed[50] ^ 1]) + sealed[51:],  # one bit of the MAC
-            sealed[: sealed.rindex(b".", 0, 60)],  # the header alone
+            sealed.replace(b"mm2.k1.", b"mm2.k2."),  # a key id nobody has
+            sealed[:60] + bytes([sealed[60] ^ 1]) + sealed[61:],  # one bit of the MAC
+            sealed[: sealed.rindex(b".", 0, 90)],  # the header alone
+            sealed[:7] + b"9" + sealed[8:],  # another signing time
+            b"mm1." + sealed[4:],  # the old format, without a signing time
         ]
         for payload in tampered:
             await spy.publish(topic, payload)
@@ -164,9 +166,9 @@ async def test_a_tampered_captured_payload_does_not_verify(net, ns):
         task.cancel()
 
 
-async def test_a_replayed_signed_payload_is_a_duplicate_or_does_not_verify(net, ns):
+async def test_a_replayed_signed_payload_is_refused_or_does_not_verify(net, ns):
     # the MAC binds the topic: replaying onto another branch fails; replaying on the same
-    # topic is an exact duplicate of (sender, seq), dropped by the per-sender ordering
+    # topic is a copy of a nonce already seen, dropped by the replay guard (issue 25 item 7)
     pool_b = SharedMemoryPool()
     a = Coordinator(graph(), transport=net.transport(ns, signing_key=KEY), sender_id="coord-A",
                     pool=SharedMemoryPool())
@@ -187,7 +189,8 @@ async def test_a_replayed_signed_payload_is_a_duplicate_or_does_not_verify(net, 
         for _ in range(3):
             await spy.publish(topic, sealed)
         await spy.publish(fact_topic(ns, "r1"), sealed)
-        assert await until(lambda: b.stats["duplicates"] == 3 and b.stats["bad_signature"] == 1)
+        assert await until(lambda: b.stats["replayed"] == 3 and b.stats["bad_signature"] == 1)
+        assert b.stats["duplicates"] == 0  # never reached the coordinator
         assert texts(pool_b) == ["once only"]
         assert pool_b.facts_for("researcher@r1") == []
         assert b.stats["delivered"] == 1
@@ -232,7 +235,8 @@ async def test_an_oversized_signed_payload_is_dropped_before_the_mac(net, ns):
         await big.publish(fact_topic(ns, "main"), b"x" * (4096 + SIGNATURE_OVERHEAD + 1))
         await big.publish(fact_topic(ns, "main"), b"y" * 1500)  # verifies; too big for b
         assert await until(lambda: b.stats["oversized"] == 2)
-        assert b.transport.rejected == {"unsigned": 0, "bad_signature": 0, "oversized": 1}
+        assert b.transport.rejected == {"unsigned": 0, "bad_signature": 0, "oversized": 1,
+                                        "stale": 0, "replayed": 0}
         assert b.stats["received"] == 1
 
 
@@ -256,22 +260,26 @@ def test_sign_and_verify_round_trip_and_every_tamper_fails():
     sealed = signer.sign(TOPIC, b'{"v":1,"x":"a.b.c"}')
     assert signer.verify(TOPIC, sealed) == b'{"v":1,"x":"a.b.c"}'
     header_len = len(sealed) - len(b'{"v":1,"x":"a.b.c"}')
+    stamp = sealed.split(b".")[2]
     for i in range(len(sealed)):
         flipped = sealed[:i] + bytes([sealed[i] ^ 0x01]) + sealed[i + 1:]
         with pytest.raises(SignatureError) as info:
             signer.verify(TOPIC, flipped)
         assert info.value.reason == ("unsigned" if i < 4 else "bad_signature"), i
-    assert header_len == len(b"mm1.k1.") + 43 + 1
+    assert header_len == len(b"mm2.k1.") + len(stamp) + 1 + 16 + 1 + 43 + 1
+    assert len(stamp) == 13  # milliseconds since 1970
     for topic in ("marsys/team/branch/r1/facts", "marsys/other/branch/main/facts", ""):
         with pytest.raises(SignatureError, match="bad signature"):
             signer.verify(topic, sealed)
     with pytest.raises(SignatureError, match="bad signature"):
         EnvelopeSigner(OTHER_KEY).verify(TOPIC, sealed)
-    for unsigned in (b"", b"{}", b"mm1", b"mm2.k1.x.y", b"MM1.k1.", b"\xff" * 10):
+    for unsigned in (b"", b"{}", b"mm2", b"mm3.k1.x.y", b"MM2.k1.", b"\xff" * 10):
         with pytest.raises(SignatureError, match="unsigned") as info:
             signer.verify(TOPIC, unsigned)
         assert info.value.reason == "unsigned"
-    for bad in (b"mm1.", b"mm1.k1", b"mm1.k1.abc", b"mm1..x.y", b"mm1.\xff.x.y"):
+    for bad in (b"mm2.", b"mm2.k1", b"mm2.k1.abc", b"mm2..x.y", b"mm2.\xff.x.y",
+                b"mm2.k1.12x.AAAAAAAAAAAAAAAA.m.b", b"mm2.k1.1.short.m.b",
+                b"mm1.k1." + b"A" * 43 + b".{}"):  # the old format: no signing time
         with pytest.raises(SignatureError) as info:
             signer.verify(TOPIC, bad)
         assert info.value.reason == "bad_signature"
@@ -281,7 +289,9 @@ def test_signature_errors_belong_to_the_library_hierarchy():
     assert issubclass(SignatureError, CoordinationError)
     assert issubclass(SignatureError, ValueError)
     with pytest.raises(SignatureError) as info:
-        EnvelopeSigner(KEY).verify("t/" + "x" * 10_000, b"mm1." + b"k" * 10_000 + b".m.b")
+        EnvelopeSigner(KEY).verify(
+            "t/" + "x" * 10_000, b"mm2." + b"k" * 10_000 + b".1.AAAAAAAAAAAAAAAA.m.b"
+        )
     assert len(str(info.value)) < 300  # never the whole value
 
 
@@ -289,7 +299,7 @@ def test_key_rotation_accepts_previous_keys_and_signs_with_the_new_one():
     old = EnvelopeSigner(KEY, key_id="2025-06")
     new = EnvelopeSigner(OTHER_KEY, key_id="2025-07", previous={"2025-06": KEY})
     assert new.verify(TOPIC, old.sign(TOPIC, b"x")) == b"x"
-    assert new.sign(TOPIC, b"x").startswith(b"mm1.2025-07.")
+    assert new.sign(TOPIC, b"x").startswith(b"mm2.2025-07.")
     assert new.key_ids == ("2025-07", "2025-06")
     with pytest.raises(SignatureError, match="unknown key id"):
         old.verify(TOPIC, new.sign(TOPIC, b"x"))
@@ -345,7 +355,7 @@ def test_the_repr_and_transports_never_show_the_key():
     assert as_signer(signer) is signer
     assert as_signer(None) is None
     assert InProcessTransport(namespace="team").rejected == {
-        "unsigned": 0, "bad_signature": 0, "oversized": 0,
+        "unsigned": 0, "bad_signature": 0, "oversized": 0, "stale": 0, "replayed": 0,
     }
 
 
@@ -354,6 +364,7 @@ def test_signed_wire_logs_a_bounded_number_of_warnings(caplog):
     with caplog.at_level(logging.WARNING, logger="marsys_mem.coordination"):
         for _ in range(1000):
             assert wire.open(TOPIC, b"{}") is None
-        assert wire.open(TOPIC, b"mm1." + b"x" * 200) is None
-    assert wire.rejected == {"unsigned": 1000, "bad_signature": 0, "oversized": 1}
+        assert wire.open(TOPIC, b"mm2." + b"x" * 200) is None
+    assert wire.rejected == {"unsigned": 1000, "bad_signature": 0, "oversized": 1,
+                             "stale": 0, "replayed": 0}
     assert len(caplog.records) == 5  # unsigned #1, #10, #100, #1000; oversized #1
