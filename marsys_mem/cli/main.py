@@ -4,10 +4,12 @@ Commands::
 
     marsys-mem demo                       run the bundled research-team workflow, print its report
     marsys-mem demo --windows             one conversation, three context strategies, one budget
-    marsys-mem run WORKFLOW [--json] [--store DIR] [--mqtt HOST:PORT]
-    marsys-mem validate FILE [--strict]   a workflow or a retention-policy file (every error)
+    marsys-mem run WORKFLOW [--json] [--store DIR] [--mqtt HOST:PORT] [--strict]
+                   [--allow-env NAME] [--allow-base-url URL]
+    marsys-mem validate FILE [--strict] [--allow-env NAME] [--allow-base-url URL]
     marsys-mem schema [--workflow]        JSON Schema of the config (or workflow) format
-    marsys-mem inspect STORE [--json]     what a SQLite store holds
+    marsys-mem inspect STORE [--json]     what a SQLite store holds (read-only, any schema)
+    marsys-mem migrate STORE [--no-backup]  upgrade a SQLite store's schema, whole or not at all
     marsys-mem search STORE QUERY [--agent A] [--branch B] [-k K] [--mode auto|bm25|hybrid]
     marsys-mem mcp [--config POLICY] [--transport stdio|http] [--host H] [--port N]
                    [--tokens FILE] [--allow-host H] [--allow-origin O] [--insecure]
@@ -15,7 +17,10 @@ Commands::
 Exit codes: 0 ok; 1 a runtime failure, or a question whose ``expect`` was not found;
 2 bad input (a bad file, flag or argument; with ``validate --strict`` also a warning).
 Output is coloured on a terminal and plain otherwise; progress goes to stderr, on a
-terminal only.
+terminal only. A file is not trusted with secrets: ``--allow-env`` / ``--allow-base-url``
+(or ``MARSYS_MEM_ALLOW_ENV`` / ``MARSYS_MEM_ALLOW_BASE_URL``) allow a file's ``llm:`` another
+key variable than the provider's, or a key sent to another server
+(:mod:`marsys_mem.workflow.trust`).
 
 This module holds the parser, the commands and the error reporting; the package's other
 modules hold what the commands use: :mod:`~marsys_mem.cli.output` (printing),
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import sys
 import traceback
@@ -35,19 +41,40 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from marsys_mem.cli.demo import windows_demo, workflow_demo
-from marsys_mem.cli.inspect import inspect_store, search_store
+from marsys_mem.cli.inspect import InvalidRow, find_store, inspect_store, search_store
 from marsys_mem.cli.output import Output, progress_bar, safe_text, status_spinner
 from marsys_mem.config.lifetimes import lifetimes
 from marsys_mem.config.load import config_schema
 from marsys_mem.exceptions import ConfigError, MarsysMemError, StoreError, StoreNotFoundError
 from marsys_mem.manager import MemoryManager
-from marsys_mem.workflow import Workflow, check_file, load_workflow, prepare_workflow, run_workflow
+from marsys_mem.store.sqlite import SCHEMA_VERSION, migrate_file
+from marsys_mem.workflow import (
+    FileTrust,
+    Workflow,
+    check_file,
+    load_workflow,
+    prepare_workflow,
+    run_workflow,
+)
 from marsys_mem.workflow.models import workflow_schema
+from marsys_mem.workflow.trust import llm_route
 
 __all__ = ["main"]
 
 
 # ---------------------------------------------------------------------------- commands
+class _WarningLines(logging.Handler):
+    """The workflow's warnings as ``warning: ...`` lines on stderr, escaped."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(f"warning: {safe_text(record.getMessage())}", file=sys.stderr)
+
+
+def _trust(args: argparse.Namespace) -> FileTrust:
+    """The user-level setting, plus this command's ``--allow-env`` / ``--allow-base-url``."""
+    return FileTrust.from_env().allowing(args.allow_env or (), args.allow_base_url or ())
+
+
 def _run_and_print(
     out: Output,
     workflow: Path,
@@ -56,10 +83,20 @@ def _run_and_print(
     mqtt: str | None,
     as_json: bool,
     progress: bool,
+    trust: FileTrust | None = None,
+    strict: bool = False,
 ) -> int:
     wf = load_workflow(workflow)  # validate before anything is written
-    with progress_bar(f"running {wf.name}", progress and not as_json) as callback:
-        report = run_workflow(wf, store_dir=store, mqtt=mqtt, progress=callback)
+    logger = logging.getLogger("marsys_mem.workflow")
+    handler = _WarningLines(logging.WARNING)
+    logger.addHandler(handler)
+    try:
+        with progress_bar(f"running {wf.name}", progress and not as_json) as callback:
+            report = run_workflow(
+                wf, store_dir=store, mqtt=mqtt, progress=callback, trust=trust, strict=strict
+            )
+    finally:
+        logger.removeHandler(handler)
     if as_json:
         print(report.to_json(), file=out.stream)
     else:
@@ -82,11 +119,13 @@ def cmd_run(out: Output, args: argparse.Namespace) -> int:
         mqtt=args.mqtt,
         as_json=args.json,
         progress=not args.quiet,
+        trust=_trust(args),
+        strict=args.strict,
     )
 
 
 def cmd_validate(out: Output, args: argparse.Namespace) -> int:
-    result = check_file(args.file)
+    result = check_file(args.file, trust=_trust(args))
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if args.strict and result.warnings:
@@ -96,7 +135,7 @@ def cmd_validate(out: Output, args: argparse.Namespace) -> int:
     value = result.value
     if isinstance(value, Workflow):
         prepared = prepare_workflow(value)
-        model = f", model {prepared.llm.provider}:{prepared.llm.model}" if prepared.llm else ""
+        model = f", model {llm_route(prepared.llm)}" if prepared.llm else ""
         out.print(
             f"ok: workflow {value.name!r}: {len(value.agents)} agents, "
             f"{len(prepared.initial)} initial branch(es), {prepared.count} steps to run{model}",
@@ -138,6 +177,13 @@ def cmd_inspect(out: Output, args: argparse.Namespace) -> int:
         f"{len(summary.agents)} agents, {len(summary.branches)} branches, "
         f"{summary.messages} messages, {summary.runs} runs"
     )
+    if summary.schema_version < SCHEMA_VERSION:
+        out.print(
+            f"   schema version {summary.schema_version}, older than {SCHEMA_VERSION}: read as "
+            f"it is; `marsys-mem migrate {summary.path}` upgrades it",
+            "yellow",
+        )
+    _print_invalid(out, summary.invalid)
     if summary.conversations:
         out.print("\n== Conversations", "bold cyan")
         out.table(
@@ -173,7 +219,18 @@ def cmd_inspect(out: Output, args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_invalid(out: Output, invalid: list[InvalidRow]) -> None:
+    """``N invalid rows skipped (key K, id X: reason; ...)``, the first few in full."""
+    if not invalid:
+        return
+    shown = "; ".join(row.described for row in invalid[:5])
+    more = f"; and {len(invalid) - 5} more" if len(invalid) > 5 else ""
+    rows = "row" if len(invalid) == 1 else "rows"
+    out.print(f"   {len(invalid)} invalid {rows} skipped ({shown}{more})", "yellow")
+
+
 def cmd_search(out: Output, args: argparse.Namespace) -> int:
+    invalid: list[InvalidRow] = []
     with status_spinner("searching") as status:
         hits, how = search_store(
             args.store,
@@ -183,17 +240,38 @@ def cmd_search(out: Output, args: argparse.Namespace) -> int:
             k=args.k,
             mode=args.mode,
             status=status,
+            on_invalid=invalid.append,
         )
     if args.json:
-        data = {"query": args.query, "how": how, "hits": [h.model_dump(mode="json") for h in hits]}
+        data = {
+            "query": args.query,
+            "how": how,
+            "hits": [h.model_dump(mode="json") for h in hits],
+            "invalid": [row.model_dump(mode="json") for row in invalid],
+        }
         print(json.dumps(data, indent=2, ensure_ascii=False), file=out.stream)
         return 0
     out.print(f"== {len(hits)} hit(s) for {args.query!r} ({how})", "bold cyan")
+    _print_invalid(out, invalid)
     if hits:
         out.table(
             ["#", "score", "agent@branch", "role", "text"],
             [[h.rank, f"{h.score:.3f}", h.where, h.role, h.text[:90]] for h in hits],
         )
+    return 0
+
+
+def cmd_migrate(out: Output, args: argparse.Namespace) -> int:
+    done = migrate_file(find_store(args.store), backup=not args.no_backup)
+    if not done.changed:
+        out.print(f"{done.path}: schema version {done.to_version}, up to date (unchanged)")
+        return 0
+    kept = f"; the original is kept as {done.backup}" if done.backup else ""
+    out.print(
+        f"{done.path}: migrated from schema version {done.from_version} to "
+        f"{done.to_version}{kept}",
+        "green",
+    )
     return 0
 
 
@@ -262,6 +340,22 @@ def _parser() -> argparse.ArgumentParser:
     def mqtt_arg(p: argparse.ArgumentParser) -> None:
         p.add_argument("--mqtt", metavar="HOST:PORT", help="share facts through this broker")
 
+    def trust_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--allow-env",
+            action="append",
+            metavar="NAME",
+            help="let the file's llm: read its key from NAME (repeatable; also "
+            "MARSYS_MEM_ALLOW_ENV=NAME1,NAME2)",
+        )
+        p.add_argument(
+            "--allow-base-url",
+            action="append",
+            metavar="URL",
+            help="let the file's llm: send its key to URL's server (repeatable; also "
+            "MARSYS_MEM_ALLOW_BASE_URL=URL1,URL2)",
+        )
+
     p = sub.add_parser("demo", help="run the bundled research-team workflow")
     p.add_argument("--store", metavar="DIR", help="keep the store in DIR (default: a temp dir)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -281,6 +375,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--store", metavar="DIR", help="folder of the SQLite store (memory.db)")
     mqtt_arg(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--strict", action="store_true", help="warnings are errors (exit 2, nothing runs)"
+    )
+    trust_args(p)
     p.set_defaults(handler=cmd_run)
 
     p = sub.add_parser(
@@ -288,6 +386,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("file", metavar="CONFIG_OR_WORKFLOW")
     p.add_argument("--strict", action="store_true", help="warnings are errors (exit 2)")
+    trust_args(p)
     p.set_defaults(handler=cmd_validate)
 
     p = sub.add_parser("schema", help="print the JSON Schema of the config format")
@@ -298,6 +397,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("store", metavar="STORE", help="a store file, or a folder holding memory.db")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_inspect)
+
+    p = sub.add_parser(
+        "migrate",
+        help="upgrade a SQLite store to this version's schema (on a copy, swapped in whole)",
+    )
+    p.add_argument("store", metavar="STORE", help="a store file, or a folder holding memory.db")
+    p.add_argument(
+        "--no-backup", action="store_true", help="do not keep the original as STORE.vN.bak"
+    )
+    p.set_defaults(handler=cmd_migrate)
 
     p = sub.add_parser("search", help="search the messages and recorded facts of a store")
     p.add_argument("store", metavar="STORE")
@@ -392,7 +501,9 @@ def _report_error(exc: Exception, *, debug: bool) -> int:
     bad_input = isinstance(exc, ConfigError | StoreNotFoundError) or (
         isinstance(exc, MarsysMemError) and isinstance(exc, ValueError)
     )
-    if isinstance(exc, StoreError) and "not a marsys-mem store" in str(exc):
+    if isinstance(exc, StoreError) and (
+        "not a marsys-mem store" in str(exc) or "is not a marsys-mem database" in str(exc)
+    ):
         bad_input = True
     if isinstance(exc, ValueError) and not isinstance(exc, MarsysMemError):
         bad_input = True  # bad arguments (an empty query, k < 1, ...)

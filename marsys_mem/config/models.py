@@ -548,11 +548,16 @@ class LLMConfig(BaseModel):
     ``max_retries``: retries on 408/409/429/5xx, timeouts and connection errors, with
     backoff. The adapter is built by :func:`marsys_mem.llm.factory.make_llm`.
 
+    A section read from a file records it (:attr:`source`, from the validation context
+    ``{"source": path}``, as :class:`MemoryConfig`): a file is not trusted to choose the
+    key's variable or the server it goes to (:mod:`marsys_mem.llm.trust`); a config built
+    in code is trusted code.
+
     Example:
         >>> cfg = LLMConfig.model_validate({"provider": "openai", "model": "llama3.2",
         ...                                 "base_url": "http://localhost:11434/v1"})
-        >>> cfg.provider, cfg.api_key_env, cfg.timeout
-        ('openai', None, 60.0)
+        >>> cfg.provider, cfg.api_key_env, cfg.timeout, cfg.source
+        ('openai', None, 60.0, None)
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -577,6 +582,20 @@ class LLMConfig(BaseModel):
     temperature: float | None = Field(default=None, ge=0, le=2)
     max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
     api_key: SkipJsonSchema[Any] = Field(default=None, exclude=True, repr=False)
+    _source: Path | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _remember_source(self, info: ValidationInfo) -> Self:
+        """The validation context's ``"source"`` (the file read) becomes :attr:`source`."""
+        source = info.context.get("source") if isinstance(info.context, dict) else None
+        if source is not None:
+            self._source = Path(source)
+        return self
+
+    @property
+    def source(self) -> Path | None:
+        """The file this section was read from; ``None``: built in code (trusted)."""
+        return self._source
 
     @field_validator("api_key")
     @classmethod

@@ -10,7 +10,8 @@ runs, what would stop it: the SDK extra is not installed, or the key's environme
 is not set (each problem names the field to fix).
 
 The settings are read by attribute (:class:`LLMSpec`): ``LLMConfig`` is one, and so is any
-object with these attributes.
+object with these attributes. Settings read from a file pass the trust boundary of
+:mod:`marsys_mem.llm.trust` first (which key variable, sent to which server).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from marsys_mem.exceptions import LLMError
+from marsys_mem.llm.trust import FileTrust, key_env, untrusted
 
 if TYPE_CHECKING:
     from marsys_mem.llm.anthropic import AnthropicLLM
@@ -34,12 +36,6 @@ PROVIDERS: dict[str, tuple[str, str]] = {
     "anthropic": ("marsys_mem.llm.anthropic", "anthropic"),
 }
 """``provider -> (adapter module, the extra that installs its SDK)``."""
-
-_DEFAULT_KEY_ENV = {
-    "openai": "OPENAI_API_KEY",
-    "azure": "AZURE_OPENAI_API_KEY",
-    "anthropic": "ANTHROPIC_API_KEY",
-}
 
 
 class LLMSpec(Protocol):
@@ -98,26 +94,6 @@ class LLMSpec(Protocol):
         ...
 
 
-def key_env(spec: LLMSpec) -> str | None:
-    """The environment variable the key is read from; ``None`` when no key is needed.
-
-    ``api_key_env`` when set; else the provider's usual variable, except for ``openai``
-    with a ``base_url`` (local OpenAI-compatible servers ignore the key).
-
-    Example:
-        >>> from marsys_mem.config.models import LLMConfig
-        >>> key_env(LLMConfig(provider="anthropic", model="claude-haiku-4-5"))
-        'ANTHROPIC_API_KEY'
-        >>> key_env(LLMConfig(model="llama3.2", base_url="http://localhost:11434/v1")) is None
-        True
-    """
-    if spec.api_key_env is not None:
-        return spec.api_key_env
-    if spec.provider == "openai" and spec.base_url:
-        return None
-    return _DEFAULT_KEY_ENV.get(spec.provider)
-
-
 def llm_problems(spec: LLMSpec, environ: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
     """What would stop :func:`make_llm`: ``(field, message)`` pairs, empty when none.
 
@@ -163,15 +139,27 @@ for provider 'openai'; set it, or name another variable with api_key_env)")]
     return problems
 
 
-def make_llm(spec: LLMSpec, environ: Mapping[str, str] | None = None) -> OpenAILLM | AnthropicLLM:
+def make_llm(
+    spec: LLMSpec,
+    environ: Mapping[str, str] | None = None,
+    *,
+    trust: FileTrust | None = None,
+) -> OpenAILLM | AnthropicLLM:
     """The adapter ``spec`` describes, its key read from the environment (never a file).
 
-    Nothing is connected to until the first call; close it (``close`` / ``aclose`` or a
-    ``with`` block) when done.
+    Only the variable :func:`~marsys_mem.llm.trust.key_env` names is read: an ``openai``
+    server at a ``base_url`` without ``api_key_env`` gets no key (not even
+    ``OPENAI_API_KEY``). Settings read from a file (``spec.source`` set, as
+    :class:`~marsys_mem.config.models.LLMConfig` records) must pass the trust boundary
+    (:func:`~marsys_mem.llm.trust.untrusted`) under ``trust`` (default: the user-level
+    :meth:`FileTrust.from_env <marsys_mem.llm.trust.FileTrust.from_env>`); settings built in
+    code are trusted code. Nothing is connected to until the first
+    call; close it (``close`` / ``aclose`` or a ``with`` block) when done.
 
     Raises:
         LLMError: a problem :func:`llm_problems` finds (the SDK is missing, the key's
-            environment variable is not set), naming the field.
+            environment variable is not set), or what a file may not do (a key variable
+            or a server not allowed), naming the field; nothing was sent.
 
     Example:
         >>> from marsys_mem.config.models import LLMConfig
@@ -181,16 +169,23 @@ def make_llm(spec: LLMSpec, environ: Mapping[str, str] | None = None) -> OpenAIL
         >>> llm.close()
     """
     env = os.environ if environ is None else environ
-    problems = llm_problems(spec, env)
+    source = getattr(spec, "source", None)
+    refused: list[tuple[str, str]] = []
+    if source is not None:  # read from a file: not trusted with secrets
+        refused = untrusted(spec, FileTrust.from_env(env) if trust is None else trust)
+    problems = refused or llm_problems(spec, env)
     if problems:
         raise LLMError(
-            "; ".join(f"llm.{field}: {message}" for field, message in problems),
+            (f"{source}: " if refused else "")
+            + "; ".join(f"llm.{field}: {message}" for field, message in problems),
             provider=spec.provider,
             model=spec.model,
             status=None,
         )
     name = key_env(spec)
     key = env[name] if name is not None else None
+    if key is None and spec.provider == "openai":
+        key = "unused"  # a base_url server: never the OPENAI_API_KEY the SDK would read
     if spec.provider == "anthropic":
         from marsys_mem.llm.anthropic import (  # noqa: PLC0415 (optional dependency: anthropic)
             DEFAULT_MAX_TOKENS,

@@ -40,7 +40,12 @@ A real model: with an ``llm:`` section (in the workflow, or in its memory config
       timeout: 30
 
 The SDK extra and the key's environment variable are checked with the rest of the file,
-before anything runs.
+before anything runs. A file is not trusted with secrets (:mod:`marsys_mem.workflow.trust`):
+it may name only the provider's standard key variable, and send a key only to the
+provider's own API, unless the user allows more (``--allow-env NAME``,
+``--allow-base-url URL``, ``MARSYS_MEM_ALLOW_ENV``, ``MARSYS_MEM_ALLOW_BASE_URL``); a store
+path outside the file's folder is a warning (an error with ``strict``). A
+:class:`Workflow` built in Python is trusted code.
 
 Branches: a step's ``branch`` defaults to the agent's branch when the agent is on one
 active branch (inside a ``run`` block: the block's branch); otherwise the step must say.
@@ -78,6 +83,7 @@ from marsys_mem.config.models import MemoryConfig
 from marsys_mem.config.report import raise_errors, read_data
 from marsys_mem.config.sourcemap import LocatedError, locate
 from marsys_mem.llm.factory import llm_problems
+from marsys_mem.llm.trust import FileTrust
 from marsys_mem.workflow.models import (
     STEP_KINDS,
     AgentSpec,
@@ -113,6 +119,7 @@ from marsys_mem.workflow.plan import (
 )
 from marsys_mem.workflow.report import WorkflowReport
 from marsys_mem.workflow.runner import ProgressCallback, WorkflowRunner
+from marsys_mem.workflow.trust import llm_findings, store_warning
 
 __all__ = [
     "STEP_KINDS",
@@ -125,6 +132,7 @@ __all__ = [
     "FactSpec",
     "FactsStep",
     "FileCheck",
+    "FileTrust",
     "ForkStep",
     "InProcessSettings",
     "MemoryFile",
@@ -202,7 +210,9 @@ class FileCheck:
     r"""What :func:`check_file` found: the file's kind, its validated value, and warnings.
 
     ``warnings`` are settings that are valid but probably not meant, one line each with
-    the file and the line.
+    the file and the line, and what the file may not do under the trust given
+    (:mod:`marsys_mem.workflow.trust`: a key variable or server not allowed, which
+    ``run`` refuses; a store path outside the file's folder).
 
     Example:
         >>> import pathlib, tempfile
@@ -218,19 +228,29 @@ class FileCheck:
     warnings: list[str] = field(default_factory=list)
 
 
-def check_file(path: str | Path) -> FileCheck:
+def check_file(path: str | Path, *, trust: FileTrust | None = None) -> FileCheck:
     """Validate a workflow or a retention-policy file; its value and its warnings.
+
+    ``trust``: what the user allows files (default: :meth:`FileTrust.from_env`); what the
+    file's ``llm:`` may not do under it is a warning.
 
     Raises:
         WorkflowError: missing, unparsable or invalid; every error, one per line, with
             file, line and field.
     """
     path = Path(path)
+    trust = FileTrust.from_env() if trust is None else trust
     data, lines = read_data(path, "file", error=WorkflowError)
     if path.suffix.lower() != ".toml" and detect_kind(data) == "workflow":
         wf = check_workflow_data(data, lines, path)
-        return FileCheck("workflow", wf, list(prepare_workflow(wf).warnings))
+        prepared = prepare_workflow(wf)
+        found = llm_findings(prepared.llm, trust, prepared.llm_where)
+        return FileCheck("workflow", wf, [*prepared.warnings, *found])
     loaded = load_config_file(path, where=f"{path}: ", error=WorkflowError)
+
+    def where(*field: str) -> str:
+        return str(locate(loaded.data, field, loaded.lines, file=str(path)))
+
     if loaded.config.llm is not None:
         problems = [
             LocatedError(locate(loaded.data, ("llm", name), loaded.lines, file=str(path)), msg)
@@ -238,6 +258,11 @@ def check_file(path: str | Path) -> FileCheck:
         ]
         raise_errors(problems, str(path), error=WorkflowError)
     warnings = config_warnings(loaded.config, data=loaded.data, lines=loaded.lines, file=str(path))
+    outside = store_warning(loaded.config.store, path.parent, where("store", "path"))
+    warnings += [outside] if outside is not None else []
+    warnings += llm_findings(
+        loaded.config.llm, trust, {f: where("llm", f) for f in ("api_key_env", "base_url")}
+    )
     return FileCheck("config", loaded.config, warnings)
 
 
@@ -274,14 +299,27 @@ async def arun_workflow(
     store_dir: str | Path | None = None,
     mqtt: str | MqttSettings | None = None,
     progress: ProgressCallback | None = None,
+    trust: FileTrust | None = None,
+    strict: bool = False,
 ) -> WorkflowReport:
     """Async twin of :func:`run_workflow`."""
     prepared = _prepare_any(workflow)
-    if store_dir is None:
-        for warning in prepared.warnings:
-            log.warning("%s", warning)
+    trust = FileTrust.from_env() if trust is None else trust
+    refused = llm_findings(prepared.llm, trust, prepared.llm_where)
+    if refused:  # before anything is written or sent
+        raise WorkflowError("\n".join(refused))
+    warnings = prepared.warnings if store_dir is None else []
+    if strict and warnings:
+        count = len(warnings)
+        raise WorkflowError(
+            "\n".join([*warnings, f"{count} warning{'s' if count > 1 else ''} (strict)"])
+        )
+    for warning in warnings:
+        log.warning("%s", warning)
     settings = parse_mqtt(mqtt) if mqtt is not None else None
-    runner = WorkflowRunner(prepared, store_dir=store_dir, mqtt=settings, progress=progress)
+    runner = WorkflowRunner(
+        prepared, store_dir=store_dir, mqtt=settings, progress=progress, trust=trust
+    )
     return await runner.run()
 
 
@@ -291,6 +329,8 @@ def run_workflow(
     store_dir: str | Path | None = None,
     mqtt: str | MqttSettings | None = None,
     progress: ProgressCallback | None = None,
+    trust: FileTrust | None = None,
+    strict: bool = False,
 ) -> WorkflowReport:
     """Validate and run a workflow; return its report.
 
@@ -304,15 +344,24 @@ def run_workflow(
         mqtt: ``HOST:PORT`` or :class:`MqttSettings`: share facts through this broker
             instead of the workflow's transport.
         progress: ``progress(done, total, label)`` after each step.
+        trust: what the user allows files (default: :meth:`FileTrust.from_env`): a file's
+            ``llm:`` naming another key variable than the provider's, or sending a key
+            to another server than the provider's own API, is refused unless allowed
+            (a :class:`Workflow` built in Python is trusted code).
+        strict: the workflow's warnings (a store path outside the file's folder, ...)
+            are errors: nothing runs.
 
     Works inside a running event loop too (Jupyter): the workflow then runs on a
     worker thread.
 
     Raises:
-        WorkflowError: the workflow is invalid (nothing was written).
+        WorkflowError: the workflow is invalid, refused by the trust boundary, or has
+            warnings with ``strict`` (nothing was written or sent).
         MarsysMemError: running it failed (a store or transport error).
     """
-    coro = arun_workflow(workflow, store_dir=store_dir, mqtt=mqtt, progress=progress)
+    coro = arun_workflow(
+        workflow, store_dir=store_dir, mqtt=mqtt, progress=progress, trust=trust, strict=strict
+    )
     try:
         asyncio.get_running_loop()
     except RuntimeError:

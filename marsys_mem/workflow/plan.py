@@ -67,6 +67,7 @@ from marsys_mem.workflow.models import (
     validate_step,
     workflow_schema,
 )
+from marsys_mem.workflow.trust import store_warning
 
 __all__ = [
     "PlannedStep",
@@ -176,7 +177,8 @@ class PreparedWorkflow:
     steps with repeats expanded; ``count`` the number of steps to play; ``warnings``
     settings that are valid but probably not meant (one line each, with file and line);
     ``llm`` the model ``ask`` steps call (the workflow's ``llm:``, else the memory
-    config's; ``None``: asks stay offline).
+    config's; ``None``: asks stay offline); ``llm_where`` the location of its fields in
+    the file it came from (``{"api_key_env": "wf.yaml:5: llm.api_key_env"}``).
     """
 
     workflow: Workflow
@@ -187,6 +189,7 @@ class PreparedWorkflow:
     count: int
     warnings: list[str] = field(default_factory=list)
     llm: LLMConfig | None = None
+    llm_where: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -740,8 +743,8 @@ def check_workflow_data(data: Any, lines: SourceMap | None, path: Path) -> Workf
         data = {**data, "name": path.stem}
     file = str(path)
     origin = WorkflowOrigin(path.resolve(), file, data, lines)
-    try:
-        wf = Workflow.model_validate(data)
+    try:  # the source marks its llm: and memory: sections as read from a file
+        wf = Workflow.model_validate(data, context={"source": path.resolve()})
     except ValidationError as exc:
         errors: list[Problem] = []
         errors += located_errors(
@@ -828,6 +831,12 @@ def _check(
         warnings += config_warnings(
             config, data=data, lines=lines, file=file, prefix=prefix, agents=checker.agents
         )
+        folder = _file_folder(workflow, config)
+        if folder is not None:
+            where = locate(data, (*prefix, "store", "path"), lines, file=file)
+            outside = store_warning(config.store, folder, str(where))
+            if outside is not None:
+                warnings.append(outside)
     try:
         initial = checker.initial()
         overflow = _overflow(workflow.steps, ("steps",))
@@ -854,7 +863,25 @@ def _check(
     prepared = PreparedWorkflow(
         workflow, config, explicit_store, initial, plan, checker.count, warnings, llm
     )
+    if llm is not None and llm.source is not None:
+        data, lines, file, prefix = source
+        if workflow.llm is not None:
+            data, lines, file, prefix = checker.data, checker.lines, checker.file, ()
+        prepared.llm_where = {
+            name: str(locate(data, (*prefix, "llm", name), lines, file=file))
+            for name in ("api_key_env", "base_url")
+        }
     return prepared, []
+
+
+def _file_folder(workflow: Workflow, config: MemoryConfig) -> Path | None:
+    """The folder of the file that named the store: the policy file, else the workflow file.
+
+    ``None`` for a workflow built in code with an inline config: trusted code.
+    """
+    if config.source is not None:
+        return config.source.parent
+    return workflow.origin.path.parent if workflow.origin is not None else None
 
 
 def _llm_of(workflow: Workflow, config: MemoryConfig | None) -> LLMConfig | None:

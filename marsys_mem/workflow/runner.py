@@ -43,6 +43,7 @@ from marsys_mem.coordination.envelope import inbox_key
 from marsys_mem.exceptions import LLMError, MarsysMemError
 from marsys_mem.llm.base import LLM
 from marsys_mem.llm.factory import make_llm
+from marsys_mem.llm.trust import FileTrust
 from marsys_mem.manager import MemoryManager
 from marsys_mem.model.facts import SharedFact
 from marsys_mem.model.messages import AgentCall, Message, ToolCall
@@ -175,6 +176,8 @@ class WorkflowRunner:
         store_dir: folder for ``memory.db`` (overrides the config's store).
         mqtt: broker settings (override the workflow's transport).
         progress: ``progress(done, total, label)`` after each step.
+        trust: what the user allows a file's ``llm:`` (default: the user-level
+            :meth:`~marsys_mem.llm.trust.FileTrust.from_env`).
 
     Example:
         >>> from marsys_mem.workflow import Workflow, prepare_workflow
@@ -193,8 +196,10 @@ class WorkflowRunner:
         store_dir: str | Path | None = None,
         mqtt: MqttSettings | None = None,
         progress: ProgressCallback | None = None,
+        trust: FileTrust | None = None,
     ) -> None:
         self.prepared = prepared
+        self.trust = trust
         self.workflow = prepared.workflow
         self.config = _store_config(prepared, store_dir)
         transport = self.workflow.transport
@@ -432,7 +437,8 @@ class WorkflowRunner:
         self._started = datetime.now(UTC)
         error: BaseException | None = None
         if self.llm_config is not None:
-            self.llm = make_llm(self.llm_config)  # LLMError: its SDK or key is missing
+            # LLMError: its SDK or key is missing, or a file's llm: is not allowed
+            self.llm = make_llm(self.llm_config, trust=self.trust)
         try:
             self.manager = self._new_manager()
         except BaseException:

@@ -29,7 +29,7 @@ from marsys_mem.testing.llm_server import (
     echo_chat,
     openai_error,
 )
-from marsys_mem.workflow import WorkflowError, check_file, load_workflow, run_workflow
+from marsys_mem.workflow import FileTrust, WorkflowError, check_file, load_workflow, run_workflow
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "workflows" / "chat_llm.yaml"
@@ -178,7 +178,9 @@ def test_ask_through_the_anthropic_sdk(tmp_path, server, monkeypatch):
         "api_key_env: TEST_ANTHROPIC_KEY, max_tokens: 50}",
         SAYS + '- ask: {agent: assistant, question: "When is the meeting?"}',
     )
-    report = run_workflow(path)
+    # a file's own key variable and server: allowed by the user, outside the file
+    trust = FileTrust(allow_env={"TEST_ANTHROPIC_KEY"}, allow_base_url={server.url})
+    report = run_workflow(path, trust=trust)
     assert report.ok, report.to_text()
     ask = report.asks[0]
     assert ask.answer == "Tuesday."
@@ -363,6 +365,9 @@ def test_llm_in_a_policy_file(tmp_path, server, monkeypatch):
     assert code != 0
 
     monkeypatch.setenv("POLICY_KEY", "sk-policy")
+    # the user allows the file's own variable and server (the user-level setting)
+    monkeypatch.setenv("MARSYS_MEM_ALLOW_ENV", "POLICY_KEY")
+    monkeypatch.setenv("MARSYS_MEM_ALLOW_BASE_URL", server.url)
     report = run_workflow(wf, store_dir=tmp_path / "s")
     assert report.asks[0].answer == "You said: hello?"
     assert server.requests[0].headers["authorization"] == "Bearer sk-policy"
