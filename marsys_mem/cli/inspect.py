@@ -13,6 +13,11 @@ data (``rag``, ``episodes``, ``tiers``), the facts of workflow runs (agent ``#fa
 facts learned about subjects (``user-facts``) and the threads held with them (``threads``).
 Keys whose names break the naming rule (written before it existed) are listed as
 ``invalid``; they stay readable but are not searched.
+
+Both read without writing (the store is opened read-only, an older schema read as it is) and
+row by row: a row that does not validate is skipped and reported (:class:`InvalidRow`),
+never failing the whole read, and a conversation's last message is previewed from the
+first bytes of its row, whatever its size.
 """
 
 from __future__ import annotations
@@ -35,11 +40,13 @@ from marsys_mem.retrieval.embeddings import Embedder, default_embedder
 from marsys_mem.retrieval.scoring import ScoredMessage, fuse_scores
 from marsys_mem.store.base import Key
 from marsys_mem.store.keys import KeyInfo, parse_key
-from marsys_mem.store.sqlite import SQLiteStore
+from marsys_mem.store.rows import StoredRow, error_reason
+from marsys_mem.store.sqlite import SCHEMA_VERSION, SQLiteStore
 
 __all__ = [
     "ConversationSummary",
     "InternalKeySummary",
+    "InvalidRow",
     "SearchHit",
     "StoreNotFoundError",
     "StoreSummary",
@@ -52,6 +59,11 @@ __all__ = [
 log = logging.getLogger("marsys_mem.cli.inspect")
 
 SearchMode = Literal["auto", "bm25", "hybrid"]
+
+PREVIEW_BYTES = 64 * 1024
+"""A row larger than this is not loaded to preview it: its first bytes are read."""
+_PREVIEW_ROWS = 4  # newest rows read per key (the newest valid one is previewed)
+_PREVIEW_CHARS = 200
 _Source = Literal["bm25", "rag"]
 
 
@@ -100,6 +112,32 @@ class InternalKeySummary(_Model):
     messages: int
 
 
+class InvalidRow(_Model):
+    """A stored row that does not validate, skipped by ``inspect`` or ``search``.
+
+    ``kind``: a ``message`` row (``id`` its message id), a ``run`` snapshot (``id`` the
+    run id; ``agent`` and ``branch`` are empty) or a recorded ``fact`` (in a message row).
+
+    Example:
+        >>> InvalidRow(namespace="d", agent="a", branch="main", id="m1",
+        ...            reason="Invalid JSON").described
+        'key d/a@main, id m1: Invalid JSON'
+    """
+
+    namespace: str
+    agent: str
+    branch: str
+    id: str
+    reason: str
+    kind: Literal["message", "run", "fact"] = "message"
+
+    @property
+    def described(self) -> str:
+        """Where the row is and why it is invalid, in one line."""
+        where = f"{self.agent}@{self.branch}" if self.agent else self.kind
+        return f"key {self.namespace}/{where}, id {self.id}: {self.reason}"
+
+
 class StoredFact(_Model):
     """A fact a workflow run recorded (agent ``#facts``).
 
@@ -130,11 +168,15 @@ class StoreSummary(_Model):
 
     path: str
     integrity: str = "ok"
+    schema_version: int = SCHEMA_VERSION
     namespaces: list[str]
     conversations: list[ConversationSummary] = Field(default_factory=list)
     internal: list[InternalKeySummary] = Field(default_factory=list)
     facts: list[StoredFact] = Field(default_factory=list)
     runs: int = Field(default=0, description="Runs of the conversations (not pattern episodes).")
+    invalid: list[InvalidRow] = Field(
+        default_factory=list, description="Rows read that do not validate (skipped)."
+    )
 
     @property
     def messages(self) -> int:
@@ -242,11 +284,12 @@ def _internal_kind(key: Key) -> str | None:
     return _KINDS.get(info.kind)
 
 
-def _stored_fact(key: Key, data: object) -> StoredFact | None:
+def _stored_fact(key: Key, data: object) -> tuple[StoredFact | None, str]:
+    """The fact a ``#facts`` row records, or ``None`` and why not."""
     try:
         fact = SharedFact.model_validate(data)
-    except ValidationError:
-        return None
+    except ValidationError as exc:
+        return None, f"the recorded fact does not validate: {error_reason(exc)}"
     topic = fact.metadata.get("topic")
     merged = fact.metadata.get("merged_from")
     return StoredFact(
@@ -259,11 +302,30 @@ def _stored_fact(key: Key, data: object) -> StoredFact | None:
         confidence=fact.confidence,
         topic=str(topic) if topic is not None else None,
         merged_from=str(merged) if merged is not None else None,
+    ), ""
+
+
+def _invalid(key: Key, row: StoredRow) -> InvalidRow:
+    return InvalidRow(
+        namespace=key[0],
+        agent=key[1],
+        branch=key[2],
+        id=row.message_id,
+        reason=row.error or "invalid",
     )
+
+
+def _preview(text: str) -> str:
+    """The beginning of ``text`` on one line (only the beginning is ever split)."""
+    return " ".join(text[: _PREVIEW_CHARS * 2].split())[:_PREVIEW_CHARS]
 
 
 def inspect_store(path: str | Path) -> StoreSummary:
     """Summarise the store at ``path`` (a SQLite file or a folder holding one).
+
+    Nothing is written; rows that do not validate are skipped and listed in
+    :attr:`StoreSummary.invalid` (those read: each key's newest rows, the recorded facts
+    and the runs).
 
     Raises:
         StoreNotFoundError: no store there.
@@ -274,12 +336,23 @@ def inspect_store(path: str | Path) -> StoreSummary:
         conversations: list[ConversationSummary] = []
         internal: list[InternalKeySummary] = []
         facts: list[StoredFact] = []
+        invalid: list[InvalidRow] = []
         runs_by: dict[Key, int] = {}
         namespaces = sorted({k[0] for k in keys})
         total_runs = 0
         for ns in namespaces:
             for run_id in store.list_runs(namespace=ns):
-                snap = store.load_run(run_id)
+                try:
+                    snap = store.load_run(run_id)
+                except StoreError as exc:  # a snapshot that does not validate
+                    cause = exc.__cause__
+                    reason = error_reason(cause) if isinstance(cause, Exception) else str(exc)
+                    invalid.append(
+                        InvalidRow(
+                            namespace=ns, agent="", branch="", id=run_id, reason=reason, kind="run"
+                        )
+                    )
+                    continue
                 if snap is not None and _internal_kind((ns, snap.agent, snap.branch)) is None:
                     runs_by[(ns, snap.agent, snap.branch)] = (
                         runs_by.get((ns, snap.agent, snap.branch), 0) + 1
@@ -289,10 +362,17 @@ def inspect_store(path: str | Path) -> StoreSummary:
             count = store.count_messages(key)
             kind = _internal_kind(key)
             if kind == "facts":
-                for m in store.load_messages(key):
-                    fact = _stored_fact(key, m.metadata.get("fact"))
+                for row in store.read_rows(key):
+                    if row.message is None:
+                        invalid.append(_invalid(key, row))
+                        continue
+                    fact, why = _stored_fact(key, row.message.metadata.get("fact"))
                     if fact is not None:
                         facts.append(fact)
+                    else:
+                        invalid.append(
+                            _invalid(key, row).model_copy(update={"reason": why, "kind": "fact"})
+                        )
             if kind is not None:
                 internal.append(
                     InternalKeySummary(
@@ -300,7 +380,10 @@ def inspect_store(path: str | Path) -> StoreSummary:
                     )
                 )
                 continue
-            last = store.load_messages(key, last=1)
+            # the newest rows, each read only up to PREVIEW_BYTES (a huge row is not loaded)
+            rows = store.read_rows(key, last=_PREVIEW_ROWS, max_bytes=PREVIEW_BYTES)
+            invalid.extend(_invalid(key, row) for row in rows if not row.valid)
+            last = next((row for row in reversed(rows) if row.valid), None)
             conversations.append(
                 ConversationSummary(
                     namespace=key[0],
@@ -308,18 +391,20 @@ def inspect_store(path: str | Path) -> StoreSummary:
                     branch=key[2],
                     messages=count,
                     runs=runs_by.get(key, 0),
-                    last_message=last[0].timestamp if last else None,
-                    last_text=" ".join(last[0].text.split())[:200] if last else None,
+                    last_message=last.timestamp if last else None,
+                    last_text=_preview(last.preview) if last else None,
                 )
             )
         return StoreSummary(
             path=str(store.path),
             integrity=store.integrity_check(),
+            schema_version=store.schema_version,
             namespaces=namespaces,
             conversations=conversations,
             internal=internal,
             facts=facts,
             runs=total_runs,
+            invalid=invalid,
         )
 
 
@@ -346,6 +431,7 @@ def search_store(
     k: int = 5,
     mode: SearchMode = "auto",
     status: Callable[[str], None] | None = None,
+    on_invalid: Callable[[InvalidRow], None] | None = None,
 ) -> tuple[list[SearchHit], str]:
     """Search the stored messages and facts for ``query``; returns ``(hits, how)``.
 
@@ -353,6 +439,7 @@ def search_store(
     persisted RAG memory, dense + BM25; needs the embeddings extra and an agent with
     ``patterns: {rag: ...}``), or ``auto`` (hybrid when possible, else BM25). ``how``
     says which ran. ``status(text)`` is called before slow work (loading the model).
+    A stored row that does not validate is skipped, and given to ``on_invalid``.
 
     The facts workflow runs recorded are searched too, ranked with the messages the same
     way (in BM25's one index, or by the same hybrid retrieval); their hits have
@@ -373,7 +460,8 @@ def search_store(
         keys = [
             key for key in all_keys if agent in (None, key[1]) and branch in (None, _branch(key))
         ]
-        facts = _facts(store, all_keys, agent, branch)
+        skipped = on_invalid or (lambda row: None)
+        facts = _facts(store, all_keys, agent, branch, skipped)
         rag_keys = [key for key in keys if _internal_kind(key) == "rag"]
         how = "bm25"
         if mode != "bm25" and rag_keys:
@@ -387,11 +475,28 @@ def search_store(
         elif mode == "hybrid":
             how = "bm25 (no agent in this store has a RAG memory)"
         conv_keys = [key for key in keys if _internal_kind(key) is None]
-        return _search_bm25(store, conv_keys, facts, query, k), how
+        return _search_bm25(store, conv_keys, facts, query, k, skipped), how
+
+
+def _valid_messages(
+    store: SQLiteStore, key: Key, skipped: Callable[[InvalidRow], None]
+) -> list[Message]:
+    """The messages under ``key`` that validate; the others go to ``skipped``."""
+    messages = []
+    for row in store.read_rows(key):
+        if row.message is None:
+            skipped(_invalid(key, row))
+        else:
+            messages.append(row.message)
+    return messages
 
 
 def _facts(
-    store: SQLiteStore, keys: list[Key], agent: str | None, branch: str | None
+    store: SQLiteStore,
+    keys: list[Key],
+    agent: str | None,
+    branch: str | None,
+    skipped: Callable[[InvalidRow], None],
 ) -> list[tuple[str, SharedFact]]:
     """``(branch, fact)`` of the facts recorded in ``keys``: each fact once, filtered.
 
@@ -402,10 +507,21 @@ def _facts(
     for key in keys:
         if _internal_kind(key) != "facts" or branch not in (None, key[2]):
             continue
-        for m in store.load_messages(key):
+        for m in _valid_messages(store, key, skipped):
             try:
                 fact = SharedFact.model_validate(m.metadata.get("fact"))
-            except ValidationError:
+            except ValidationError as exc:
+                reason = f"the recorded fact does not validate: {error_reason(exc)}"
+                skipped(
+                    InvalidRow(
+                        namespace=key[0],
+                        agent=key[1],
+                        branch=key[2],
+                        id=m.message_id,
+                        reason=reason,
+                        kind="fact",
+                    )
+                )
                 continue
             if agent not in (None, fact.source_agent):
                 continue
@@ -435,11 +551,12 @@ def _search_bm25(
     facts: list[tuple[str, SharedFact]],
     query: str,
     k: int,
+    skipped: Callable[[InvalidRow], None],
 ) -> list[SearchHit]:
     index = BM25Index()
     found: dict[str, tuple[Key, Message] | tuple[str, SharedFact]] = {}
     for key in keys:
-        for m in store.load_messages(key):
+        for m in _valid_messages(store, key, skipped):
             text = m.text
             if not text.strip():
                 continue

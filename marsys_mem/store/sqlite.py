@@ -61,7 +61,11 @@ added ``key_counts`` (backfilled) and stamped the ``application_id``; version 4 
 version 5 added ownership (``key_copies``, ``sources``, the ``deletions`` log and their
 triggers; :mod:`marsys_mem.store.owners`), nothing backfilled: a pattern's copies are
 linked when it next writes, and checked against their messages when it next reads.
-``inspect`` never migrates (it opens stores read-only).
+``inspect`` never migrates (it opens stores read-only): a store of an older version is
+read as it is, the tables a later version added standing in empty (temporary, in the
+connection only; ``key_counts`` as a view counting the rows). :func:`migrate_file`
+(``marsys-mem migrate``) upgrades a file on a copy and swaps it into place, or changes
+nothing.
 
 All SQL is parameterised; the only values formatted into statements are PRAGMA settings
 checked against a fixed set. Nothing is pickled: messages and run snapshots are stored as
@@ -70,15 +74,18 @@ their pydantic JSON.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
+import re
 import sqlite3
 import stat
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -94,6 +101,7 @@ from marsys_mem.store.base import (
     Delete,
     EnforceRetention,
     ExpectLast,
+    Key,
     ListKeys,
     ListRuns,
     Load,
@@ -106,9 +114,11 @@ from marsys_mem.store.base import (
     PutVectors,
     SaveRun,
     conflict_error,
+    validate_key,
 )
 from marsys_mem.store.owners import DELETION_LOG_SIZE, DeletionPage
 from marsys_mem.store.retention import EVICTION_ORDER, ttl_cutoff
+from marsys_mem.store.rows import StoredRow, error_reason, head_preview
 from marsys_mem.store.vectors import MessagePage, VectorPage, from_bytes, to_bytes
 
 __all__ = [
@@ -116,9 +126,11 @@ __all__ = [
     "MIGRATIONS",
     "SCHEMA",
     "SCHEMA_VERSION",
+    "Migrated",
     "Migration",
     "SQLiteStore",
     "Synchronous",
+    "migrate_file",
 ]
 
 Synchronous = Literal["FULL", "NORMAL"]
@@ -507,11 +519,12 @@ def _check_identity(conn: sqlite3.Connection, path: str) -> None:
     raise _not_ours(path, f"an SQLite database of another application, with tables {shown}{more}")
 
 
-def _open_read_only(path: str, busy_timeout: float) -> sqlite3.Connection:
-    """A read-only connection to an existing store of this version: nothing is written.
+def _open_read_only(path: str, busy_timeout: float) -> tuple[sqlite3.Connection, int]:
+    """A read-only connection to an existing store, and its schema version.
 
-    No migration, no journal-mode change: a store of an older schema is refused with how
-    to upgrade it (open it once with the library).
+    Nothing is written: no migration, no journal-mode change. A store of an older schema
+    is read as it is (:func:`_stand_in`); one with no schema version, or a newer one, is
+    refused with what to do.
     """
     if not os.path.isfile(path):
         raise StoreError(f"{_short(path, 200)}: no such store file")
@@ -526,31 +539,65 @@ def _open_read_only(path: str, busy_timeout: float) -> sqlite3.Connection:
         )
     except sqlite3.Error as exc:
         raise StoreError(f"cannot open {_short(path, 200)} read-only: {exc}") from exc
+    version = 0
     try:
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
         _check_identity(conn, path)
         version = _schema_version(conn)
+        latest = len(MIGRATIONS)
+        if version > latest:
+            raise StoreError(
+                f"{_short(path, 200)} has schema version {version}, newer than this "
+                f"marsys-mem knows ({latest}): upgrade marsys-mem to read it"
+            )
+        if version < 1:
+            raise StoreError(
+                f"{_short(path, 200)} records no schema version (its schema_version table "
+                "is empty): it is damaged, or was not written by marsys-mem"
+            )
+        if version < latest:
+            _stand_in(conn)
     except sqlite3.Error as exc:
         conn.close()
-        raise StoreError(f"cannot read {_short(path, 200)}: {exc}") from exc
+        raise StoreError(
+            f"cannot read {_short(path, 200)}: {exc}"
+            + (
+                f" (schema version {version}: `marsys-mem migrate FILE` upgrades it)"
+                if 0 < version < len(MIGRATIONS)
+                else ""
+            )
+        ) from exc
     except BaseException:
         conn.close()
         raise
-    latest = len(MIGRATIONS)
-    if version != latest:
-        conn.close()
-        newer = "newer than this marsys-mem knows" if version > latest else "an older one"
-        how = (
-            "upgrade marsys-mem to read it"
-            if version > latest
-            else "open it once with the library (MemoryManager or SQLiteStore) to upgrade it; "
-            "reading it read-only never changes it"
-        )
-        raise StoreError(
-            f"{_short(path, 200)} has schema version {version}, {newer} (this marsys-mem: "
-            f"{latest}): {how}"
-        )
-    return conn
+    return conn, version
+
+
+_CREATE_TABLE = re.compile(r"CREATE TABLE (\w+) ")
+
+
+def _stand_in(conn: sqlite3.Connection) -> None:
+    """Make a store of an older schema readable as it is, writing nothing to it.
+
+    Each table of :data:`SCHEMA` the file lacks stands in, in the connection's temporary
+    schema: empty (the older version had none of those records), except ``key_counts``,
+    a view counting the rows of ``messages``.
+    """
+    present = {
+        str(name)
+        for (name,) in conn.execute("SELECT name FROM main.sqlite_master WHERE type = 'table'")
+    }
+    for statement in SCHEMA:
+        found = _CREATE_TABLE.match(statement)
+        if found is None or found[1] in present:
+            continue
+        if found[1] == "key_counts":
+            conn.execute(
+                "CREATE TEMP VIEW key_counts AS SELECT namespace, agent, branch, count(*) AS n "
+                "FROM main.messages GROUP BY namespace, agent, branch"
+            )
+        else:  # statements of the fixed SCHEMA above, nothing else
+            conn.execute(statement.replace("CREATE TABLE ", "CREATE TEMP TABLE ", 1))
 
 
 def _remove(path: str) -> None:
@@ -612,6 +659,128 @@ def _set_wal(conn: sqlite3.Connection, busy_timeout: float) -> str:
             time.sleep(0.01)
 
 
+# ---------------------------------------------------------------------- migrating a file
+@dataclass(frozen=True, slots=True)
+class Migrated:
+    """What :func:`migrate_file` did.
+
+    Attributes:
+        path: the store file.
+        from_version: its schema version before.
+        to_version: its schema version now (:data:`SCHEMA_VERSION`).
+        backup: the original file, kept beside it (``None``: nothing to migrate, or no
+            backup asked for).
+
+    Example:
+        >>> Migrated("m.db", 5, 5).changed
+        False
+    """
+
+    path: str
+    from_version: int
+    to_version: int
+    backup: str | None = None
+
+    @property
+    def changed(self) -> bool:
+        """Whether the file was migrated (it had an older schema)."""
+        return self.from_version != self.to_version
+
+
+def migrate_file(path: str | os.PathLike[str], *, backup: bool = True) -> Migrated:
+    """Upgrade the store file at ``path`` to :data:`SCHEMA_VERSION`, whole or not at all.
+
+    The file is never written: a copy (SQLite's backup API) is migrated and checked
+    (``integrity_check``) beside it, then renamed over it in one step, the original kept
+    as ``FILE.v{version}.bak`` (unless ``backup=False``). On any failure the copy is
+    removed and the file's bytes are as they were. A store in use (its ``-wal`` or
+    ``-shm`` beside it) is refused: close every process using it first (a process that
+    kept it open would go on writing to the replaced file).
+
+    Raises:
+        StoreError: no such file, not a marsys-mem store, in use, a newer schema, or the
+            migration failed (the message names the file and says it is unchanged).
+    """
+    path = os.fspath(path)
+    shown = _short(path, 200)
+    if not os.path.isfile(path):
+        raise StoreError(f"{shown}: no such store file")
+    _check_file(path)
+    for suffix in ("-wal", "-shm"):
+        if os.path.exists(path + suffix):
+            raise StoreError(
+                f"{shown} is in use, or was not closed cleanly ({_short(path + suffix, 200)} "
+                "exists): close every process using it, then migrate (opening it once "
+                "with the library also recovers and upgrades it)"
+            )
+    before = os.stat(path)
+    conn, version = _open_read_only(path, 30.0)
+    conn.close()
+    if version == len(MIGRATIONS):
+        return Migrated(path, version, version)
+    folder, name = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(folder, f".{name}.{uuid.uuid4().hex}.migrating")
+    try:
+        source = sqlite3.connect(
+            Path(os.path.abspath(path)).as_uri() + "?mode=ro&immutable=1", uri=True
+        )
+        target = sqlite3.connect(tmp, isolation_level=None)
+        try:
+            source.backup(target)
+            _migrate(target, path)
+            problems = [str(r[0]) for r in target.execute("PRAGMA integrity_check")]
+            if problems == ["ok"]:
+                problems = _count_mismatches(target) + _orphan_vectors(target) or problems
+            if problems != ["ok"]:
+                raise StoreError("the migrated copy fails its check: " + "; ".join(problems))
+            target.execute("PRAGMA journal_mode = WAL")  # as every store is kept
+        finally:
+            source.close()
+            target.close()
+        os.chmod(tmp, stat.S_IMODE(before.st_mode))
+        now = os.stat(path)
+        if (now.st_ino, now.st_size, now.st_mtime_ns) != (
+            before.st_ino,
+            before.st_size,
+            before.st_mtime_ns,
+        ) or any(os.path.exists(path + s) for s in ("-wal", "-shm")):
+            raise StoreError("it changed, or was opened, while it was being migrated")
+        kept = _backup_name(path, version) if backup else None
+        if kept is not None:
+            os.link(path, kept)  # the original's own bytes, no copy
+        os.replace(tmp, path)
+    except (sqlite3.Error, OSError, StoreError, ValidationError, ValueError) as exc:
+        reason = str(exc)
+        if isinstance(exc, ValidationError):  # a row an older version stored does not validate
+            reason = (
+                f"a stored row does not validate ({error_reason(exc)}); `marsys-mem inspect "
+                f"{shown}` lists such rows"
+            )
+        raise StoreError(
+            f"{shown}: migrating schema version {version} to {len(MIGRATIONS)} failed, "
+            f"the file is unchanged: {reason}"
+        ) from exc
+    finally:
+        _remove(tmp)
+    with contextlib.suppress(OSError):  # make the rename durable too (POSIX)
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return Migrated(path, version, len(MIGRATIONS), kept)
+
+
+def _backup_name(path: str, version: int) -> str:
+    """A free name for the original file: ``FILE.v1.bak``, else ``FILE.v1.2.bak``, ..."""
+    name = f"{path}.v{version}.bak"
+    n = 1
+    while os.path.lexists(name):
+        n += 1
+        name = f"{path}.v{version}.{n}.bak"
+    return name
+
+
 # ---------------------------------------------------------------------- the store
 class SQLiteStore(MemoryStore):
     """A :class:`~marsys_mem.store.base.MemoryStore` in one SQLite file.
@@ -624,9 +793,10 @@ class SQLiteStore(MemoryStore):
             ``"NORMAL"`` (faster; in WAL mode the last commits can be lost on power loss,
             never on a process crash).
         busy_timeout: seconds to wait for another connection's write lock before failing.
-        read_only: open an existing store of this version for reading only: nothing is
-            migrated or written (``inspect`` opens stores this way); writes raise
-            :class:`~marsys_mem.exceptions.StoreError`.
+        read_only: open an existing store for reading only: nothing is migrated or
+            written (``inspect`` opens stores this way); writes raise
+            :class:`~marsys_mem.exceptions.StoreError`. A store of an older schema is read
+            as it is (what its version did not have reads as empty).
 
     Attributes:
         path: the database file, as given (``os.fspath``).
@@ -634,6 +804,8 @@ class SQLiteStore(MemoryStore):
         busy_timeout: the busy timeout in seconds.
         journal_mode: what SQLite reported after asking for WAL (``"wal"`` for a file,
             ``"memory"`` for ``":memory:"``).
+        schema_version: the file's schema version (older than :data:`SCHEMA_VERSION`
+            only when opened read-only).
 
     Raises:
         StoreError: the file cannot be opened or created, is not a marsys-mem database
@@ -678,8 +850,9 @@ class SQLiteStore(MemoryStore):
             raise StoreError("the path of an SQLiteStore must not be empty")
         memory = self.path == ":memory:"
         self.read_only = bool(read_only)
+        self.schema_version = SCHEMA_VERSION
         if self.read_only:
-            self._conn = _open_read_only(self.path, self.busy_timeout)
+            self._conn, self.schema_version = _open_read_only(self.path, self.busy_timeout)
             self.journal_mode = str(self._conn.execute("PRAGMA journal_mode").fetchone()[0])
             return
         if not memory:
@@ -784,6 +957,74 @@ class SQLiteStore(MemoryStore):
                 raise StoreError(f"integrity_check failed on {self.path}: {exc}") from exc
         return "\n".join(problems)
 
+    def read_rows(
+        self, key: Key, *, last: int | None = None, max_bytes: int | None = None
+    ) -> list[StoredRow]:
+        """The rows under ``key``, oldest first, each read on its own (for inspection).
+
+        A row that does not validate (bad JSON, a message the model refuses) comes back
+        with its ``error`` rather than failing the read: one bad row hides nothing else.
+
+        Args:
+            key: ``(namespace, agent, branch)``.
+            last: only the newest ``last`` rows.
+            max_bytes: a row larger than this is not loaded: only its first ``max_bytes``
+                bytes are read (incremental blob I/O), for its role and the beginning of
+                its text (``head_text``). ``None``: every row is loaded whole.
+
+        Raises:
+            ValueError: a bad key, ``last`` or ``max_bytes``.
+            StoreError: the store is closed or cannot be read.
+        """
+        validate_key(key)
+        for name, value in (("last", last), ("max_bytes", max_bytes)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"{name} must be an int or None, got {value!r}")
+        if last is not None and last < 0:
+            raise ValueError(f"last must be >= 0, got {last!r}")
+        if max_bytes is not None and max_bytes < 64:
+            raise ValueError(f"max_bytes must be >= 64, got {max_bytes!r}")
+        if last == 0:
+            return []
+        data = ", data" if max_bytes is None else ""
+        sql = f"SELECT seq, message_id, ts{data} FROM messages WHERE {_KEY_WHERE}"
+        params: list[Any] = list(key)
+        if last is not None:
+            sql = f"SELECT * FROM ({sql} ORDER BY seq DESC LIMIT ?) ORDER BY seq"
+            params.append(last)
+        else:
+            sql += " ORDER BY seq"
+        with self._lock:
+            conn = self._open_conn()
+            try:
+                conn.execute("BEGIN")  # one snapshot for the rows and their blobs
+                try:
+                    rows = conn.execute(sql, params).fetchall()
+                    if max_bytes is None:
+                        return _whole_rows(rows)
+                    return [_bounded_row(conn, row, max_bytes) for row in rows]
+                finally:
+                    conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise StoreError(
+                    f"cannot read the rows of {key} in {self.path}: {exc}{self._older()}"
+                ) from exc
+
+    async def aread_rows(
+        self, key: Key, *, last: int | None = None, max_bytes: int | None = None
+    ) -> list[StoredRow]:
+        """Async twin of :meth:`read_rows`."""
+        return await asyncio.to_thread(self.read_rows, key, last=last, max_bytes=max_bytes)
+
+    def _older(self) -> str:
+        """A hint for errors on a store read as it is, with an older schema."""
+        if self.schema_version >= SCHEMA_VERSION:
+            return ""
+        return (
+            f" (its schema version is {self.schema_version}, older than this marsys-mem's "
+            f"{SCHEMA_VERSION}: `marsys-mem migrate {self.path}` upgrades it)"
+        )
+
     def _open_conn(self) -> sqlite3.Connection:
         if self._conn is None:
             raise StoreError(f"SQLiteStore({self.path!r}) is closed")
@@ -811,7 +1052,7 @@ class SQLiteStore(MemoryStore):
                 _rollback(conn)
                 if isinstance(exc, sqlite3.Error):
                     raise StoreError(
-                        f"SQLite error on {self.path}, batch rolled back: {exc}"
+                        f"SQLite error on {self.path}, batch rolled back: {exc}{self._older()}"
                     ) from exc
                 if isinstance(exc, ValidationError):
                     raise StoreError(
@@ -819,6 +1060,59 @@ class SQLiteStore(MemoryStore):
                     ) from exc
                 raise
         return results
+
+
+def _time(ts: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=int(ts))
+
+
+def _whole_rows(rows: list[tuple[Any, ...]]) -> list[StoredRow]:
+    """Rows ``(seq, message_id, ts, data)`` validated: all at once, else one by one."""
+    try:  # the common case: every row valid, validated in one call
+        messages: list[Message | None] = list(
+            MESSAGE_LIST_ADAPTER.validate_json("[" + ",".join(r[3] for r in rows) + "]")
+        )
+        errors: list[str | None] = [None] * len(rows)
+    except (ValidationError, TypeError):  # TypeError: a row's data is not text
+        messages, errors = [], []
+        for row in rows:
+            try:
+                messages.append(Message.model_validate_json(row[3]))
+                errors.append(None)
+            except (ValidationError, TypeError) as exc:
+                messages.append(None)
+                errors.append(error_reason(exc))
+    return [
+        StoredRow(
+            int(seq),
+            str(mid),
+            _time(ts),
+            len(data.encode()) if isinstance(data, str) else len(data or b""),
+            message=message,
+            role=message.role if message is not None else None,
+            error=error,
+        )
+        for (seq, mid, ts, data), message, error in zip(rows, messages, errors, strict=True)
+    ]
+
+
+def _bounded_row(conn: sqlite3.Connection, row: tuple[Any, ...], max_bytes: int) -> StoredRow:
+    """Row ``(seq, message_id, ts)`` read through a blob: whole if small, else its head."""
+    seq, mid, ts = int(row[0]), str(row[1]), _time(row[2])
+    with conn.blobopen("messages", "data", seq, readonly=True) as blob:
+        size = len(blob)
+        head = blob.read(min(size, max_bytes))
+    if size <= max_bytes:
+        try:
+            message = Message.model_validate_json(head)
+        except ValidationError as exc:
+            return StoredRow(seq, mid, ts, size, error=error_reason(exc))
+        return StoredRow(seq, mid, ts, size, message=message, role=message.role)
+    try:
+        role, text = head_preview(head)
+    except ValueError as exc:
+        return StoredRow(seq, mid, ts, size, error=error_reason(exc))
+    return StoredRow(seq, mid, ts, size, role=role, head_text=text)
 
 
 def _count_mismatches(conn: sqlite3.Connection) -> list[str]:
