@@ -28,10 +28,12 @@ Resources: ``memory://agents`` (what ``list_agents`` returns) and
 
 Over HTTP (``marsys-mem mcp --transport http``) clients authenticate with bearer tokens
 (:mod:`.mcp_auth`), each limited to the agents its token names: it cannot read, change or
-forget any other agent, and ``list_agents`` shows it its own. Off loopback the server
-refuses to start without tokens, and it checks every request's Host and Origin against
-the allowed ones (:mod:`.mcp_http`). Over stdio the client is the local user who spawned
-the server, with every agent.
+forget any other agent, and ``list_agents`` shows it its own; its facts may reach only its
+own agents (``share_fact`` on a branch of its own; not ``kind="fact"``, which reaches
+every agent), and ``subject`` (recall across every agent's threads) needs ``*``. Off
+loopback the server refuses to start without tokens, and it checks every request's Host
+and Origin against the allowed ones (:mod:`.mcp_http`). Over stdio the client is the
+local user who spawned the server, with every agent.
 
 Persistent agents live in the policy file's store (SQLite) and survive a restart of the
 server. So do shared facts (``share_fact``, ``remember`` with ``kind="fact"``) when the
@@ -686,6 +688,36 @@ class MemoryServer:
                     f"{client.name!r} may use; nothing was removed"
                 )
 
+    def _reach(self, agent: str, branch: str, scope: FactScope) -> set[str]:
+        """The agents a fact ``agent`` shares on ``branch`` with ``scope`` would reach now."""
+        graph = self.graph
+        if branch in graph:
+            reached = {a for a, _ in graph.agents_in_scope(branch, scope)}
+        elif scope in ("branch", "subtree"):  # a new branch: forked from main, agent alone
+            reached = set()
+        else:  # its lineage is main; global is every branch
+            reached = {
+                a
+                for a, _ in graph.agents_in_scope(
+                    "main", "branch" if scope == "lineage" else "global"
+                )
+            }
+        return reached | {agent}
+
+    def _allow_share(
+        self, client: ClientGrant | None, agent: str, branch: str, scope: FactScope
+    ) -> None:
+        """Refuse a fact that would reach agents the current (limited) client may not use."""
+        if client is None or client.everything:
+            return
+        others = sorted(a for a in self._reach(agent, branch, scope) if not client.allows(a))
+        if others:
+            raise ToolError(
+                f"scope: a fact shared on branch {branch!r} with scope {scope!r} would reach "
+                f"agents {', '.join(map(repr, others))} that client {client.name!r} may not "
+                "use; share it on a branch of its own agents"
+            )
+
     def _visible(self, agents: list[dict[str, Any]]) -> list[dict[str, Any]]:
         client = self._client()
         return [a for a in agents if client is None or client.allows(a["agent"])]
@@ -707,7 +739,12 @@ class MemoryServer:
             pinned: Annotated[bool, Field(description="always kept in the window")] = False,
         ) -> dict[str, Any]:
             """Remember a message for an agent (or, with kind=fact, a fact for every agent)."""
-            self._allow(agent)
+            client = self._allow(agent)
+            if kind == "fact" and client is not None and not client.everything:
+                raise ToolError(
+                    f"kind: a fact reaches every agent, and client {client.name!r} may use "
+                    "only some; use share_fact on a branch of its own agents"
+                )
             return self.remember(agent, content, role=role, kind=kind, branch=branch, pinned=pinned)
 
         @_tool_errors
@@ -789,7 +826,7 @@ class MemoryServer:
             confidence: Annotated[float, Field(ge=0.0, le=1.0)] = 1.0,
         ) -> dict[str, Any]:
             """Share a fact from an agent with the agents in scope (through the coordinator)."""
-            self._allow(agent)
+            self._allow_share(self._allow(agent), agent, branch, scope)
             return await self.share_fact(
                 agent, text, branch=branch, scope=scope, topic=topic, confidence=confidence
             )
