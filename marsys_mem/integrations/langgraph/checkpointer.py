@@ -30,7 +30,21 @@ Layout in the :class:`~marsys_mem.store.base.MemoryStore` (``namespace`` default
 The checkpointer caches each thread it has read (decoded messages included), so a turn
 costs what it adds, not what the thread holds. Before each operation it compares the
 newest record of the thread with its cache and reloads the thread when another process
-wrote to it. One process should write a thread at a time (as with LangGraph's savers).
+wrote to it.
+
+**Several writers of one thread** (processes, threads, checkpointers on one store) never
+lose a turn silently. Every write is one store batch that begins with
+:class:`~marsys_mem.store.base.ExpectLast` on the thread's head: if another writer wrote
+the thread since it was read, nothing is written, the thread is read again and the write
+decided again. A run continues from the checkpoint :meth:`MarsysCheckpointer.get_tuple`
+handed it as the latest (and from each one it then writes); when another writer has
+stored a newer checkpoint in between, storing the run's next one would drop that
+writer's turn, so :meth:`~MarsysCheckpointer.put` raises
+:class:`~marsys_mem.exceptions.ConflictError` naming the thread, and stores nothing.
+Run it again (with the same message ids, ``add_messages`` replaces rather than repeats):
+it starts from the latest state. A run from a checkpoint named by id (time travel) forks
+the thread instead, whoever wrote since. (LangGraph's own savers keep the newest
+checkpoint and silently drop the other writer's turn.)
 
 Messages are treated as immutable, as LangGraph's reducers treat them: a message object
 that is changed in place after a checkpoint is not stored again (replace it, by id, as
@@ -46,16 +60,16 @@ import hashlib
 import os
 import random
 import threading
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from marsys_mem.exceptions import MissingDependencyError
+from marsys_mem.exceptions import ConflictError, MissingDependencyError
 from marsys_mem.model.messages import Message, ToolCall
 from marsys_mem.model.names import is_name, shown, validate_name
-from marsys_mem.store.base import Append, Delete, Key, Load, MemoryStore, Op
+from marsys_mem.store.base import Append, Delete, ExpectLast, Key, Load, MemoryStore, Op
 
 try:
     from langchain_core.messages import BaseMessage
@@ -85,6 +99,8 @@ _RECORDS = "checkpoints"
 _HEAD = "head"
 _ESCAPED = frozenset("/+#@%")
 _MAX_ESCAPED = 200
+_ATTEMPTS = 100  # store batches retried after another writer's (each retry: one commit)
+_MAX_READS = 64  # latest checkpoints remembered per thread (runs in flight in this process)
 
 
 def thread_name(thread_id: str) -> str:
@@ -209,6 +225,7 @@ def _ranges(seqs: Sequence[int]) -> list[list[int]]:
 
 
 _Write = tuple[str, str, dict[str, Any], str]  # task, channel, encoded value, task path
+_Built = tuple[builtins.list[Op], Callable[[], object]]  # a write's ops, and its cache update
 
 
 @dataclass
@@ -256,9 +273,14 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
     """A LangGraph checkpointer that stores each message of a thread once.
 
     Works over any marsys-mem store (:class:`~marsys_mem.store.InMemoryStore`,
-    :class:`~marsys_mem.store.SQLiteStore`); sync and async; passes LangGraph's
+    :class:`~marsys_mem.store.SQLiteStore`, :class:`~marsys_mem.store.PostgresStore`);
+    sync and async; passes LangGraph's
     ``langgraph-checkpoint-conformance`` suite, base and extended capabilities
     (``copy_thread``, ``prune``, ``delete_for_runs``).
+
+    Concurrent writers of a thread: every invoke that returns is in the thread's state; one
+    that lost the race to another writer raises :class:`~marsys_mem.exceptions.ConflictError`
+    (see the module's docstring), and is safe to run again.
 
     Args:
         store: where checkpoints and messages live.
@@ -303,6 +325,9 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
         self.store = store
         self._lock = threading.RLock()
         self._threads: dict[str, _Thread] = {}
+        # per thread: (ns, checkpoint id) handed out as the latest (get_tuple without an id)
+        # or just written, with how many runs continue from it (see put)
+        self._reads: dict[str, dict[tuple[str, str | None], int]] = {}
 
     # ------------------------------------------------------------------ keys, config
     def _keys(self, thread_id: str) -> tuple[Key, Key]:
@@ -346,19 +371,21 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
         cached = self._threads.get(thread_id)
         if cached is not None and cached.tip == tip:
             return cached
-        thread = self._load(thread_id, tip)
+        thread = self._load(thread_id)
         self._threads[thread_id] = thread
         return thread
 
-    def _load(self, thread_id: str, tip: str | None) -> _Thread:
+    def _load(self, thread_id: str) -> _Thread:
+        """The thread as stored: its head, records and log read in one snapshot."""
         records_key, log_key = self._keys(thread_id)
-        records, log = self.store.batch(
+        head, records, log = self.store.batch(
             [
+                Load(self._head_key(thread_id), last=1),
                 _load_op(records_key),
                 _load_op(log_key),
             ]
         )
-        thread = _Thread(thread_id, tip=tip)
+        thread = _Thread(thread_id, tip=head[-1].message_id if head else None)
         for m in log:
             meta = m.metadata
             seq = int(meta["seq"])
@@ -471,13 +498,22 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
         )
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        """The checkpoint ``config`` names, or the thread's latest in its namespace."""
+        """The checkpoint ``config`` names, or the thread's latest in its namespace.
+
+        The latest is remembered as what a run continues from (see :meth:`put`); a
+        checkpoint named by id is one a run forks from (time travel).
+        """
         thread_id = self._thread_id(config)
         ns = self._ns(config)
         with self._lock:
             thread = self._thread(thread_id)
             ckpts = thread.ckpts.get(ns, {})
-            cid = get_checkpoint_id(config) or thread.latest.get(ns)
+            requested = get_checkpoint_id(config)
+            cid = requested or thread.latest.get(ns)
+            if requested:
+                self._reads.get(thread_id, {}).pop((ns, requested), None)
+            else:
+                self._note_read(thread_id, ns, cid, +1)
             ckpt = ckpts.get(cid) if cid else None
             return self._tuple(thread, ckpt) if ckpt is not None else None
 
@@ -631,6 +667,11 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
 
         One record holds the checkpoint, its metadata and the channel values it changed
         (``new_versions``); a message channel's value is ranges of log positions.
+
+        Raises:
+            ConflictError: the parent is a checkpoint this checkpointer handed out as the
+                thread's latest (or wrote), and another writer has written a newer one
+                since: storing this one would drop that writer's turn. Nothing is stored.
         """
         thread_id = self._thread_id(config)
         ns = self._ns(config)
@@ -640,69 +681,113 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
             )
         cid = checkpoint["id"]
         parent = config["configurable"].get("checkpoint_id")
-        records_key, log_key = self._keys(thread_id)
         with self._lock:
-            thread = self._thread(thread_id)
-            values: dict[str, Any] = dict(checkpoint.get("channel_values", {}))
-            stored = {k: v for k, v in checkpoint.items() if k not in ("channel_values", "id")}
-            new_messages: dict[int, Any] = {}
-            next_seq = thread.next_seq
-            records: builtins.list[Message] = []
-            embedded: dict[str, dict[str, Any]] = {}
-            last_refs: dict[tuple[str, str], builtins.list[builtins.list[int]]] = {}
-            if not thread.has_record:
-                records.append(
-                    self._record("thread", {"k": "thread", "thread_id": thread_id}, "thread")
-                )
-            for channel, version in new_versions.items():
-                ver = _version(version)
-                value = values.get(channel, _MISSING)
-                if value is _MISSING:
-                    # an emptied channel reads as absent: a record only to hide an old value
-                    if (ns, channel, ver) in thread.blobs:
-                        embedded[channel] = {"v": ver, "e": 1}
-                    continue
-                refs = None
-                if channel in self.settings.message_channels and isinstance(value, list):
-                    refs = self._message_refs(
-                        thread,
-                        value,
-                        new_messages,
-                        next_seq,
-                        self._bases(thread, ns, parent, channel),
-                    )
-                if refs is not None:
-                    embedded[channel] = {"v": ver, "refs": refs[0]}
-                    next_seq = refs[1]
-                    last_refs[(ns, channel)] = refs[0]
-                else:
-                    embedded[channel] = {"v": ver, **_encode(self.serde, value)}
-            md = get_checkpoint_metadata(config, metadata)
-            record_id = _ckpt_record_id(ns, cid)
-            ckpt_rec: dict[str, Any] = {
-                "k": "ckpt",
-                "ns": ns,
-                "id": cid,
-                "parent": parent,
-                "c": _encode(self.serde, stored),
-                "m": _encode(self.serde, md),
+            continues = self._reads.get(thread_id, {}).get((ns, parent), 0) > 0
+
+            def build(thread: _Thread) -> _Built:
+                latest = thread.latest.get(ns)
+                if continues and latest != parent:
+                    raise self._lost_race(thread_id, ns, parent, latest, cid)
+                return self._put_ops(thread, ns, checkpoint, config, metadata, new_versions)
+
+            self._commit(thread_id, build)
+            if continues:
+                self._note_read(thread_id, ns, parent, -1)
+            self._note_read(thread_id, ns, cid, +1)  # the run goes on from here
+        return {
+            "configurable": {
+                "thread_id": thread_id,
+                "checkpoint_ns": ns,
+                "checkpoint_id": cid,
             }
-            if embedded:
-                ckpt_rec["b"] = embedded
-            records.append(self._record(record_id, ckpt_rec, "checkpoint"))
-            log = [self._log_message(seq, m) for seq, m in new_messages.items()]
-            token, ops = self._new_head(thread_id)
-            old = thread.ckpts.get(ns, {}).get(cid)
-            if old is not None:  # the same checkpoint again: its record is replaced
-                names = checkpoint.get("channel_versions", {}).items()
-                also = {(ns, ch, _version(v)) for ch, v in names}
-                ops += self._rehome(thread, {old.record_id}, also, new_versions=embedded)
-                ops.append(Delete(records_key, (old.record_id,)))
-            if log:
-                ops.append(Append(log_key, tuple(log)))
-            ops.append(Append(records_key, tuple(records)))
-            self.store.batch(ops)
-            # the store has it all: now the cache
+        }
+
+    @staticmethod
+    def _lost_race(
+        thread_id: str, ns: str, parent: str | None, latest: str | None, cid: str
+    ) -> ConflictError:
+        return ConflictError(
+            f"thread {shown(thread_id)} (checkpoint_ns {shown(ns)}) was written by another "
+            f"writer after this run read it at checkpoint {shown(parent)}: its latest "
+            f"checkpoint is now {shown(latest)}. This run's checkpoint {shown(cid)} was not "
+            "stored, so no turn is lost; run it again (it starts from the latest state), or "
+            "let one writer at a time write a thread"
+        )
+
+    def _put_ops(
+        self,
+        thread: _Thread,
+        ns: str,
+        checkpoint: Checkpoint,
+        config: RunnableConfig,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> _Built:
+        """The ops of :meth:`put` on ``thread`` as read, and what they do to its cache."""
+        thread_id = thread.thread_id
+        cid = checkpoint["id"]
+        parent = config["configurable"].get("checkpoint_id")
+        records_key, log_key = self._keys(thread_id)
+        values: dict[str, Any] = dict(checkpoint.get("channel_values", {}))
+        stored = {k: v for k, v in checkpoint.items() if k not in ("channel_values", "id")}
+        new_messages: dict[int, Any] = {}
+        next_seq = thread.next_seq
+        records: builtins.list[Message] = []
+        embedded: dict[str, dict[str, Any]] = {}
+        last_refs: dict[tuple[str, str], builtins.list[builtins.list[int]]] = {}
+        if not thread.has_record:
+            records.append(
+                self._record("thread", {"k": "thread", "thread_id": thread_id}, "thread")
+            )
+        for channel, version in new_versions.items():
+            ver = _version(version)
+            value = values.get(channel, _MISSING)
+            if value is _MISSING:
+                # an emptied channel reads as absent: a record only to hide an old value
+                if (ns, channel, ver) in thread.blobs:
+                    embedded[channel] = {"v": ver, "e": 1}
+                continue
+            refs = None
+            if channel in self.settings.message_channels and isinstance(value, list):
+                refs = self._message_refs(
+                    thread,
+                    value,
+                    new_messages,
+                    next_seq,
+                    self._bases(thread, ns, parent, channel),
+                )
+            if refs is not None:
+                embedded[channel] = {"v": ver, "refs": refs[0]}
+                next_seq = refs[1]
+                last_refs[(ns, channel)] = refs[0]
+            else:
+                embedded[channel] = {"v": ver, **_encode(self.serde, value)}
+        md = get_checkpoint_metadata(config, metadata)
+        record_id = _ckpt_record_id(ns, cid)
+        ckpt_rec: dict[str, Any] = {
+            "k": "ckpt",
+            "ns": ns,
+            "id": cid,
+            "parent": parent,
+            "c": _encode(self.serde, stored),
+            "m": _encode(self.serde, md),
+        }
+        if embedded:
+            ckpt_rec["b"] = embedded
+        records.append(self._record(record_id, ckpt_rec, "checkpoint"))
+        log = [self._log_message(seq, m) for seq, m in new_messages.items()]
+        token, ops = self._new_head(thread_id)
+        old = thread.ckpts.get(ns, {}).get(cid)
+        if old is not None:  # the same checkpoint again: its record is replaced
+            names = checkpoint.get("channel_versions", {}).items()
+            also = {(ns, ch, _version(v)) for ch, v in names}
+            ops += self._rehome(thread, {old.record_id}, also, new_versions=embedded)
+            ops.append(Delete(records_key, (old.record_id,)))
+        if log:
+            ops.append(Append(log_key, tuple(log)))
+        ops.append(Append(records_key, tuple(records)))
+
+        def done() -> None:  # the store has it all: now the cache
             for seq, m in new_messages.items():
                 _put_at(thread.log, seq, m)
                 thread.by_lc_id[m.id] = seq
@@ -716,13 +801,50 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
             stored["id"] = cid
             thread.add_ckpt(_Ckpt(ns, cid, parent, stored, dict(md), record_id))
             thread.tip = token
-        return {
-            "configurable": {
-                "thread_id": thread_id,
-                "checkpoint_ns": ns,
-                "checkpoint_id": cid,
-            }
-        }
+
+        return ops, done
+
+    # ------------------------------------------------------------------ committing
+    def _commit(self, thread_id: str, build: Callable[[_Thread], _Built | None]) -> None:
+        """Write what ``build`` makes of the thread as stored, in one batch (compare-and-set).
+
+        ``build`` gets the thread and returns the ops and what to do to the cache once
+        they are committed (``None``: nothing to write). The batch begins with
+        ``ExpectLast(head, tip)``: when another writer (another process, or another
+        checkpointer on the same store) wrote the thread since it was read, nothing is
+        written; the thread is read again and ``build`` decides again on what is stored.
+        """
+        head = self._head_key(thread_id)
+        for _ in range(_ATTEMPTS):
+            thread = self._thread(thread_id)
+            try:
+                built = build(thread)
+                if built is None:
+                    return
+                ops, done = built
+                try:
+                    self.store.batch([ExpectLast(head, thread.tip), *ops])
+                except ConflictError:  # another writer got there first: read it again
+                    self._threads.pop(thread_id, None)
+                    continue
+            except BaseException:
+                self._threads.pop(thread_id, None)  # build may have changed the cache
+                raise
+            done()
+            return
+        raise ConflictError(
+            f"thread {shown(thread_id)}: {_ATTEMPTS} writes in a row lost to other writers "
+            "of the thread; nothing of this one was stored: try again"
+        )
+
+    def _note_read(self, thread_id: str, ns: str, cid: str | None, delta: int) -> None:
+        """Count one more (or one fewer) run of this process continuing from ``cid``."""
+        reads = self._reads.setdefault(thread_id, {})
+        n = reads.pop((ns, cid), 0) + delta  # re-inserted: the newest last
+        if n > 0:
+            reads[(ns, cid)] = n
+        while len(reads) > _MAX_READS:
+            del reads[next(iter(reads))]
 
     def _rehome(
         self,
@@ -780,17 +902,20 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
                 f"config['configurable']['checkpoint_id'] is required, got {shown(cid)}"
             )
         records_key, _ = self._keys(thread_id)
-        with self._lock:
-            thread = self._thread(thread_id)
+        encoded = [
+            (WRITES_IDX_MAP.get(channel, i), channel, _encode(self.serde, value))
+            for i, (channel, value) in enumerate(writes)
+        ]
+
+        def build(thread: _Thread) -> _Built | None:
             existing = thread.writes.get((ns, cid), {})
-            added: dict[tuple[str, int], _Write] = {}
-            for i, (channel, value) in enumerate(writes):
-                idx = WRITES_IDX_MAP.get(channel, i)
-                if idx >= 0 and (task_id, idx) in existing:
-                    continue
-                added[(task_id, idx)] = (task_id, channel, _encode(self.serde, value), task_path)
+            added: dict[tuple[str, int], _Write] = {
+                (task_id, idx): (task_id, channel, value, task_path)
+                for idx, channel, value in encoded
+                if not (idx >= 0 and (task_id, idx) in existing)
+            }
             if not added:
-                return
+                return None
             merged = {k: w for k, w in existing.items() if k[0] == task_id}
             merged.update(added)
             old = {
@@ -812,25 +937,34 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
             if old:
                 ops.append(Delete(records_key, tuple(sorted(old))))
             ops.append(Append(records_key, tuple(records)))
-            self.store.batch(ops)
-            thread.has_record = True
-            target = thread.writes.setdefault((ns, cid), {})
-            for (task, idx), w in merged.items():
-                target[(task, idx)] = (w[0], w[1], w[2], task_path)
-                thread.write_ids[(ns, cid, task, idx)] = rid
-            thread.tip = token
+
+            def done() -> None:
+                thread.has_record = True
+                target = thread.writes.setdefault((ns, cid), {})
+                for (task, idx), w in merged.items():
+                    target[(task, idx)] = (w[0], w[1], w[2], task_path)
+                    thread.write_ids[(ns, cid, task, idx)] = rid
+                thread.tip = token
+
+            return ops, done
+
+        with self._lock:
+            self._commit(thread_id, build)
 
     # ------------------------------------------------------------------ deleting
     def delete_thread(self, thread_id: str) -> None:
         """Delete a thread: its checkpoints, writes and messages (one batch)."""
         thread_id = self._thread_id({"configurable": {"thread_id": thread_id}}, "thread_id")
         records_key, log_key = self._keys(thread_id)
-        with self._lock:
-            thread = self._thread(thread_id)
+
+        def build(thread: _Thread) -> _Built:
             ops = self._detach(thread)
             ops += [Delete(records_key), Delete(log_key), Delete(self._head_key(thread_id))]
-            self.store.batch(ops)
-            self._threads.pop(thread_id, None)
+            return ops, lambda: self._threads.pop(thread_id, None)
+
+        with self._lock:
+            self._commit(thread_id, build)
+            self._reads.pop(thread_id, None)
 
     def _detach(self, thread: _Thread) -> builtins.list[Op]:
         """Ops that make ``thread``'s forks own their messages and forget it as their source.
@@ -864,10 +998,17 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
                     source.tip = token
         return ops
 
-    def _drop(self, thread: _Thread, gone: set[tuple[str, str]]) -> None:
-        """Delete checkpoints ``gone`` ((ns, id)), their writes, and what nothing references."""
+    def _drop(self, thread_id: str, select: Callable[[_Thread], set[tuple[str, str]]]) -> None:
+        """Delete the checkpoints ``select`` picks ((ns, id)) and what only they used (one batch).
+
+        Their writes go, and the messages and values no kept checkpoint references.
+        """
+        with self._lock:
+            self._commit(thread_id, lambda thread: self._drop_ops(thread, select(thread)))
+
+    def _drop_ops(self, thread: _Thread, gone: set[tuple[str, str]]) -> _Built | None:
         if not gone:
-            return
+            return None
         records_key, log_key = self._keys(thread.thread_id)
         gone_records = {thread.ckpts[ns][cid].record_id for ns, cid in gone}
         record_ids: builtins.list[str] = sorted(gone_records)
@@ -903,8 +1044,7 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
         ops += self._rehome(thread, gone_records)  # what kept checkpoints read from gone ones
         if log_ids:
             ops.append(Delete(log_key, log_ids))
-        self.store.batch(ops)
-        self._threads.pop(thread.thread_id, None)
+        return ops, lambda: self._threads.pop(thread.thread_id, None)
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints (and their writes) whose metadata ``run_id`` is given."""
@@ -917,14 +1057,15 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
             return
         with self._lock:
             for thread_id in self._all_thread_ids():
-                thread = self._thread(thread_id)
-                gone = {
-                    (ns, cid)
-                    for ns, ckpts in thread.ckpts.items()
-                    for cid, c in ckpts.items()
-                    if c.metadata.get("run_id") in wanted
-                }
-                self._drop(thread, gone)
+                self._drop(
+                    thread_id,
+                    lambda thread: {
+                        (ns, cid)
+                        for ns, ckpts in thread.ckpts.items()
+                        for cid, c in ckpts.items()
+                        if c.metadata.get("run_id") in wanted
+                    },
+                )
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """``keep_latest``: keep each namespace's newest checkpoint; ``delete``: everything."""
@@ -939,14 +1080,15 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
                 if strategy == "delete":
                     self.delete_thread(thread_id)
                     continue
-                thread = self._thread(thread_id)
-                gone = {
-                    (ns, cid)
-                    for ns, ckpts in thread.ckpts.items()
-                    for cid in ckpts
-                    if cid != thread.latest.get(ns)
-                }
-                self._drop(thread, gone)
+                self._drop(
+                    thread_id,
+                    lambda thread: {
+                        (ns, cid)
+                        for ns, ckpts in thread.ckpts.items()
+                        for cid in ckpts
+                        if cid != thread.latest.get(ns)
+                    },
+                )
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Fork a thread: copy its checkpoints and writes; its messages by reference.
@@ -963,12 +1105,13 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
         target = self._thread_id({"configurable": {"thread_id": target_thread_id}}, "target")
         src_records, _ = self._keys(source)
         dst_records, dst_log = self._keys(target)
-        with self._lock:
-            if self._thread(target).ckpts:
+
+        def build(thread: _Thread) -> _Built | None:
+            dst = self._thread(target)
+            if dst.ckpts:
                 raise ValueError(f"target thread {shown(target)} already has checkpoints")
-            thread = self._thread(source)
             if not thread.has_record:
-                return
+                return None
             records = self.store.load_messages(src_records)
             copied = [
                 m
@@ -981,16 +1124,23 @@ class MarsysCheckpointer(BaseCheckpointSaver[str]):
             child = self._record(
                 _child_record_id(target), {"k": "child", "target": target, "upto": upto}, "child"
             )
-            _, ops = self._new_head(target)
+            ops: builtins.list[Op] = [ExpectLast(self._head_key(target), dst.tip)]
+            ops += self._new_head(target)[1]
             token, source_head = self._new_head(source)
             ops += source_head
             ops += [Delete(dst_records), Delete(dst_log), Delete(src_records, (child.message_id,))]
             ops.append(Append(dst_records, (head, fork, *copied)))
             ops.append(Append(src_records, (child,)))
-            self.store.batch(ops)
-            self._threads.pop(target, None)
-            thread.children[target] = upto
-            thread.tip = token
+
+            def done() -> None:
+                self._threads.pop(target, None)
+                thread.children[target] = upto
+                thread.tip = token
+
+            return ops, done
+
+        with self._lock:
+            self._commit(source, build)
 
     # ------------------------------------------------------------------ versions
     def get_next_version(self, current: str | None, channel: None) -> str:
