@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from marsys_mem.config.models import FactsPatternConfig, PatternsConfig
+from marsys_mem.context.blocks import BlockItem
 from marsys_mem.context.compose import Block
 from marsys_mem.exceptions import ConfigError, MarsysMemError
 from marsys_mem.llm.base import LLM
@@ -130,12 +131,8 @@ def rank_facts(
     return (ranked + rest)[:k]
 
 
-def _snippet(m: Message) -> str:
-    who = f"{m.role} ({m.name})" if m.name else m.role
-    text = " ".join(m.text.split())
-    if len(text) > _SNIPPET_CHARS:
-        text = text[: _SNIPPET_CHARS - 1].rstrip() + "…"
-    return f"{who}: {text}"
+def _snippet(m: Message) -> BlockItem:
+    return BlockItem.from_message(m, max_chars=_SNIPPET_CHARS)
 
 
 class AgentPatterns:
@@ -413,7 +410,7 @@ class AgentPatterns:
                     Block(
                         "user_facts",
                         f"Known facts about {fcfg.subject}:",
-                        [f.text for f in known],
+                        [BlockItem(f.text) for f in known],
                         budget.facts,
                         1,
                     )
@@ -426,14 +423,14 @@ class AgentPatterns:
                 out.append(Block("core_memory", "Core memory:", items, budget.core, 1))
         if query is not None:
             seen = set(exclude)
-            items = []
+            hits: list[BlockItem] = []
             for hit in self._hits(query):
                 if hit.message.message_id in seen:
                     continue
                 seen.add(hit.message.message_id)
-                items.append(_snippet(hit.message))
-            if items:
-                out.append(Block("retrieval", "Relevant memories:", items, budget.retrieval, 2))
+                hits.append(_snippet(hit.message))
+            if hits:
+                out.append(Block("retrieval", "Relevant memories:", hits, budget.retrieval, 2))
         return out
 
     def search_all(self, query: str) -> list[ScoredMessage]:

@@ -38,6 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from marsys_mem.context.blocks import BlockItem, block_message
 from marsys_mem.context.tokens import TokenCounter, count_message, get_counter
 from marsys_mem.context.window import ContextPolicy
 from marsys_mem.exceptions import (
@@ -96,19 +97,11 @@ _SNIPPET_CHARS = 1000
 _ARCHIVE_HEADER = "Relevant archived memories:"
 
 
-def _speaker(m: Message) -> str:
-    return f"{m.role} ({m.name})" if m.name and m.role != "tool" else m.role
-
-
 def _snippet_message(hits: Sequence[ScoredMessage]) -> Message:
-    lines = []
-    for hit in hits:
-        text = " ".join(hit.message.text.split())
-        if len(text) > _SNIPPET_CHARS:
-            text = text[: _SNIPPET_CHARS - 1].rstrip() + "…"
-        lines.append(f"- {_speaker(hit.message)}: {text}")
-    return Message.system(
-        "\n".join([_ARCHIVE_HEADER, *lines]),
+    items = [BlockItem.from_message(h.message, max_chars=_SNIPPET_CHARS) for h in hits]
+    return block_message(
+        _ARCHIVE_HEADER,
+        items,
         name="archival_memory",
         metadata={"archival_memory": True, "archive_ids": [h.id for h in hits]},
     )

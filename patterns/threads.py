@@ -41,6 +41,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from marsys_mem.context.blocks import BlockItem
 from marsys_mem.exceptions import MarsysMemError, StoreError
 from marsys_mem.lifecycle import Closing
 from marsys_mem.model.messages import Message
@@ -84,8 +85,8 @@ class ThreadHit:
 
     Example:
         >>> hit = ThreadHit(Message.user("I moved to Oslo"), "support", "s1", 0.7)
-        >>> hit.source, hit.render().split(": ", 1)[1]
-        ('support@s1', 'user: I moved to Oslo')
+        >>> hit.source, hit.item().speaker, hit.item().text
+        ('support@s1', 'user', 'I moved to Oslo')
     """
 
     message: Message
@@ -98,14 +99,15 @@ class ThreadHit:
         """``agent@branch`` of the thread (names contain no ``@``: unambiguous)."""
         return f"{self.agent}@{self.branch}"
 
+    def item(self) -> BlockItem:
+        """The hit as a block item: where it came from and when, who said what (shortened)."""
+        return BlockItem.from_message(
+            self.message, source=self.source, when=True, max_chars=_SNIPPET_CHARS
+        )
+
     def render(self) -> str:
-        """One line: where it came from and when, then who said what (shortened)."""
-        m = self.message
-        who = f"{m.role} ({m.name})" if m.name else m.role
-        text = " ".join(m.text.split())
-        if len(text) > _SNIPPET_CHARS:
-            text = text[: _SNIPPET_CHARS - 1].rstrip() + "…"
-        return f"[{self.source}, {m.timestamp:%Y-%m-%d}]: {who}: {text}"
+        """The hit's line in a block (see :mod:`marsys_mem.context.blocks`)."""
+        return self.item().render()
 
 
 class CrossThreadRecall(Closing):

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from marsys_mem.context.blocks import BlockRole
 from marsys_mem.display import MAX_CHARS, MAX_ROWS, window_html
 from marsys_mem.model.messages import Message, Provider, to_llm_format
 
@@ -60,6 +61,14 @@ class ContextPolicy(BaseModel):
             user turn (before the newest turn that fits) is windowed as with ``"any"``
             rather than emptied. ``"any"``: the newest messages that fit, wherever they start
             (LangChain ``trim_messages``' ``start_on=None``).
+        block_role: the role of the memory blocks ``MemoryManager.context_for`` adds (shared
+            and user facts, core memory, retrieved and cross-thread recall). ``"system"``
+            (default): the blocks stay out of the conversation's turns (Anthropic: in the
+            ``system`` field), and their stored text has no authority there because it is
+            quoted data under a "not instructions" header (see
+            :mod:`marsys_mem.context.blocks`). ``"user"``: each block is a user message
+            before the window (Anthropic merges it into the first user turn), for models
+            or deployments that keep the system prompt to the developer's own text.
 
     Example:
         >>> policy = ContextPolicy(max_messages=50, max_tokens=8000)
@@ -69,6 +78,8 @@ class ContextPolicy(BaseModel):
         20
         >>> policy.start_on, ContextPolicy(max_messages=5, start_on="any").start_on
         ('user', 'any')
+        >>> policy.block_role, ContextPolicy(block_role="user").block_role
+        ('system', 'user')
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -80,6 +91,7 @@ class ContextPolicy(BaseModel):
     summary_max_tokens: int | None = Field(default=None, ge=1)
     token_counter: str | None = None
     start_on: StartOn = "user"
+    block_role: BlockRole = "system"
 
     @model_validator(mode="after")
     def _check(self) -> ContextPolicy:

@@ -22,7 +22,7 @@ from collections import Counter
 
 from marsys_mem.model.messages import Message
 
-__all__ = ["ExtractiveSummarizer"]
+__all__ = ["SUMMARY_HEADER", "ExtractiveSummarizer"]
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_'-]*")
@@ -33,7 +33,8 @@ _STOP = frozenset(
     should may might must just about into over than too very there here when where why how all
     any some such only own same also please thanks thank hi hello ok okay""".split()
 )
-_HEADER = "Summary of earlier conversation:"
+SUMMARY_HEADER = "Summary of earlier conversation:"
+"""The first line of an extractive summary (and the header of every summary block)."""
 
 
 def _speaker(m: Message) -> str:
@@ -74,7 +75,7 @@ def _previous(m: Message, max_line: int) -> list[tuple[str, str, float]]:
         bullets = [
             f"earlier: {' '.join(p.split())[:max_line]}"
             for p in _SENTENCE.split(m.text)
-            if len(p.strip()) >= 3 and p.strip() != _HEADER
+            if len(p.strip()) >= 3 and p.strip() != SUMMARY_HEADER
         ]
     return [(line, line.split(": ", 1)[-1], 1.0) for line in bullets]
 
@@ -155,7 +156,7 @@ class ExtractiveSummarizer:
         scored.sort(key=lambda t: (-t[0], t[1]))
         chosen: list[int] = []
         chosen_words: list[set[str]] = []
-        size = len(_HEADER)
+        size = len(SUMMARY_HEADER)
         for _, i in scored:
             line = candidates[i][0]
             if len(chosen) >= self.max_sentences:
@@ -169,7 +170,7 @@ class ExtractiveSummarizer:
             chosen_words.append(word_set)
             size += len(line) + 3
         chosen.sort()
-        return "\n".join([_HEADER, *(f"- {candidates[i][0]}" for i in chosen)])
+        return "\n".join([SUMMARY_HEADER, *(f"- {candidates[i][0]}" for i in chosen)])
 
 
 def _similar(a: set[str], b: set[str]) -> bool:

@@ -46,6 +46,7 @@ from typing import Any, Literal
 
 from marsys_mem.config.load import load_config
 from marsys_mem.config.models import MemoryConfig, RetentionPolicy
+from marsys_mem.context.blocks import BlockItem
 from marsys_mem.context.compose import Block, aassemble, assemble
 from marsys_mem.context.tokens import TokenCounter, get_counter
 from marsys_mem.context.window import ContextPolicy, Summarizer
@@ -958,7 +959,7 @@ class MemoryManager(Closing):
                     name="shared_facts",
                     header="Shared facts:",
                     items=[
-                        f"{f.text} (from {f.source_agent}@{f.source_branch})"
+                        BlockItem(f.text, source=f"{f.source_agent}@{f.source_branch}")
                         for f in reversed(facts[-self.shared.max_context_facts :])
                     ],
                     fraction=budget.shared,
@@ -1024,7 +1025,7 @@ class MemoryManager(Closing):
         return Block(
             "thread_recall",
             f"From other conversations with {subject}:",
-            [h.render() for h in hits],
+            [h.item() for h in hits],
             cfg.budget.threads_share,
             2,
         )

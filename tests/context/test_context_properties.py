@@ -31,6 +31,7 @@ from marsys_mem import (
     build_context,
 )
 from marsys_mem.context.tokens import TokenCounter, count_message, get_counter
+from marsys_mem.context.window import _summary_block
 
 WORDS = (
     "alpha beta gamma delta budget 4000 EUR weather Tokyo report growth plan agent tool "
@@ -425,7 +426,7 @@ def check_window(
         if summary is None:
             reserve = policy.summary_reserve
             assert reserve is not None
-            assert counter.count(Message.system("S …", name="summary")) > reserve
+            assert counter.count(Message.system(_summary_block("S …"), name="summary")) > reserve
         # on a fresh memory, exactly the dropped unprotected messages were summarised
         assert len(fake.calls) == 1
         passed = [model.pos[m.message_id] for m in fake.calls[0]]

@@ -181,7 +181,7 @@ async def test_facts_appear_in_context_and_callbacks(net, ns):
         context = pool.context_for("writer")
         assert context is not None
         assert context.role == "system"
-        assert "- Budget is 4000 EUR (from planner@main)" in context.text
+        assert '- planner@main: "Budget is 4000 EUR"' in context.text
         assert "Deadline is Friday" in context.text
         assert b.context_for("researcher", "r1a") is not None
         assert "Budget" in b.context_for("scout", "r1a").text
@@ -465,7 +465,7 @@ async def test_merge_keep_both_with_provenance(net, ns):
         facts = coord.facts_for("planner")
         assert [(f.text, f.source_branch, f.metadata.get("merged_from")) for f in facts] == [
             ("Launch in May", "main", None), ("Launch in June", "r1", "r1")]
-        assert "(from researcher@r1)" in coord.context_for("planner").text
+        assert '- researcher@r1: "' in coord.context_for("planner").text
 
 
 async def test_merge_strategies_summary_and_messages(net, ns):

@@ -76,8 +76,8 @@ def test_one_call_with_the_schema_and_numbered_messages(
     assert sent[0] == {"role": "system", "content": EXTRACTION_PROMPT}
     # user messages only, numbered by their place in the batch; "ok" is trivial, left out
     assert sent[1]["content"] == (
-        "[1] user: I moved to Lisbon last spring.\n"
-        "[3] user: Love it. Clara, my sister, visits often."
+        '[1] user: "I moved to Lisbon last spring."\n'
+        '[3] user: "Love it. Clara, my sister, visits often."'
     )
     assert [(c.text, c.category, c.slot, c.confidence) for c in found] == [
         ("User lives in Lisbon", "identity", "home", 0.9),
