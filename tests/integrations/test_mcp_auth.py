@@ -289,6 +289,29 @@ async def test_a_token_cannot_read_change_or_forget_another_clients_agents(
             assert [h["text"] for h in found["hits"]] == ["Bob's secret"]
 
 
+def test_a_session_belongs_to_the_token_that_opened_it(server: Server) -> None:
+    opened = _post(server.port, token=TOKEN_A)
+    session = opened.getheader("mcp-session-id")
+    assert opened.status == 200
+    assert session
+    body = json.dumps({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+    for token, status in [(TOKEN_B, 404), (None, 401)]:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        headers = {
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+            "Mcp-Session-Id": session,
+            "MCP-Protocol-Version": "2025-06-18",
+        }
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        conn.request("POST", "/mcp", body=body, headers=headers)
+        response = conn.getresponse()
+        response.read()
+        conn.close()
+        assert response.status == status, (token, response.status)
+
+
 # ---------------------------------------------------------------------------- hosts
 def test_foreign_host_and_origin_are_refused_on_loopback(server: Server) -> None:
     port = server.port
