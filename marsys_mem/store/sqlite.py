@@ -885,17 +885,27 @@ class SQLiteStore(MemoryStore):
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
             if not memory:
                 _check_identity(conn, self.path)
-            self.journal_mode = _set_wal(conn, self.busy_timeout)
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
             # A cascade deletes rows from inside the delete trigger: let it fire again.
             conn.execute("PRAGMA recursive_triggers = ON")
             # Deleted text is overwritten in the file, not left in free pages.
             conn.execute("PRAGMA secure_delete = ON")
+            # Migrated before the switch to WAL: a migration that fails rolls back to the
+            # file's very bytes (the journal mode, in the file's header, is left as it was).
             _migrate(conn, self.path)
+            self.journal_mode = _set_wal(conn, self.busy_timeout)
         except sqlite3.Error as exc:
             conn.close()
             raise StoreError(
                 f"cannot open {_short(self.path, 200)} as a marsys-mem store: {exc}"
+            ) from exc
+        except ValidationError as exc:  # a row an older version stored does not validate
+            conn.close()
+            raise StoreError(
+                f"{_short(self.path, 200)}: migrating it to schema version {SCHEMA_VERSION} "
+                f"failed, the file is unchanged: a stored row does not validate "
+                f"({error_reason(exc)}); `marsys-mem inspect {_short(self.path, 200)}` lists "
+                "such rows"
             ) from exc
         except BaseException:
             conn.close()

@@ -88,6 +88,22 @@ def test_a_failed_migration_leaves_the_file_unchanged_and_names_it(
     assert _sha(path) == before
 
 
+def test_opening_an_older_store_whose_migration_fails_changes_nothing(
+    tmp_path: Path, older_store: OlderStore
+) -> None:
+    """The library's own migration on open: rolled back to the file's bytes, the file named."""
+    path = tmp_path / "old.db"
+    older_store(path, 1, [Message.user("hello")])
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE messages SET data = '{\"role\": 1}'")
+    conn.close()
+    before = _sha(path)
+    with pytest.raises(StoreError, match=r"old\.db: migrating it to schema version 5 failed, the"):
+        SQLiteStore(path)
+    assert _sha(path) == before  # was: switched to WAL before the migration failed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.db"]
+
+
 def test_a_store_in_use_is_not_migrated(tmp_path: Path, older_store: OlderStore) -> None:
     path = tmp_path / "old.db"
     older_store(path, 4, [Message.user("hello")], wal=True)
