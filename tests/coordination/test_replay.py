@@ -68,19 +68,21 @@ def envelope(ns: str, sender: str, seq: int, text: str) -> bytes:
 class Mqtt:
     """Signing transports and a raw aiomqtt client on the session's real broker."""
 
-    def __init__(self, broker: Any) -> None:
+    def __init__(self, broker: Any, protocol: str | None = None) -> None:
         self.broker = broker
         self.ns = f"replay-{uuid.uuid4().hex[:10]}"
+        # the amqtt fallback speaks MQTT 3.1.1 only
+        self.protocol = protocol if broker.protocol == "5" and protocol else broker.protocol
 
     def transport(self, **kwargs: Any) -> MqttTransport:
         kwargs.setdefault("client_id", f"replay-{uuid.uuid4().hex[:12]}")
         kwargs.setdefault("signing_key", KEY)
         return MqttTransport(self.broker.host, self.broker.port, self.ns,
-                             protocol=self.broker.protocol, reconnect_min=0.05,
+                             protocol=self.protocol, reconnect_min=0.05,
                              reconnect_max=0.5, **kwargs)
 
     def raw(self) -> aiomqtt.Client:
-        v5 = self.broker.protocol == "5"
+        v5 = self.protocol == "5"
         return aiomqtt.Client(
             self.broker.host, self.broker.port, identifier=f"raw-{uuid.uuid4().hex[:12]}",
             protocol=aiomqtt.ProtocolVersion.V5 if v5 else aiomqtt.ProtocolVersion.V311,
@@ -102,9 +104,12 @@ async def capture(net: Mqtt, text: str) -> tuple[str, bytes]:
 
 
 # ---------------------------------------------------------------------------- the regression
-async def test_a_captured_envelope_replayed_to_a_receiver_started_later_is_refused(mqtt_broker):
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+async def test_a_captured_envelope_replayed_to_a_receiver_started_later_is_refused(
+    mqtt_broker, protocol
+):
     # before: the later receiver delivered "wire 2M EUR" (1 of 1 probes)
-    net = Mqtt(mqtt_broker)
+    net = Mqtt(mqtt_broker, protocol)
     topic, sealed = await capture(net, "wire 2M EUR to DE00 1234")
     assert sealed.startswith(b"mm2.k1.")
     await asyncio.sleep(0.6)  # the capture is now older than the receiver's max_skew
@@ -177,10 +182,11 @@ async def test_a_sender_clock_ahead_within_max_skew_is_accepted_beyond_it_refuse
         await until(lambda: receiver.stats["stale"] == 1 and texts(pool) == ["5 s ahead"])
 
 
-async def test_a_resumed_persistent_session_still_gets_what_was_queued(mqtt_broker):
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+async def test_a_resumed_persistent_session_still_gets_what_was_queued(mqtt_broker, protocol):
     # the broker kept the session (CONNACK session present): what it queued while the
     # receiver was away is older than the new connection, and still accepted
-    net = Mqtt(mqtt_broker)
+    net = Mqtt(mqtt_broker, protocol)
     client_id = f"replay-persist-{uuid.uuid4().hex[:10]}"
     first = Coordinator(graph(), transport=net.transport(client_id=client_id),
                         pool=SharedMemoryPool())
