@@ -167,6 +167,13 @@ class CallbackQueue:
 
     def _enqueue(self, item: Any, *, is_awaitable: bool) -> None:
         pending, stats = self._pending, self.stats
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # e.g. a graph change delivering facts from sync code
+            log.warning("no running event loop: async on_fact callback %r not called",
+                        self.callback)
+            self._drop((item, is_awaitable), 1)
+            return
         if len(pending) >= self.max_queue:
             oldest = pending.popleft()
             stats.queued -= 1
@@ -175,7 +182,7 @@ class CallbackQueue:
         stats.queued += 1
         if self._active < self.max_tasks:
             self._active += 1
-            task = asyncio.get_running_loop().create_task(self._work())
+            task = loop.create_task(self._work())
             self._workers.add(task)
             task.add_done_callback(self._workers.discard)
 

@@ -242,3 +242,19 @@ async def test_the_queue_alone_counts_what_it_drops():
     assert seen == [6, 7, 8, 9]
     assert stats.max_running <= 3
     assert stats.queued == stats.running == 0
+
+
+def test_an_async_callback_reached_from_sync_code_is_dropped_and_counted():
+    # a graph change (join) delivers the backlog from sync code: no loop to run it on
+    stats = CallbackStats()
+
+    async def record(_item: int) -> None:  # pragma: no cover - never called
+        raise AssertionError
+
+    queue = CallbackQueue(record, stats)
+    queue.submit(1)
+    assert stats.dropped == 1
+    assert stats.queued == 0
+    queue_of_coroutines = CallbackQueue(lambda item: record(item), stats)
+    queue_of_coroutines.submit(2)  # the coroutine is closed: no "never awaited" warning
+    assert stats.dropped == 2
