@@ -466,12 +466,20 @@ def search_store(
         how = "bm25"
         if mode != "bm25" and rag_keys:
             embedder = default_embedder()
-            if embedder is not None:
+            if embedder is None:
+                how = "bm25 (the embeddings extra is not installed)"
+            else:
                 if status is not None:
                     status("loading the embedding model and the RAG indexes")
-                hits = _search_rag(store, rag_keys, facts, query, k, embedder)
-                return hits, "hybrid (RAG index)"
-            how = "bm25 (the embeddings extra is not installed)"
+                try:
+                    hits = _search_rag(store, rag_keys, facts, query, k, embedder)
+                    return hits, "hybrid (RAG index)"
+                except StoreError as exc:
+                    if not isinstance(exc.__cause__, ValidationError):
+                        raise
+                for key in rag_keys:  # a RAG memory loads whole: report its bad rows
+                    _valid_messages(store, key, skipped)
+                how = "bm25 (a RAG memory holds rows that do not validate)"
         elif mode == "hybrid":
             how = "bm25 (no agent in this store has a RAG memory)"
         conv_keys = [key for key in keys if _internal_kind(key) is None]

@@ -14,6 +14,7 @@ import pytest
 from marsys_mem import Message
 from marsys_mem.cli.main import main as cli
 from marsys_mem.model.runs import RunSnapshot
+from marsys_mem.store.keys import internal_key
 from marsys_mem.store.sqlite import SQLiteStore
 
 KEY = ("default", "a", "main")
@@ -78,6 +79,27 @@ def test_a_message_that_fails_validation_is_skipped_by_search(
     data = json.loads(capsys.readouterr().out)
     assert len(data["hits"]) == 2
     assert {r["id"] for r in data["invalid"]} >= {odd.message_id}
+
+
+def test_hybrid_search_over_a_rag_memory_with_an_invalid_row_falls_back_to_bm25(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The RAG memory loads its key whole: one bad row there failed the whole search."""
+    path = tmp_path / "m.db"
+    rag = internal_key(KEY, "rag")
+    bad = Message.user("x")
+    with SQLiteStore(path) as store:
+        store.append_messages(KEY, [Message.user("the spare key is under the mat")])
+        store.append_messages(rag, [Message.user("the spare key is under the mat"), bad])
+    _damage(path, bad.message_id, "not json")
+    assert cli(["search", str(path), "spare key", "--mode", "hybrid"]) == 0
+    out = capsys.readouterr().out
+    assert "== 1 hit(s) for 'spare key' (bm25 (a RAG memory holds rows that do not validate))" in (
+        out
+    )
+    assert (
+        f"1 invalid row skipped (key default/a@main#rag, id {bad.message_id}: Invalid JSON" in out
+    )
 
 
 # VmHWM: this process's own peak (ru_maxrss would include the parent's, inherited at exec)
