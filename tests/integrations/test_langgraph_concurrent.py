@@ -9,6 +9,7 @@ thread; a writer that retries on it gets every turn in.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
@@ -270,3 +271,26 @@ async def test_conformance_postgres_store(postgres_dsn: str) -> None:
     failures = {k: v.failures for k, v in report.results.items() if v.failures}
     assert report.passed_all_base(), failures
     assert report.conformance_level() == "FULL", failures
+
+
+async def test_concurrent_async_runs_in_one_process(tmp_path: Path) -> None:
+    """Ten ``ainvoke`` of one thread at once, one checkpointer: every turn is in, once.
+
+    Each run is retried on ``ConflictError`` (what a lost race raises).
+    """
+    with SQLiteStore(tmp_path / "lg.db") as store:
+        graph = _graph(MarsysCheckpointer(store))
+
+        async def turn(mid: str) -> None:
+            while True:
+                try:
+                    await graph.ainvoke({"messages": [HumanMessage(mid, id=mid)]}, CONFIG)
+                except ConflictError:
+                    continue
+                return
+
+        await asyncio.gather(*(turn(f"x-{i}") for i in range(10)))
+        results = [{"id": f"x-{i}", "ok": True} for i in range(10)]
+        messages = _final_state(store)
+        _check(results, messages, retry=False)
+        assert len(messages) == 20
