@@ -10,6 +10,7 @@ Commands::
     marsys-mem schema [--workflow]        JSON Schema of the config (or workflow) format
     marsys-mem inspect STORE [--json]     what a SQLite store holds (read-only, any schema)
     marsys-mem migrate STORE [--no-backup]  upgrade a SQLite store's schema, whole or not at all
+    marsys-mem migrate --postgres [--dsn-env NAME]  the same for PostgreSQL ($MARSYS_MEM_PG_DSN)
     marsys-mem search STORE QUERY [--agent A] [--branch B] [-k K] [--mode auto|bm25|hybrid]
     marsys-mem mcp [--config POLICY] [--transport stdio|http] [--host H] [--port N]
                    [--tokens FILE] [--allow-host H] [--allow-origin O] [--insecure]
@@ -45,6 +46,7 @@ from marsys_mem.cli.inspect import InvalidRow, find_store, inspect_store, search
 from marsys_mem.cli.output import Output, progress_bar, safe_text, status_spinner
 from marsys_mem.config.lifetimes import lifetimes
 from marsys_mem.config.load import config_schema
+from marsys_mem.config.models import PG_DSN_ENV
 from marsys_mem.exceptions import ConfigError, MarsysMemError, StoreError, StoreNotFoundError
 from marsys_mem.manager import MemoryManager
 from marsys_mem.store.sqlite import SCHEMA_VERSION, migrate_file
@@ -261,7 +263,31 @@ def cmd_search(out: Output, args: argparse.Namespace) -> int:
     return 0
 
 
+def _migrate_postgres(out: Output, dsn_env: str) -> int:
+    dsn = os.environ.get(dsn_env)
+    if not dsn:
+        raise ValueError(f"--postgres: ${dsn_env} is not set (the DSN of the database)")
+    # the postgres extra is optional: a missing psycopg is an ImportError naming the extra
+    from marsys_mem.store import postgres  # noqa: PLC0415 (optional dependency: postgres)
+
+    # opening migrates, in one transaction (all or nothing) under an advisory lock
+    with postgres.PostgresStore(dsn, min_size=0, max_size=1) as store:
+        found, where = store.found_schema_version, store.where
+    latest = len(postgres.MIGRATIONS)
+    if found == latest:
+        out.print(f"{where}: schema version {latest}, up to date (unchanged)")
+    else:
+        out.print(f"{where}: migrated from schema version {found} to {latest}", "green")
+    return 0
+
+
 def cmd_migrate(out: Output, args: argparse.Namespace) -> int:
+    if args.postgres:
+        if args.store is not None:
+            raise ValueError("migrate: give a STORE file or --postgres, not both")
+        return _migrate_postgres(out, args.dsn_env)
+    if args.store is None:
+        raise ValueError("migrate needs a STORE (a SQLite file or folder), or --postgres")
     done = migrate_file(find_store(args.store), backup=not args.no_backup)
     if not done.changed:
         out.print(f"{done.path}: schema version {done.to_version}, up to date (unchanged)")
@@ -402,9 +428,22 @@ def _parser() -> argparse.ArgumentParser:
         "migrate",
         help="upgrade a SQLite store to this version's schema (on a copy, swapped in whole)",
     )
-    p.add_argument("store", metavar="STORE", help="a store file, or a folder holding memory.db")
+    p.add_argument(
+        "store", metavar="STORE", nargs="?", help="a store file, or a folder holding memory.db"
+    )
     p.add_argument(
         "--no-backup", action="store_true", help="do not keep the original as STORE.vN.bak"
+    )
+    p.add_argument(
+        "--postgres",
+        action="store_true",
+        help="instead: the PostgreSQL database whose DSN is in $MARSYS_MEM_PG_DSN",
+    )
+    p.add_argument(
+        "--dsn-env",
+        metavar="NAME",
+        default=PG_DSN_ENV,
+        help=f"--postgres: the variable holding the DSN (default {PG_DSN_ENV})",
     )
     p.set_defaults(handler=cmd_migrate)
 

@@ -310,11 +310,12 @@ def _schema_version(conn: Connection) -> int:
     return int(found[0]) if found and found[0] is not None else 0
 
 
-def _migrate(conn: Connection, where: str) -> None:
+def _migrate(conn: Connection, where: str) -> int:
+    """Bring the database to the latest schema; returns the version it had before."""
     latest = len(MIGRATIONS)
     version = _schema_version(conn)
     if version == latest:
-        return
+        return version
     # A session lock taken before the transaction starts, so the transaction's catalog
     # view is fresh: a host that waited sees what the one before it created.
     conn.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK,))
@@ -332,6 +333,7 @@ def _migrate(conn: Connection, where: str) -> None:
     finally:
         if not conn.closed:
             conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK,))
+    return version
 
 
 # ---------------------------------------------------------------------- DSNs and errors
@@ -412,6 +414,10 @@ class PostgresStore(MemoryStore):
         retry_timeout: seconds a batch keeps retrying while the server is unreachable
             (a restart), before :class:`~marsys_mem.exceptions.StoreConnectionError`.
 
+    Attributes:
+        found_schema_version: the database's schema version when this store opened it
+            (0: no tables yet); an older one is migrated on open, in one transaction.
+
     Raises:
         InvalidDSNError: ``dsn`` cannot be parsed.
         DatabaseNotFoundError: the server has no such database.
@@ -479,7 +485,7 @@ class PostgresStore(MemoryStore):
         }
         with self._connect_once() as conn:
             try:
-                _migrate(conn, self.where)
+                self.found_schema_version = _migrate(conn, self.where)
             except psycopg.Error as exc:
                 raise StoreError(
                     f"cannot set up the marsys-mem tables on {self.where}: {self._clean(exc)}"
