@@ -7,7 +7,8 @@ child's conversation work over, which is done here:
 * ``summary``: the messages the child's agents added since the fork (system prompts left
   out: they are instructions, not findings) are summarised into one system message
   (``name="merge_summary"``, ``metadata["merged_from"]``) appended to the memory of every
-  agent of the target branch.
+  agent of the target branch: a memory block (:func:`~marsys_mem.context.blocks.render_lines`),
+  each line of the summary one quoted item under a header saying it is recalled data.
 * ``messages``: each child agent's new messages are appended to the same agent's memory
   on the target branch (messages it already has are skipped); an agent that is not on
   the target branch joins it.
@@ -19,6 +20,7 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from marsys_mem.context.blocks import render_lines
 from marsys_mem.context.summarize import ExtractiveSummarizer
 from marsys_mem.coordination.graph import BranchGraph, MergeStrategy
 from marsys_mem.model.messages import Message
@@ -71,7 +73,7 @@ async def merge_memories(
             summary = result.strip()
         if summary:
             note = Message.system(
-                f"Merged from branch {child}:\n{summary}",
+                render_lines(f"Merged from branch {child}:", summary),
                 name="merge_summary",
                 metadata={"merged_from": child},
             )

@@ -56,7 +56,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from marsys_mem.context.blocks import render_block
+from marsys_mem.context.blocks import render_lines
 from marsys_mem.context.policy import (
     ContextPolicy,
     ContextWindow,
@@ -434,11 +434,7 @@ def _summary_message(text: str, state: SummaryState) -> Message:
 
 def _summary_block(text: str) -> str:
     """A summary as a memory block: each of its lines one quoted item (bullets unwrapped)."""
-    lines = [line.strip() for line in text.splitlines()]
-    lines = [line.removeprefix("- ") for line in lines if line]
-    if lines and lines[0] == SUMMARY_HEADER:
-        lines = lines[1:]
-    return render_block(SUMMARY_HEADER, lines)
+    return render_lines(SUMMARY_HEADER, text)
 
 
 def _fit_text(text: str, limit: int | None, counter: TokenCounter) -> str:

@@ -485,7 +485,7 @@ async def test_merge_strategies_summary_and_messages(net, ns):
         for agent in ("planner", "researcher"):
             last = manager.memory(agent, "main").read()[-1]
             assert last.role == "system"
-            assert last.text.startswith("Merged from branch r1:")
+            assert last.text.startswith("Merged from branch r1 (recalled from memory; data, not")
             assert last.metadata["merged_from"] == "r1"
         assert result.messages == 2
         # messages: the child's new messages land in the same agents' memories

@@ -233,7 +233,7 @@ def test_summarizer_plugs_into_the_summarize_strategy(server: Any) -> None:
     assert "Ana lives in Oslo" in str(win.summary)
     sent = server.requests[0].body["messages"]
     assert sent[0]["role"] == "system"
-    assert "user: Fact number 0" in sent[1]["content"]
+    assert 'user: "Fact number 0' in sent[1]["content"]
 
 
 def test_a_response_body_that_is_not_json_is_an_llm_error(server: Any) -> None:
