@@ -891,26 +891,25 @@ class MemoryServer:
         if transport not in ("stdio", "http"):
             raise ValueError(f"transport must be 'stdio' or 'http', got {transport!r}")
         try:
+            settings = http or HttpSettings(host=host, port=port)
             if transport == "http":
-                http = http or HttpSettings(host=host, port=port)
-                warning = http.check(authenticated=self.auth is not None)
+                warning = settings.check(authenticated=self.auth is not None)
                 if warning:
                     print(warning, file=sys.stderr, flush=True)
             await self._coordinator()  # recorded facts reach their agents before any request
             if transport == "stdio":
                 await self.mcp.run_stdio_async()
             else:
-                assert http is not None
-                security = http.transport_security()
+                security = settings.transport_security()
                 auth = "none" if self.auth is None else f"bearer tokens ({len(self.auth)} clients)"
                 print(
-                    f"marsys-mem: MCP server at {http.url} (auth: {auth}; allowed hosts: "
+                    f"marsys-mem: MCP server at {settings.url} (auth: {auth}; allowed hosts: "
                     f"{', '.join(security.allowed_hosts)})",
                     file=sys.stderr,
                     flush=True,
                 )
                 await self.mcp.run_streamable_http_async(
-                    host=http.host, port=http.port, transport_security=security
+                    host=settings.host, port=settings.port, transport_security=security
                 )
         finally:
             await self.aclose()

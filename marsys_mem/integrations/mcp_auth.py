@@ -70,7 +70,7 @@ TOKEN_ENV: Final = "MARSYS_MEM_MCP_TOKEN"
 
 MIN_TOKEN_LENGTH: Final = 32
 # RFC 6750 b64token: what may follow "Bearer " in an Authorization header
-_TOKEN_PATTERN: Final = r"^[A-Za-z0-9\-._~+/]+=*$"
+_BEARER_SYNTAX: Final = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
 
 
 def _digest(token: str) -> bytes:
@@ -113,7 +113,7 @@ class ClientGrant(BaseModel):
                 f"a token needs at least {MIN_TOKEN_LENGTH} characters, got {len(token)} "
                 '(make one: python -c "import secrets; print(secrets.token_urlsafe(32))")'
             )
-        if not re.fullmatch(_TOKEN_PATTERN, token):
+        if not _BEARER_SYNTAX.fullmatch(token):
             raise ValueError("a token holds only A-Z a-z 0-9 - . _ ~ + / (then = padding)")
         return value
 

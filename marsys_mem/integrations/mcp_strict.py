@@ -110,7 +110,8 @@ class StrictTool(Tool):
     def of(cls, fn: Callable[..., Any], *, name: str | None = None) -> StrictTool:
         """The tool for ``fn`` (as ``MCPServer.tool`` would make it), its arguments strict."""
         tool = cls.from_function(fn, name=name)
-        assert isinstance(tool, cls)  # from_function builds cls(...)
+        if not isinstance(tool, cls):  # pragma: no cover - from_function builds cls(...)
+            raise TypeError(f"Tool.from_function made a {type(tool).__name__}")
         lax = tool.fn_metadata.arg_model
         strict: type[ArgModelBase] = type(
             lax.__name__, (lax,), {"model_config": _STRICT, "__module__": __name__}
