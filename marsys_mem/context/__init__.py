@@ -7,9 +7,11 @@ cached :class:`SummaryState`, a :class:`WindowBuild` back).
 
 Modules: ``tokens`` (counters), ``policy`` (:class:`ContextPolicy`, :class:`ContextWindow`),
 ``window`` (the builder), ``summarize`` (the offline summariser), ``compose`` (memory blocks
-plus the conversation window, under one budget).
+plus the conversation window, under one budget), ``blocks`` (how a memory block renders
+stored text: quoted data, provenance outside it).
 """
 
+from marsys_mem.context.blocks import BlockItem, BlockRole, parse_block
 from marsys_mem.context.compose import Block, BudgetSplit, ContextSource, aassemble, assemble
 from marsys_mem.context.policy import ContextPolicy, ContextWindow, StartOn, Strategy, Summarizer
 from marsys_mem.context.summarize import ExtractiveSummarizer
@@ -28,6 +30,8 @@ from marsys_mem.context.window import (
 
 __all__ = [
     "Block",
+    "BlockItem",
+    "BlockRole",
     "BudgetSplit",
     "ContextPolicy",
     "ContextSource",
@@ -51,4 +55,5 @@ __all__ = [
     "get_counter",
     "is_user_turn",
     "latest_before",
+    "parse_block",
 ]
