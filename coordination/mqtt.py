@@ -353,7 +353,7 @@ class MqttTransport(AsyncClosing):
             await asyncio.wait_for(client.__aexit__(None, None, None), timeout=2.0)
 
     def _delay(self, delay: float) -> float:
-        return delay * (0.8 + 0.4 * random.random())  # jitter, not crypto
+        return delay * (0.8 + 0.4 * random.random())  # noqa: S311 (reconnect jitter, not crypto)
 
     async def _initial_connect(self) -> _Connection:
         loop = asyncio.get_running_loop()

@@ -65,7 +65,7 @@ except ImportError as exc:  # pragma: no cover - the extra is installed in CI
 
 __all__ = ["TOKEN_ENV", "ClientGrant", "TokenAuth"]
 
-TOKEN_ENV: Final = "MARSYS_MEM_MCP_TOKEN"
+TOKEN_ENV: Final = "MARSYS_MEM_MCP_TOKEN"  # noqa: S105 (a variable's name, not a token)
 """The environment variable holding one token for every agent (client name ``env``)."""
 
 MIN_TOKEN_LENGTH: Final = 32

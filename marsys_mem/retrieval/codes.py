@@ -19,6 +19,7 @@ codes are made the same way while the old ones serve).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -232,10 +233,8 @@ class CodeMaker:
         """Wait for the codes being made, if any (their errors are seen by :meth:`ready`)."""
         job = self._job
         if job is not None:
-            try:
+            with contextlib.suppress(Exception):  # ready() sees and logs it
                 job[0].result()
-            except Exception:  # ready() logs it
-                pass
 
     def remove_rows(self, rows: npt.NDArray[np.int64]) -> None:
         """Drop rows from the codes in use (codes being made are dropped when they come)."""

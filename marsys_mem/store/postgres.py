@@ -147,7 +147,7 @@ def _bound_waits(conn: Connection, deadline: float) -> None:
         (str(ms), str(ms + 250)),
     )
 _KEY_WHERE = "namespace = %s AND agent = %s AND branch = %s"
-_KEY_ID = f"(SELECT id FROM marsys_keys WHERE {_KEY_WHERE})"
+_KEY_ID = f"(SELECT id FROM marsys_keys WHERE {_KEY_WHERE})"  # noqa: S608 (SQL from constants; values bound)
 
 _APPEND = (
     "WITH k AS ("
@@ -673,7 +673,7 @@ class PostgresStore(MemoryStore):
                             return status == "committed"
                         key, message_id = probe
                         row = conn.execute(
-                            f"SELECT 1 FROM marsys_messages WHERE key_id = {_KEY_ID}"
+                            f"SELECT 1 FROM marsys_messages WHERE key_id = {_KEY_ID}"  # noqa: S608 (SQL from constants; values bound)
                             " AND message_id = %s",
                             (*key, message_id),
                         ).fetchone()
@@ -821,11 +821,11 @@ class _Prepared:
         if isinstance(op, Delete):
             return _delete(conn, op)
         if isinstance(op, CountMessages):
-            row = conn.execute(f"SELECT n FROM marsys_keys WHERE {_KEY_WHERE}", op.key).fetchone()
+            row = conn.execute(f"SELECT n FROM marsys_keys WHERE {_KEY_WHERE}", op.key).fetchone()  # noqa: S608 (SQL from constants; values bound)
             return int(row[0]) if row else 0
         if isinstance(op, ExpectLast):
             row = conn.execute(
-                f"SELECT message_id FROM marsys_messages WHERE key_id = {_KEY_ID}"
+                f"SELECT message_id FROM marsys_messages WHERE key_id = {_KEY_ID}"  # noqa: S608 (SQL from constants; values bound)
                 " ORDER BY seq DESC LIMIT 1",
                 op.key,
             ).fetchone()
@@ -878,7 +878,7 @@ def _append(conn: Connection, op: Append, rows: dict[str, Any] | None) -> None:
             op.copies_of,
         )
         conn.execute(
-            f"INSERT INTO marsys_key_copies (owner_id, key_id) SELECT o.id, {_KEY_ID}"
+            f"INSERT INTO marsys_key_copies (owner_id, key_id) SELECT o.id, {_KEY_ID}"  # noqa: S608 (SQL from constants; values bound)
             f" FROM marsys_keys o WHERE o.namespace = %s AND o.agent = %s AND o.branch = %s"
             " ON CONFLICT DO NOTHING",
             [*op.key, *op.copies_of],
@@ -897,7 +897,7 @@ def _append(conn: Connection, op: Append, rows: dict[str, Any] | None) -> None:
             columns[1:4],
         )
         conn.execute(
-            "INSERT INTO marsys_sources (key_id, message_id, s_key_id, s_message_id)"
+            "INSERT INTO marsys_sources (key_id, message_id, s_key_id, s_message_id)"  # noqa: S608 (SQL from constants; values bound)
             f" SELECT {_KEY_ID}, u.mid, k.id, u.smid"
             " FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[])"
             " AS u(mid, ns, agent, branch, smid)"
@@ -939,7 +939,7 @@ def _prune_deletions(conn: Connection) -> None:
 def _load(conn: Connection, op: Load) -> list[Any]:
     if op.last == 0:
         return []
-    sql = f"SELECT seq, data FROM marsys_messages WHERE key_id = {_KEY_ID}"
+    sql = f"SELECT seq, data FROM marsys_messages WHERE key_id = {_KEY_ID}"  # noqa: S608 (SQL from constants; values bound)
     params: list[Any] = list(op.key)
     if op.ids is not None:
         sql += " AND message_id = ANY(%s::text[])"
@@ -948,7 +948,7 @@ def _load(conn: Connection, op: Load) -> list[Any]:
         sql += " AND ts >= %s"
         params.append(_micros(op.since))
     if op.last is not None:
-        sql = f"SELECT seq, data FROM ({sql} ORDER BY seq DESC LIMIT %s) AS t ORDER BY seq"
+        sql = f"SELECT seq, data FROM ({sql} ORDER BY seq DESC LIMIT %s) AS t ORDER BY seq"  # noqa: S608 (SQL from constants; values bound)
         params.append(op.last)
     else:
         sql += " ORDER BY seq"
@@ -959,7 +959,7 @@ def _load(conn: Connection, op: Load) -> list[Any]:
 
 
 def _lock_key(conn: Connection, key: Key) -> int | None:
-    row = conn.execute(f"SELECT id FROM marsys_keys WHERE {_KEY_WHERE} FOR UPDATE", key).fetchone()
+    row = conn.execute(f"SELECT id FROM marsys_keys WHERE {_KEY_WHERE} FOR UPDATE", key).fetchone()  # noqa: S608 (SQL from constants; values bound)
     return int(row[0]) if row else None
 
 
@@ -1012,7 +1012,7 @@ def _list_runs(conn: Connection, op: ListRuns) -> list[str]:
             clauses.append(f"{column} = %s")  # column names from the fixed tuple above
             params.append(value)
     where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
-    cur = conn.execute(f"SELECT run_id FROM marsys_runs{where} ORDER BY started_at, pos", params)
+    cur = conn.execute(f"SELECT run_id FROM marsys_runs{where} ORDER BY started_at, pos", params)  # noqa: S608 (SQL from constants; values bound)
     return [str(row[0]) for row in cur]
 
 
@@ -1033,7 +1033,7 @@ def _retention(conn: Connection, op: EnforceRetention) -> int:
     cutoff = ttl_cutoff(op.now, op.ttl)
     if cutoff is not None:
         deleted += conn.execute(
-            f"DELETE FROM marsys_messages WHERE {where}NOT protected AND ts < %s",
+            f"DELETE FROM marsys_messages WHERE {where}NOT protected AND ts < %s",  # noqa: S608 (SQL from constants; values bound)
             [*params, _micros(cutoff)],
         ).rowcount
     if op.max_messages is not None:

@@ -78,7 +78,7 @@ def migrate_vectors(conn: Connection) -> None:
 
 
 def _key_id(conn: Connection, key: Key, *, lock: bool) -> int | None:
-    sql = f"SELECT id FROM marsys_keys WHERE {_KEY_WHERE}" + (" FOR UPDATE" if lock else "")
+    sql = f"SELECT id FROM marsys_keys WHERE {_KEY_WHERE}" + (" FOR UPDATE" if lock else "")  # noqa: S608 (SQL from constants; values bound)
     row = conn.execute(sql, key).fetchone()
     return int(row[0]) if row else None
 
@@ -148,14 +148,14 @@ def load_vectors(conn: Connection, op: LoadVectors) -> VectorPage:
     )
     params: list[Any] = [op.model, op.after]
     if op.key is not None:
-        page += f" AND key_id = (SELECT id FROM marsys_keys WHERE {_KEY_WHERE})"
+        page += f" AND key_id = (SELECT id FROM marsys_keys WHERE {_KEY_WHERE})"  # noqa: S608 (SQL from constants; values bound)
         params.extend(op.key)
     page += " ORDER BY vseq"
     if op.limit is not None:
         page += " LIMIT %s"
         params.append(op.limit)
     rows = conn.execute(
-        "SELECT d.dim, p.vseq, k.namespace, k.agent, k.branch, p.message_id, p.data"
+        "SELECT d.dim, p.vseq, k.namespace, k.agent, k.branch, p.message_id, p.data"  # noqa: S608 (SQL from constants; values bound)
         " FROM (SELECT (SELECT dim FROM marsys_vector_models WHERE model = %s) AS dim) AS d"
         f" LEFT JOIN (({page}) AS p JOIN marsys_keys AS k ON k.id = p.key_id) ON true"
         " ORDER BY p.vseq",
@@ -178,7 +178,7 @@ def load_vectors(conn: Connection, op: LoadVectors) -> VectorPage:
 def load_after(conn: Connection, op: LoadAfter) -> MessagePage:
     """Run ``op`` in one statement (messages and count from one snapshot)."""
     rows = conn.execute(
-        "SELECT k.n, m.seq, m.data FROM marsys_keys AS k"
+        "SELECT k.n, m.seq, m.data FROM marsys_keys AS k"  # noqa: S608 (SQL from constants; values bound)
         " LEFT JOIN marsys_messages AS m ON m.key_id = k.id AND m.seq > %s"
         f" WHERE {_KEY_WHERE} ORDER BY m.seq",
         (op.after, *op.key),

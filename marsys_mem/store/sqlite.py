@@ -997,10 +997,10 @@ class SQLiteStore(MemoryStore):
         if last == 0:
             return []
         data = ", data" if max_bytes is None else ""
-        sql = f"SELECT seq, message_id, ts{data} FROM messages WHERE {_KEY_WHERE}"
+        sql = f"SELECT seq, message_id, ts{data} FROM messages WHERE {_KEY_WHERE}"  # noqa: S608 (SQL from constants; values bound)
         params: list[Any] = list(key)
         if last is not None:
-            sql = f"SELECT * FROM ({sql} ORDER BY seq DESC LIMIT ?) ORDER BY seq"
+            sql = f"SELECT * FROM ({sql} ORDER BY seq DESC LIMIT ?) ORDER BY seq"  # noqa: S608 (SQL from constants; values bound)
             params.append(last)
         else:
             sql += " ORDER BY seq"
@@ -1288,7 +1288,7 @@ def _prune_deletions(conn: sqlite3.Connection) -> None:
 def _load(conn: sqlite3.Connection, op: Load) -> list[Message]:
     if op.last == 0:
         return []
-    sql = f"SELECT seq, data FROM messages WHERE {_KEY_WHERE}"
+    sql = f"SELECT seq, data FROM messages WHERE {_KEY_WHERE}"  # noqa: S608 (SQL from constants; values bound)
     params: list[Any] = list(op.key)
     if op.ids is not None:
         if not op.ids:
@@ -1300,7 +1300,7 @@ def _load(conn: sqlite3.Connection, op: Load) -> list[Message]:
         sql += " AND ts >= ?"
         params.append(_micros(op.since))
     if op.last is not None:
-        sql = f"SELECT seq, data FROM ({sql} ORDER BY seq DESC LIMIT ?) ORDER BY seq"
+        sql = f"SELECT seq, data FROM ({sql} ORDER BY seq DESC LIMIT ?) ORDER BY seq"  # noqa: S608 (SQL from constants; values bound)
         params.append(op.last)
     else:
         sql += " ORDER BY seq"
@@ -1340,12 +1340,12 @@ def _delete_where(
         # the subquery's bare columns are its own (the innermost FROM): the deleted rows
         _delete_where(
             conn,
-            f"{_KEY_WHERE} AND message_id IN (SELECT message_id FROM messages WHERE {where} "
+            f"{_KEY_WHERE} AND message_id IN (SELECT message_id FROM messages WHERE {where} "  # noqa: S608 (SQL from constants; values bound)
             "AND namespace = ? AND agent = ? AND branch = ?)",
             (*holder, *params, ns, agent, branch),
             owner=(holder[0], holder[1], holder[2]),
         )
-    return max(conn.execute(f"DELETE FROM messages WHERE {where}", params).rowcount, 0)
+    return max(conn.execute(f"DELETE FROM messages WHERE {where}", params).rowcount, 0)  # noqa: S608 (SQL from constants; values bound)
 
 
 def _ids_in(ids: Sequence[str]) -> tuple[str, list[Any]]:
@@ -1380,7 +1380,7 @@ def _expect_last(conn: sqlite3.Connection, op: ExpectLast) -> None:
     connection can change the key between this check and the commit.
     """
     row = conn.execute(
-        f"SELECT message_id FROM messages WHERE {_KEY_WHERE} ORDER BY seq DESC LIMIT 1", op.key
+        f"SELECT message_id FROM messages WHERE {_KEY_WHERE} ORDER BY seq DESC LIMIT 1", op.key  # noqa: S608 (SQL from constants; values bound)
     ).fetchone()
     found = None if row is None else str(row[0])
     if found != op.message_id:
@@ -1389,7 +1389,7 @@ def _expect_last(conn: sqlite3.Connection, op: ExpectLast) -> None:
 
 def _count(conn: sqlite3.Connection, key: tuple[str, str, str]) -> int:
     """Rows under ``key``, from ``key_counts`` (O(1); exact in every committed state)."""
-    row = conn.execute(f"SELECT n FROM key_counts WHERE {_KEY_WHERE}", key).fetchone()
+    row = conn.execute(f"SELECT n FROM key_counts WHERE {_KEY_WHERE}", key).fetchone()  # noqa: S608 (SQL from constants; values bound)
     return int(row[0]) if row else 0
 
 
@@ -1405,7 +1405,7 @@ def _list_runs(conn: sqlite3.Connection, op: ListRuns) -> list[str]:
             clauses.append(f"{column} = ?")  # column names from the fixed tuple above
             params.append(value)
     where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
-    cur = conn.execute(f"SELECT run_id FROM runs{where} ORDER BY started_at, rowid", params)
+    cur = conn.execute(f"SELECT run_id FROM runs{where} ORDER BY started_at, rowid", params)  # noqa: S608 (SQL from constants; values bound)
     return [str(row[0]) for row in cur]
 
 
@@ -1446,7 +1446,7 @@ def _retention(conn: sqlite3.Connection, op: EnforceRetention) -> int:
                     break
                 gone = _delete_where(
                     conn,
-                    "seq IN (SELECT seq FROM messages "
+                    "seq IN (SELECT seq FROM messages "  # noqa: S608 (SQL from constants; values bound)
                     f"WHERE {_KEY_WHERE} AND protected = ? ORDER BY seq LIMIT ?)",
                     (ns, agent, branch, int(protected), excess),
                     (ns, agent, branch),
@@ -1459,7 +1459,7 @@ def _retention(conn: sqlite3.Connection, op: EnforceRetention) -> int:
 # ---------------------------------------------------------------------- vectors
 def _load_after(conn: sqlite3.Connection, op: LoadAfter) -> MessagePage:
     rows = conn.execute(
-        f"SELECT seq, data FROM messages WHERE {_KEY_WHERE} AND seq > ? ORDER BY seq",
+        f"SELECT seq, data FROM messages WHERE {_KEY_WHERE} AND seq > ? ORDER BY seq",  # noqa: S608 (SQL from constants; values bound)
         (*op.key, op.after),
     ).fetchall()
     messages = (
@@ -1487,7 +1487,7 @@ def _put_vectors(conn: sqlite3.Connection, op: PutVectors) -> int:
         chunk = ids[start : start + _CHUNK]
         marks = ",".join("?" * len(chunk))
         for seq, mid in conn.execute(
-            f"SELECT seq, message_id FROM messages WHERE {_KEY_WHERE} AND message_id IN ({marks})",
+            f"SELECT seq, message_id FROM messages WHERE {_KEY_WHERE} AND message_id IN ({marks})",  # noqa: S608 (SQL from constants; values bound)
             (*op.key, *chunk),
         ):
             seq_of[str(mid)] = int(seq)

@@ -169,7 +169,7 @@ def _quote_setting(value: str) -> str:
 def _stop_at_exit(pg_ctl: str, data: str, account: tuple[int, int] | None, root: str) -> None:
     """Finaliser: stop a server its owner forgot to close, and remove its folder."""
     with contextlib.suppress(OSError, subprocess.SubprocessError):
-        subprocess.run(
+        subprocess.run(  # noqa: S603 (PostgreSQL's own pg_ctl, an argv list, no shell)
             [pg_ctl, "-D", data, "-m", "immediate", "-w", "stop"],
             capture_output=True,
             timeout=30,
@@ -291,7 +291,7 @@ class PostgresServer:
 
     def _run(self, args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C", "LANG": "C"}
-        return subprocess.run(
+        return subprocess.run(  # noqa: S603 (PostgreSQL's own binaries, an argv list, no shell)
             args,
             capture_output=True,
             text=True,

@@ -94,7 +94,7 @@ class WriterProcess:
         env["PYTHONPATH"] = os.pathsep.join(
             [p for p in sys.path if p] + [env.get("PYTHONPATH", "")]
         )
-        self.process = subprocess.Popen(
+        self.process = subprocess.Popen(  # noqa: S603 (this interpreter, an argv list, no shell)
             [*self.command(), factory_ref, location, writer, str(rounds), ending],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
