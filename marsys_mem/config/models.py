@@ -535,7 +535,30 @@ LLMProvider = Literal["openai", "anthropic", "azure"]
 _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 
 
-class LLMConfig(BaseModel):
+class _FromFile(BaseModel):
+    """A model that remembers the file it was read from (trusted when built in code).
+
+    Validated with the context ``{"source": path}`` (as the file loaders do), :attr:`source`
+    is that file; validated or built without it, ``None``.
+    """
+
+    _source: Path | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _remember_source(self, info: ValidationInfo) -> Self:
+        """The validation context's ``"source"`` (the file read) becomes :attr:`source`."""
+        source = info.context.get("source") if isinstance(info.context, dict) else None
+        if source is not None:
+            self._source = Path(source)
+        return self
+
+    @property
+    def source(self) -> Path | None:
+        """The file this was read from; ``None``: built in code (trusted)."""
+        return self._source
+
+
+class LLMConfig(_FromFile):
     """The model a workflow's ``ask`` steps (and ``patterns.facts.extractor: llm``) call.
 
     An ``llm:`` section of a workflow or policy file. The API key never sits in the file:
@@ -582,20 +605,6 @@ class LLMConfig(BaseModel):
     temperature: float | None = Field(default=None, ge=0, le=2)
     max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
     api_key: SkipJsonSchema[Any] = Field(default=None, exclude=True, repr=False)
-    _source: Path | None = PrivateAttr(default=None)
-
-    @model_validator(mode="after")
-    def _remember_source(self, info: ValidationInfo) -> Self:
-        """The validation context's ``"source"`` (the file read) becomes :attr:`source`."""
-        source = info.context.get("source") if isinstance(info.context, dict) else None
-        if source is not None:
-            self._source = Path(source)
-        return self
-
-    @property
-    def source(self) -> Path | None:
-        """The file this section was read from; ``None``: built in code (trusted)."""
-        return self._source
 
     @field_validator("api_key")
     @classmethod
@@ -724,7 +733,7 @@ def _merge_errors(name: str, raw: object, defaults: object) -> list[InitErrorDet
     return out
 
 
-class MemoryConfig(BaseModel):
+class MemoryConfig(_FromFile):
     """A whole config file: store, defaults and per-agent policies.
 
     :func:`load_config` records the file a config came from (:attr:`source`, and
@@ -752,15 +761,6 @@ class MemoryConfig(BaseModel):
     llm: LLMConfig | None = Field(
         default=None, description="The model agents use (ask steps, fact extraction)."
     )
-    _source: Path | None = PrivateAttr(default=None)
-
-    @model_validator(mode="after")
-    def _remember_source(self, info: ValidationInfo) -> Self:
-        """The validation context's ``"source"`` (the file read) becomes :attr:`source`."""
-        source = info.context.get("source") if isinstance(info.context, dict) else None
-        if source is not None:
-            self._source = Path(source)
-        return self
 
     @field_validator("agents", mode="wrap")
     @classmethod
@@ -822,11 +822,6 @@ class MemoryConfig(BaseModel):
                     f"agents.{agent}.patterns: " + format_validation_error(exc, prefix="")
                 ) from None
         return RetentionPolicy(context=context, patterns=patterns, **fields)
-
-    @property
-    def source(self) -> Path | None:
-        """The file this config was loaded from, if any."""
-        return self._source
 
     @property
     def base_dir(self) -> Path | None:
