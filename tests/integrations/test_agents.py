@@ -38,6 +38,7 @@ from openai.types.responses import (
 
 from marsys_mem import ContextPolicy, MemoryManager, Message
 from marsys_mem.config import MemoryConfig
+from marsys_mem.context.blocks import parse_block
 from marsys_mem.exceptions import InvalidNameError, MessageFormatError, OrphanToolResultError
 from marsys_mem.integrations.agents import ITEM_KEY, MarsysSession
 from marsys_mem.testing.provider_rules import responses_violations
@@ -311,6 +312,13 @@ async def test_an_output_whose_call_was_evicted_is_left_out(tmp_path: Path):
 
 
 # ---------------------------------------------------------------------- compaction mode
+def summary_lines(item: dict[str, Any]) -> list[str]:
+    """The summariser's lines, read back from the summary block (quoted data)."""
+    block = parse_block(item["content"])
+    assert block.header.startswith("Summary of earlier conversation")
+    return [i.text for i in block.items]
+
+
 async def test_summarize_mode_returns_the_compacted_window(manager: MemoryManager):
     seen: list[list[Message]] = []
 
@@ -320,7 +328,9 @@ async def test_summarize_mode_returns_the_compacted_window(manager: MemoryManage
 
     # start_on="any": the window may open on the function call (the Responses API takes it);
     # the default, start_on="user", keeps the whole last exchange (see the next test)
-    policy = ContextPolicy(max_tokens=120, strategy="summarize", keep_recent=2, start_on="any")
+    policy = ContextPolicy(
+        max_tokens=150, strategy="summarize", keep_recent=2, start_on="any", summary_max_tokens=50
+    )
     session = MarsysSession("user-1", manager, policy=policy, summarizer=summarizer)
     model = ScriptedModel(
         [call("c1", "Tokyo")],
@@ -330,11 +340,8 @@ async def test_summarize_mode_returns_the_compacted_window(manager: MemoryManage
     await Runner.run(agent_with(model), "Weather in Tokyo?", session=session)
     await Runner.run(agent_with(model), "And tomorrow?", session=session)
     sent = model.inputs[-1]
-    assert sent[0] == {
-        "type": "message",
-        "role": "system",
-        "content": "Earlier: the user asked about Tokyo weather (72F).",
-    }
+    assert (sent[0]["type"], sent[0]["role"]) == ("message", "system")
+    assert summary_lines(sent[0]) == ["Earlier: the user asked about Tokyo weather (72F)."]
     assert sent[-1] == {"role": "user", "content": "And tomorrow?"}
     assert_pairs_whole(sent)
     assert seen  # the summariser ran
@@ -357,7 +364,8 @@ async def test_summarize_mode_starts_on_a_user_turn_by_default(manager: MemoryMa
     await Runner.run(agent_with(model), "And in Oslo?", session=session)
     await Runner.run(agent_with(model), "Thanks", session=session)
     sent = model.inputs[-1]
-    assert sent[0] == {"type": "message", "role": "system", "content": "Earlier."}
+    assert (sent[0]["type"], sent[0]["role"]) == ("message", "system")
+    assert summary_lines(sent[0]) == ["Earlier."]
     assert sent[1] == {"role": "user", "content": "And in Oslo?"}  # not the function call
     assert sent[-1] == {"role": "user", "content": "Thanks"}
     assert_pairs_whole(sent)
