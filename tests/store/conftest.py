@@ -1,7 +1,8 @@
 """Fixtures of the store tests: a fresh schema per test on the session's PostgreSQL.
 
-The server is ``postgres_server`` (tests/conftest.py). Without the binaries the tests that
-use it skip, and fail in CI.
+The server is ``postgres_server`` (tests/conftest.py; no pgvector: the fallback path), or
+``pgvector_server`` for ``pgvector_dsn`` (the ``vector`` extension installed: search inside
+the database). Without the binaries the tests that use them skip, and fail in CI.
 """
 
 import itertools
@@ -22,6 +23,18 @@ _names = itertools.count()
 def postgres_dsn(postgres_server: PostgresServer) -> str:
     """A DSN whose search_path is a new, empty schema (one per test)."""
     return postgres_server.create_schema(f"t{next(_names)}")
+
+
+@pytest.fixture
+def pgvector_dsn(pgvector_server: PostgresServer) -> str:
+    """A DSN whose search_path is a new, empty schema on the pgvector server (one per test)."""
+    return pgvector_server.create_schema(f"v{next(_names)}")
+
+
+@pytest.fixture
+def new_pgvector_dsn(pgvector_server: PostgresServer) -> Callable[[], str]:
+    """Make as many fresh schemas on the pgvector server as a test needs."""
+    return lambda: pgvector_server.create_schema(f"v{next(_names)}")
 
 
 @pytest.fixture
