@@ -91,7 +91,7 @@ import asyncio
 import itertools
 import logging
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -109,6 +109,7 @@ from marsys_mem.exceptions import (
 from marsys_mem.lifecycle import Closing
 from marsys_mem.model.messages import Message
 from marsys_mem.patterns.shared_vectors import SharedVectors
+from marsys_mem.patterns.store_search import Found, StoreSearch, TextPages
 from marsys_mem.retrieval.ahead import WorkAhead
 from marsys_mem.retrieval.bm25 import BM25Index
 from marsys_mem.retrieval.dates import Period, asks_when, mentions_time, query_period
@@ -160,6 +161,10 @@ def _bm25_only_notice() -> None:
         "retrieval is BM25 keyword search only"
     )
 
+
+OwnScores = tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_], npt.NDArray[np.float64]]
+"""Messages' own scores, for the ranker: their cosines (0.0: no vector), which have a vector,
+and their keyword scores."""
 
 _SPREAD = 2
 """How many turns after a hit become candidates (each is still scored with all its context)."""
@@ -286,7 +291,7 @@ class _Ranked(Sequence[Candidate]):
         )
 
 
-class RAGMemory(SharedVectors, Closing):
+class RAGMemory(SharedVectors, StoreSearch, Closing):
     """Searchable memory of messages: dense + BM25 hybrid retrieval, durable if asked.
 
     Args:
@@ -491,9 +496,11 @@ class RAGMemory(SharedVectors, Closing):
         self._msg_cursor = 0
         self._vec_cursor = 0
         self._feed: DeletionFeed | None = None
+        # the store searches: no messages or vectors held here (add embeds inline)
+        self._stateless = self._searches_in_store()
         if embedder is not None:
             self._index = FaissIndex(embedder.dim, kind=index_kind)
-            if self.background:
+            if self.background and not self._stateless:
                 self._queue = EmbeddingQueue(
                     embedder,
                     on_vectors=self._on_vectors,
@@ -510,10 +517,15 @@ class RAGMemory(SharedVectors, Closing):
 
     # ------------------------------------------------------------------ opening
     def _open(self) -> None:
-        """Load the store's messages and bring the vector index in line with them."""
-        self._shared = self._share_vectors()
+        """Load the store's messages and bring the vector index in line with them.
+
+        On a store that searches: nothing to load.
+        """
         if self.store is not None:  # before reading: no deletion falls between
             self._feed = DeletionFeed(self.store.load_deletions, self.key[0])
+        if self._stateless:
+            return
+        self._shared = self._share_vectors()
         messages, stored = self._read_store()
         with self._lock:
             for m in messages:
@@ -523,14 +535,19 @@ class RAGMemory(SharedVectors, Closing):
 
     # ------------------------------------------------------------------ container protocol
     def __len__(self) -> int:
+        if self._stateless:
+            return self._stored_count()
         return len(self._messages)
 
     def __contains__(self, message_id: object) -> bool:
+        if self._stateless:
+            return isinstance(message_id, str) and bool(message_id) and bool(
+                self._load([message_id])
+            )
         return isinstance(message_id, str) and message_id in self._messages
 
     def __iter__(self) -> Iterator[Message]:
-        with self._lock:
-            return iter(list(self._messages.values()))
+        return iter(self.messages())
 
     def get(self, message_id: str) -> Message:
         """The message with ``message_id``.
@@ -538,13 +555,17 @@ class RAGMemory(SharedVectors, Closing):
         Raises:
             MessageNotFoundError: no such message.
         """
+        if self._stateless:
+            return self._stored_get(message_id)
         try:
             return self._messages[message_id]
         except (KeyError, TypeError):
             raise MessageNotFoundError(f"no message {message_id!r} in this RAGMemory") from None
 
     def messages(self) -> list[Message]:
-        """All messages, in the order they were added."""
+        """All messages, in the order they were added (on a store that searches: read from it)."""
+        if self._stateless:
+            return self._stored_messages()
         with self._lock:
             return list(self._messages.values())
 
@@ -620,9 +641,9 @@ class RAGMemory(SharedVectors, Closing):
         value = m.metadata.get(self.thread_key)
         return "" if value is None else f"#{value}"
 
-    def _session_of(self, mid: str) -> tuple[str, str]:
+    def _session_of(self, mid: str, messages: Mapping[str, Message]) -> tuple[str, str]:
         """The session of a message, for :func:`diversify`: its thread and its day."""
-        m = self._messages.get(mid)
+        m = messages.get(mid)
         if m is None:
             return ("", mid)
         session = m.metadata.get("session")
@@ -683,7 +704,7 @@ class RAGMemory(SharedVectors, Closing):
             if any(mid in self._messages for mid in ids):  # raced with another writer
                 raise DuplicateMessageError(f"one of {ids!r} is already in this RAGMemory")
             if self.store is not None:
-                if vectors is not None and self._shared:
+                if vectors is not None and (self._shared or self._stateless):
                     assert self.embedder is not None
                     model = self.embedder.name
                     self.store.batch(
@@ -694,6 +715,8 @@ class RAGMemory(SharedVectors, Closing):
                     )
                 else:
                     self.store.batch([Append(self.key, tuple(batch), copies_of=self.owner)])
+            if self._stateless:  # the store holds them, and searches them
+                return ids
             for m, text in zip(batch, texts, strict=True):
                 self._messages[m.message_id] = m
                 self._bm25.add(m.message_id, self._keyword_text(m, text))
@@ -716,24 +739,35 @@ class RAGMemory(SharedVectors, Closing):
         if self._feed is None or self._closed:
             return []
         gone_by_key, complete = self._feed.poll()
-        if not complete:
+        if not complete and not self._stateless:
             _, removed = self.refresh_all()
             return removed
-        logged = [mid for mid in dict.fromkeys(gone_by_key.get(self.key, ())) if mid in self]
+        logged = list(dict.fromkeys(gone_by_key.get(self.key, ())))
+        if not self._stateless:
+            logged = [mid for mid in logged if mid in self._messages]
         if not logged:
             return []
         assert self.store is not None
         # Deleted then stored again (a move between tiers, a rewrite) is not gone.
         back = {m.message_id for m in self.store.batch([Load(self.key, ids=tuple(logged))])[0]}
         with self._lock:
-            present = [mid for mid in logged if mid in self._messages and mid not in back]
-            if present:
+            present = [
+                mid
+                for mid in logged
+                if (self._stateless or mid in self._messages) and mid not in back
+            ]
+            if present and not self._stateless:
                 self._forget_locked(present)
         return present
 
     def refresh_all(self) -> tuple[int, list[str]]:
-        """Compare with every message of the store key: ``(added, removed ids)``."""
+        """Compare with every message of the store key: ``(added, removed ids)``.
+
+        On a store that searches there is nothing to compare: ``(0, [])``.
+        """
         assert self.store is not None
+        if self._stateless:
+            return 0, []
         stored = self.store.load_messages(self.key)
         stored_ids = {m.message_id for m in stored}
         with self._lock:
@@ -757,6 +791,8 @@ class RAGMemory(SharedVectors, Closing):
         for i, mid in enumerate(wanted):
             if not isinstance(mid, str):
                 raise TypeError(f"ids[{i}] must be a str, got {type(mid).__name__}")
+        if self._stateless:
+            return self._stored_remove(wanted)
         with self._lock:
             present = [mid for mid in dict.fromkeys(wanted) if mid in self._messages]
             if not present:
@@ -787,6 +823,8 @@ class RAGMemory(SharedVectors, Closing):
         if self.store is None:
             return 0, 0
         removed = len(self.sync())
+        if self._stateless:
+            return 0, removed
         if self._shared:
             added, more = self._catch_up()
             return added, removed + more
@@ -868,6 +906,8 @@ class RAGMemory(SharedVectors, Closing):
             min_score = finite_number("min_score", min_score)
         resolved = self._resolve_mode(mode)
         keep = make_filter(agent, role, since, until, metadata)
+        if self._stateless:
+            return self._search_in_store(query, k, min_score, resolved, keep)
         self.sync()
         if self._shared:
             self._catch_up()
@@ -884,6 +924,86 @@ class RAGMemory(SharedVectors, Closing):
         ready = cues.result() if cues is not None else None
         with self._lock:
             return self._search_locked(query, qvec, k, min_score, resolved, keep, ready)
+
+    def _search_in_store(
+        self,
+        query: str,
+        k: int,
+        min_score: float | None,
+        mode: SearchMode,
+        keep: MessageFilter | None,
+    ) -> list[ScoredMessage]:
+        """:meth:`search` on a store that searches: its candidates, ranked here.
+
+        The keyword side is asked for beside the model's forward pass (a database round
+        trip, which lets go of the GIL).
+        """
+        first = self._depth(k, keep)
+        text: WorkAhead[TextPages] | None = None
+        if mode != "dense":
+            text = WorkAhead.start(lambda: self._text_pages(query, first))
+        qvec = self._embed_query(query) if mode != "bm25" else None
+        ahead = text.result() if text is not None else None
+
+        def rank(depth: int) -> tuple[Sequence[Candidate], bool, Mapping[str, Message]]:
+            pages = ahead if depth == first or ahead is None else self._text_pages(query, depth)
+            found = self._search_store(query, qvec, pages, depth)
+            if mode == "dense":
+                ranked: Sequence[Candidate] = [(mid, c, c, None) for mid, c in found.dense]
+            elif mode == "bm25":
+                ranked = [(mid, r, None, r) for mid, r in found.text]
+            else:
+                ranked = self._rank_found(query, found)
+            return ranked, found.exhausted, found.messages
+
+        return self._collect(rank, k, min_score, keep)
+
+    def _rank_found(self, query: str, found: Found) -> Sequence[Candidate]:
+        """Rank a store's candidates (hybrid) with the in-process ranker.
+
+        The candidates are linked into their threads in the key's order, so a candidate's
+        context turns are the candidates before and after it in its thread.
+        """
+        links = ThreadLinks()
+        for m in found.messages.values():  # the key's order
+            links.add(m.message_id, self._thread_of(m))
+        cosines = dict(found.dense)
+        keyword = found.keyword
+        dense = [(mid, c) for mid, c in found.dense if mid in links]
+        text = [(mid, r) for mid, r in found.text if mid in links]
+        floor = found.floor
+        in_context = bool(self.thread_weight) or (
+            bool(self.context_turns) and bool(self.context_weight or self.reply_weight)
+        )
+        if not in_context:
+            if floor is not None:
+                cosines.update((mid, floor) for mid, _ in text if mid not in cosines)
+            fused = fuse_scores(
+                dense,
+                text,
+                cosines,
+                keyword,
+                fusion=self.fusion,
+                dense_weight=self.dense_weight,
+                bm25_weight=self.bm25_weight,
+                rrf_k=self.rrf_k,
+            )
+            return self._adjust(query, _Ranked.of(links, fused), None, found.messages)
+
+        def own_scores(need: SlotArray) -> OwnScores:
+            ids = links.ids_of(need)
+            has_vec = np.array([mid in cosines or floor is not None for mid in ids], dtype=bool)
+            cos = np.array([cosines.get(mid, floor or 0.0) for mid in ids], dtype=np.float64)
+            rank = np.array([keyword.get(mid, 0.0) for mid in ids], dtype=np.float64)
+            return cos, has_vec, rank
+
+        ranked = self._rank_candidates(
+            links,
+            links.slots([mid for mid, _ in dense]) if self.embedder is not None else None,
+            links.slots([mid for mid, _ in text]),
+            own_scores,
+        )
+        return self._adjust(query, ranked, None, found.messages)
 
     def _depth(self, k: int, keep: MessageFilter | None) -> int:
         """How many candidates a search fetches first."""
@@ -962,10 +1082,29 @@ class RAGMemory(SharedVectors, Closing):
         total = len(self._messages)
         if total == 0:
             return []
-        depth = self._depth(k, keep)
-        messages = self._messages
-        while True:
+
+        def rank(depth: int) -> tuple[Sequence[Candidate], bool, Mapping[str, Message]]:
+            depth = min(depth, total)
             ranked, exhausted = self._rank(query, qvec, mode, depth, cues)
+            return ranked, exhausted or depth >= total, self._messages
+
+        return self._collect(rank, k, min_score, keep)
+
+    def _collect(
+        self,
+        rank: Callable[[int], tuple[Sequence[Candidate], bool, Mapping[str, Message]]],
+        k: int,
+        min_score: float | None,
+        keep: MessageFilter | None,
+    ) -> list[ScoredMessage]:
+        """The ``k`` best hits that pass ``keep`` and ``min_score``, ranked deeper until found.
+
+        ``rank(depth)``: the candidates ranked from each retriever's ``depth`` best, best
+        first, whether no deeper search can add any, and the candidates' messages.
+        """
+        depth = self._depth(k, keep)
+        while True:
+            ranked, exhausted, messages = rank(depth)
             hits: list[ScoredMessage] = []
             for mid, score, dense, bm25 in ranked:
                 if min_score is not None and score < min_score:
@@ -977,9 +1116,9 @@ class RAGMemory(SharedVectors, Closing):
                 hits.append(ScoredMessage(m, score, dense, bm25, len(hits) + 1))
                 if len(hits) == k:
                     return hits
-            if exhausted or depth >= total:
+            if exhausted:
                 return hits
-            depth = min(4 * depth, total)
+            depth *= 4
 
     def _rank(
         self,
@@ -1047,7 +1186,42 @@ class RAGMemory(SharedVectors, Closing):
         dense_slots: SlotArray | None,
         bm25_slots: SlotArray,
     ) -> _Ranked:
+        """Rank the hits and the turns around them in this memory's indexes (hybrid).
+
+        The ranking is :meth:`_rank_candidates`'; the candidates' own scores come from the
+        vector index (``query_scores``, None: no dense side) and BM25.
+        """
+
+        def own_scores(need: SlotArray) -> OwnScores:
+            cosines = np.zeros(len(need))
+            has_vec = np.zeros(len(need), dtype=bool)
+            index = self._index
+            if query_scores is not None and index is not None:
+                memo_index, layout, memo = self._row_memo
+                if memo_index is not index or layout != index.layout:  # rows moved: look again
+                    memo = SlotMemo()
+                    self._row_memo = (index, index.layout, memo)
+                # "no vector" (-1) is looked up again: the vector may have come since
+                rows = memo.get(self._links, need, index.rows, _has_row)
+                has_vec = rows >= 0
+                cosines = query_scores.row_scores(rows, fill=0.0)
+            # thread slots are BM25 slots
+            return cosines, has_vec, self._bm25.slot_scores(query, need)
+
+        return self._rank_candidates(self._links, dense_slots, bm25_slots, own_scores)
+
+    def _rank_candidates(
+        self,
+        links: ThreadLinks,
+        dense_slots: SlotArray | None,
+        bm25_slots: SlotArray,
+        own_scores: Callable[[SlotArray], OwnScores],
+    ) -> _Ranked:
         """Rank the hits and the turns around them by their scores in context (hybrid).
+
+        The one ranker of both paths: this memory's own indexes (:meth:`_rank_in_context`)
+        and a store that searches (:meth:`_rank_found`, over the links of the candidates
+        it returned).
 
         The candidates are the retrievers' hits and the turns around them (a turn after a
         hit may owe its meaning to it). On each side (cosine, BM25) a candidate's score in
@@ -1056,10 +1230,10 @@ class RAGMemory(SharedVectors, Closing):
         mean of the candidates' own scores on that side). On the BM25 side each candidate
         also gains ``thread_weight`` times the sum of what its thread's candidates lend,
         less the weakest thread's sum. The two sides are then fused as usual. Candidates
-        carry their own cosine and BM25 scores. ``query_scores`` (None:
-        no dense side) gives the cosines, of the index the dense hits came from.
+        carry their own cosine and BM25 scores. ``own_scores(slots)`` gives the cosines
+        (0.0 where there is no vector), which have a vector, and the keyword scores of
+        the messages at ``slots`` of ``links``.
         """
-        links = self._links
         turns = self.context_turns
         reply = 1 if self.reply_weight and turns else 0  # no context turns: no reply either
         # candidates: the hits and the turns around them, as slots of the thread links
@@ -1082,17 +1256,7 @@ class RAGMemory(SharedVectors, Closing):
         m = len(need)
         own = np.zeros((2, m + 1))
         has_vec = np.zeros(m + 1, dtype=bool)
-        index = self._index
-        if query_scores is not None and index is not None:
-            memo_index, layout, memo = self._row_memo
-            if memo_index is not index or layout != index.layout:  # rows moved: look again
-                memo = SlotMemo()
-                self._row_memo = (index, index.layout, memo)
-            # "no vector" (-1) is looked up again: the vector may have come since
-            rows = memo.get(links, need, index.rows, _has_row)
-            has_vec[:-1] = rows >= 0
-            own[0, :-1] = query_scores.row_scores(rows, fill=0.0)
-        own[1, :-1] = self._bm25.slot_scores(query, need)  # thread slots are BM25 slots
+        own[0, :-1], has_vec[:-1], own[1, :-1] = own_scores(need)
         # rows: the candidates, the turns 1 .. turns before them, the next turn
         grid = where.reshape(1 + turns + reply, n)
         cand_at = grid[0]
@@ -1152,8 +1316,18 @@ class RAGMemory(SharedVectors, Closing):
         dense_own = np.where(has_vec[picked], own[0, picked], np.nan)
         return _Ranked(links, cand_slots[order], fused, dense_own, own[1, picked])
 
-    def _adjust(self, query: str, ranked: _Ranked, cues: _Cues | None) -> Sequence[Candidate]:
-        """Time cues (``time_weight``, ``when_weight``), then session diversity."""
+    def _adjust(
+        self,
+        query: str,
+        ranked: _Ranked,
+        cues: _Cues | None,
+        messages: Mapping[str, Message] | None = None,
+    ) -> Sequence[Candidate]:
+        """Time cues (``time_weight``, ``when_weight``), then session diversity.
+
+        ``messages``: the candidates' messages (default: this memory's).
+        """
+        found = self._messages if messages is None else messages
         if not len(ranked):
             return ranked
         if cues is not None:
@@ -1169,17 +1343,19 @@ class RAGMemory(SharedVectors, Closing):
             norm += self.when_weight if when else 0.0
             out: list[Candidate] = []
             for mid, score, dense, bm25 in best:
-                m = self._messages.get(mid)
+                m = found.get(mid)
                 bonus = 0.0
                 if m is not None:
                     if period is not None and period.contains(m.timestamp):
                         bonus += self.time_weight
-                    if when and self._mentions_time(mid, m):
+                    if when and (
+                        self._mentions_time(mid, m) if messages is None else mentions_time(m.text)
+                    ):
                         bonus += self.when_weight
                 out.append((mid, (score + bonus * top) / norm, dense, bm25))
             ranked = rest.divided(norm, head=sorted(out, key=lambda c: -c[1]))
         if self.diversity:
-            return diversify(ranked, self._session_of, self.diversity)
+            return diversify(ranked, lambda mid: self._session_of(mid, found), self.diversity)
         return ranked
 
     def _mentions_time(self, mid: str, m: Message) -> bool:

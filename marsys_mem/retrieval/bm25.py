@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["STOP_WORDS", "BM25Index", "stem", "tokenize"]
+__all__ = ["STOP_WORDS", "BM25Index", "score_with_stats", "stem", "tokenize"]
 
 STOP_WORDS: frozenset[str] = frozenset(
     """
@@ -474,6 +474,50 @@ class BM25Index:
 
 
 _Accumulated = tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]
+
+
+def score_with_stats(
+    query: str,
+    texts: Sequence[str],
+    *,
+    doc_count: int,
+    doc_freq: dict[str, int],
+    average_length: float,
+    k1: float = 1.5,
+    b: float = 0.75,
+) -> npt.NDArray[np.float64]:
+    """BM25 scores of ``query`` for ``texts`` drawn from a corpus not held here.
+
+    The scoring of :class:`BM25Index` (same tokenizer, same Lucene formula), with the
+    corpus's statistics given: its document count, each query term's document frequency
+    (a term missing from ``doc_freq`` counts as in no other document) and its average
+    length in terms. For a few documents of a corpus that lives elsewhere (a database).
+
+    Example:
+        >>> texts = ["the car is on level 4", "a car wash"]
+        >>> scores = score_with_stats("where is my car? level 4", texts, doc_count=1000,
+        ...                           doc_freq={"car": 300, "level": 10, "4": 40},
+        ...                           average_length=4.0)
+        >>> [round(s, 2) for s in scores.tolist()]
+        [10.1, 1.55]
+    """
+    terms = list(dict.fromkeys(tokenize(query)))
+    out = np.zeros(len(texts))
+    if not terms or not texts:
+        return out
+    k1p = k1 + 1.0
+    base, slope = k1 * (1.0 - b), k1 * b / (average_length or 1.0)
+    n = max(doc_count, 1)
+    weights = {}
+    for t in terms:
+        df = min(max(doc_freq.get(t, 0), 1), n)
+        weights[t] = math.log(1.0 + (n - df + 0.5) / (df + 0.5)) * k1p
+    for i, text in enumerate(texts):
+        tokens = tokenize(text)
+        counts = Counter(tokens)
+        norm = base + slope * len(tokens)
+        out[i] = sum(w * counts[t] / (counts[t] + norm) for t, w in weights.items() if counts[t])
+    return out
 
 _NUMPY_FROM = 256
 """Total postings of a query above which scoring is vectorised."""

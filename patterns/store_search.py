@@ -1,0 +1,259 @@
+"""Search inside the store: a RAGMemory that holds no messages and no vectors.
+
+:class:`StoreSearch` is the stateless half of :class:`~marsys_mem.patterns.rag.RAGMemory`
+(its base class; not used on its own). When the memory's store searches by itself
+(:attr:`~marsys_mem.store.base.MemoryStore.supports_search`: PostgreSQL with pgvector),
+the memory loads nothing when it opens: ``add`` embeds on the host and writes the
+messages and their vectors in one store transaction, and a search embeds the query,
+asks the store for its best dense candidates (``search_vectors``, cosine) and keyword
+candidates (``search_text``, the database's rank), reads those candidates' messages
+(``Load(key, ids=...)``) and hands them to the same ranker as the in-process path
+(context turns, thread relevance, fusion, time cues). A host is ready at once, its
+memory does not grow with the store, and every host sees every other host's messages
+and deletions the moment they commit: there is nothing to catch up.
+
+What the database returns is all the ranker sees: the context turns of a candidate are
+the candidates of its thread (the store has no operation that reads the turns around a
+message), a candidate found by keywords only is given the lowest cosine of the dense
+candidates (its cosine is at most that), and the keyword scores are the database's rank,
+not BM25 (the fusion standardises each side, so only their spread matters).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from marsys_mem.exceptions import MessageNotFoundError
+from marsys_mem.model.messages import Message
+from marsys_mem.retrieval.bm25 import BM25Index, score_with_stats, tokenize
+from marsys_mem.retrieval.embeddings import Embedder
+from marsys_mem.store.base import CountMessages, Key, Load, MemoryStore, SearchText
+
+__all__ = ["Found", "StoreSearch", "TextPages", "query_words"]
+
+log = logging.getLogger("marsys_mem.patterns.rag")
+
+
+@dataclass(frozen=True, slots=True)
+class TextPages:
+    """The store's keyword matches for one query: the whole query's and each word's.
+
+    Attributes:
+        depth: how many matches each search asked for.
+        query: the ids the whole query matched, best first by the database's rank.
+        words: per query term (as the in-process BM25 tokenizes it), the ids its word
+            matched.
+        count: how many messages the key holds.
+
+    Example:
+        >>> pages = TextPages(2, ["a"], {"car": ["a", "b"], "level": ["a"]}, count=10)
+        >>> pages.ids(), pages.doc_freq(), pages.exhausted
+        (['a', 'b'], {'car': 2, 'level': 1}, False)
+    """
+
+    depth: int
+    query: list[str]
+    words: dict[str, list[str]]
+    count: int
+
+    def ids(self) -> list[str]:
+        """Every id matched, the whole query's first, each once."""
+        return list(dict.fromkeys(itertools.chain(self.query, *self.words.values())))
+
+    def doc_freq(self) -> dict[str, int]:
+        """Each term's document frequency: exact below ``depth``, else ``depth`` (a floor)."""
+        return {term: len(ids) for term, ids in self.words.items()}
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether every search returned all its matches."""
+        return all(len(ids) < self.depth for ids in (self.query, *self.words.values()))
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """What a store's search returned for one query, ready to rank.
+
+    Attributes:
+        dense: ``(message id, cosine)`` of the dense candidates, best first.
+        text: ``(message id, BM25 score)`` of the keyword candidates, best first.
+        keyword: the BM25 score of every candidate (0.0: no query term).
+        messages: every candidate's message by id, in the key's order (oldest first).
+        floor: the cosine a candidate missing from ``dense`` is given (``None``: the dense
+            side returned every vector the key has, so such a candidate has none).
+        exhausted: neither side can return more candidates than it did.
+
+    Example:
+        >>> found = Found([("a", 0.9)], [("b", 2.0)], {"a": 0.0, "b": 2.0}, {}, 0.9, True)
+        >>> found.ids()
+        ['a', 'b']
+    """
+
+    dense: list[tuple[str, float]]
+    text: list[tuple[str, float]]
+    keyword: dict[str, float]
+    messages: dict[str, Message]
+    floor: float | None
+    exhausted: bool
+
+    def ids(self) -> list[str]:
+        """The candidates of either side, dense first, each once."""
+        return list(dict.fromkeys([mid for mid, _ in self.dense] + [mid for mid, _ in self.text]))
+
+
+def query_words(query: str) -> dict[str, str]:
+    """Each term of ``query`` (as BM25 tokenizes it) and the first word that gave it.
+
+    Example:
+        >>> query_words("Where did Maya park the cars? parking level 4")
+        {'maya': 'Maya', 'park': 'park', 'car': 'cars', 'level': 'level', '4': '4'}
+    """
+    words: dict[str, str] = {}
+    for word in _WORD.findall(query):
+        for term in tokenize(word):
+            words.setdefault(term, word)
+    return words
+
+
+_WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
+
+
+class StoreSearch:
+    """The stateless side of :class:`~marsys_mem.patterns.rag.RAGMemory` (a base class).
+
+    The attributes below are set by ``RAGMemory.__init__``.
+
+    Example:
+        >>> from marsys_mem.patterns import RAGMemory
+        >>> from marsys_mem.store import InMemoryStore
+        >>> mem = RAGMemory(None, store=InMemoryStore())  # a store that does not search
+        >>> mem.stateless
+        False
+        >>> mem.close()
+    """
+
+    store: MemoryStore | None
+    key: Key
+    owner: Key | None
+    embedder: Embedder | None
+    _bm25: BM25Index  # empty here: its k1 and b score the store's candidates
+    _stateless: bool
+
+    @property
+    def stateless(self) -> bool:
+        """Whether searches run in the store and this memory holds no messages or vectors."""
+        return self._stateless
+
+    def _searches_in_store(self) -> bool:
+        """Whether to search in the store (decided when opening): it can, and vectors fit."""
+        store, embedder = self.store, self.embedder
+        if store is None or embedder is None or not store.supports_search:
+            return False
+        return self._share_vectors()
+
+    def _share_vectors(self) -> bool:
+        raise NotImplementedError  # SharedVectors'
+
+    def _keyword_text(self, m: Message, text: str) -> str:
+        raise NotImplementedError  # RAGMemory's
+
+    # ------------------------------------------------------------------ reading
+    def _text_pages(self, query: str, depth: int) -> TextPages:
+        """The store's keyword matches: the whole query's and each word's (one transaction).
+
+        Each word's matches give its document frequency (below ``depth``), so the host
+        scores the candidates with BM25 as the in-process path does (the database's own
+        rank weighs a common word as much as a rare one).
+        """
+        assert self.store is not None
+        words = query_words(query)
+        keys = (self.key,)
+        ops: list[SearchText | CountMessages] = [SearchText(query, depth, keys)]
+        ops += [SearchText(word, depth, keys) for word in words.values()]
+        ops.append(CountMessages(self.key))
+        *pages, count = self.store.batch(ops)
+        ids = [[h.message_id for h in page] for page in pages]
+        return TextPages(depth, ids[0], dict(zip(words, ids[1:], strict=True)), count)
+
+    def _search_store(
+        self,
+        query: str,
+        qvec: npt.NDArray[np.float32] | None,
+        pages: TextPages | None,
+        depth: int,
+    ) -> Found:
+        """The store's ``depth`` best candidates on each side, their messages and scores.
+
+        ``qvec``: the query's vector (``None``: no dense side); ``pages``: the keyword
+        matches (``None``: no keyword side).
+        """
+        assert self.store is not None
+        dense: list[tuple[str, float]] = []
+        floor: float | None = None
+        dense_done = True
+        if qvec is not None:
+            assert self.embedder is not None
+            hits = self.store.search_vectors(self.embedder.name, qvec[0], depth, keys=(self.key,))
+            dense = [(h.message_id, h.score) for h in hits]
+            dense_done = len(dense) < depth
+            if dense and not dense_done:
+                floor = dense[-1][1]  # the key holds more vectors, none with a higher cosine
+        matched = pages.ids() if pages is not None else []
+        ids = list(dict.fromkeys([mid for mid, _ in dense] + matched))
+        messages = {m.message_id: m for m in self._load(ids)} if ids else {}
+        keyword: dict[str, float] = {}
+        text: list[tuple[str, float]] = []
+        if pages is not None and messages:
+            texts = [self._keyword_text(m, m.text) for m in messages.values()]
+            scores = score_with_stats(
+                query,
+                texts,
+                doc_count=max(pages.count, len(messages)),
+                doc_freq=pages.doc_freq(),
+                average_length=sum(len(tokenize(t)) for t in texts) / len(texts),
+                k1=self._bm25.k1,
+                b=self._bm25.b,
+            )
+            keyword = dict(zip(messages, scores.tolist(), strict=True))
+            text = sorted(
+                ((mid, keyword[mid]) for mid in matched if keyword.get(mid, 0.0) > 0),
+                key=lambda hit: -hit[1],
+            )[:depth]
+        exhausted = dense_done and (pages is None or pages.exhausted)
+        return Found(dense, text, keyword, messages, floor, exhausted)
+
+    def _load(self, ids: Sequence[str]) -> list[Message]:
+        """The messages of ``ids`` still stored under the key, in the key's order."""
+        assert self.store is not None
+        found: list[Message] = self.store.batch([Load(self.key, ids=tuple(ids))])[0]
+        return found
+
+    # ------------------------------------------------------------------ the container
+    def _stored_count(self) -> int:
+        assert self.store is not None
+        return self.store.count_messages(self.key)
+
+    def _stored_get(self, message_id: str) -> Message:
+        if isinstance(message_id, str) and message_id:
+            for m in self._load([message_id]):
+                return m
+        raise MessageNotFoundError(f"no message {message_id!r} in this RAGMemory")
+
+    def _stored_messages(self) -> list[Message]:
+        assert self.store is not None
+        return self.store.load_messages(self.key)
+
+    def _stored_remove(self, ids: Iterable[str]) -> int:
+        """Delete the stored messages of ``ids`` (unknown ids are ignored); the count."""
+        assert self.store is not None
+        wanted = tuple(dict.fromkeys(ids))
+        if not wanted:
+            return 0
+        return self.store.delete_messages(self.key, wanted)
