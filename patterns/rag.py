@@ -541,8 +541,8 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
 
     def __contains__(self, message_id: object) -> bool:
         if self._stateless:
-            return isinstance(message_id, str) and bool(message_id) and bool(
-                self._load([message_id])
+            return (
+                isinstance(message_id, str) and bool(message_id) and bool(self._load([message_id]))
             )
         return isinstance(message_id, str) and message_id in self._messages
 

@@ -519,6 +519,7 @@ def score_with_stats(
         out[i] = sum(w * counts[t] / (counts[t] + norm) for t, w in weights.items() if counts[t])
     return out
 
+
 _NUMPY_FROM = 256
 """Total postings of a query above which scoring is vectorised."""
 
