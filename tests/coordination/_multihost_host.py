@@ -15,8 +15,10 @@ it answers by lines on stdout:
 * after ``stop``: it flushes (its vectors are in the store), prints ``wrote``;
 * ``search <expected.json>``: for every agent and message id in the file, it searches the
   agent's RAG memory (opened over the shared store) for the message's token, writes what
-  it did not find, the messages its embedder embedded and the facts it received to
-  ``<workdir>/<host>.result.json``, prints ``searched`` and exits.
+  it did not find, the messages its embedder embedded, the facts it received and what
+  each RAG memory held (messages, vectors, keyword documents) when opened and after the
+  searches to ``<workdir>/<host>.result.json``, prints ``searched`` and exits. A host
+  started late (after the others wrote) gets ``search`` without ``go``.
 """
 
 from __future__ import annotations
@@ -124,6 +126,23 @@ def write_until_stopped(
     return rounds
 
 
+def held(manager: MemoryManager, agents: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """What each agent's RAG memory holds on this host: its state, not timing."""
+    out: dict[str, dict[str, Any]] = {}
+    for agent in agents:
+        patterns = manager.patterns(agent)
+        assert patterns is not None
+        assert patterns.rag is not None
+        rag = patterns.rag
+        out[agent] = {
+            "stateless": rag.stateless,
+            "messages": len(rag._messages),
+            "vectors": len(rag._index) if rag._index is not None else 0,
+            "keywords": len(rag._bm25),
+        }
+    return out
+
+
 def search_all(manager: MemoryManager, expected: dict[str, list[str]]) -> dict[str, list[str]]:
     """The expected message ids each agent's RAG search did not return in its top 3."""
     missing: dict[str, list[str]] = {}
@@ -177,18 +196,19 @@ async def run(args: argparse.Namespace) -> None:
     try:
         async with Coordinator(graph, manager, transport) as coord:
             say("ready")
-            if await command() != "go":
-                return
-            await coord.share(name, f"fact-{name}: {name} is online", scope="global")
-            await asyncio.to_thread(
-                write_until_stopped, manager, name, workdir / f"{name}.acks", stop
-            )
-            await asyncio.to_thread(manager.flush)
-            say("wrote")
             line = await command()
+            if line == "go":
+                await coord.share(name, f"fact-{name}: {name} is online", scope="global")
+                await asyncio.to_thread(
+                    write_until_stopped, manager, name, workdir / f"{name}.acks", stop
+                )
+                await asyncio.to_thread(manager.flush)
+                say("wrote")
+                line = await command()
             if not line.startswith("search "):
                 return
             expected = json.loads(Path(line.removeprefix("search ")).read_text())
+            opened = await asyncio.to_thread(held, manager, sorted(expected))
             missing = await asyncio.to_thread(search_all, manager, expected)
             await asyncio.to_thread(manager.flush)
             embedded = [mid for mid in map(message_id_of, embedder.texts) if mid is not None]
@@ -197,6 +217,8 @@ async def run(args: argparse.Namespace) -> None:
                 "searched": sum(len(ids) for ids in expected.values()),
                 "embedded": embedded,
                 "facts": sorted(f.text for f in coord.facts_for(name)),
+                "held_at_open": opened,
+                "held_after": held(manager, sorted(expected)),
             }
             (workdir / f"{name}.result.json").write_text(json.dumps(result))
             say("searched")

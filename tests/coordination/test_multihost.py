@@ -13,7 +13,13 @@ is SIGKILLed mid-write. Then:
 * every message has exactly one stored vector, and a surviving host never embedded a
   message another surviving host had embedded (vectors are shared through the store);
 * each surviving host's search finds every message of every host (one catch-up), and it
-  received the facts every host shared over MQTT, the killed one's included.
+  received the facts every host shared over MQTT, the killed one's included;
+* a host started after all that searches too, and finds every message.
+
+It runs twice: on the machine's PostgreSQL (no pgvector: each host keeps a faiss copy of
+the vectors and catches up by cursor) and on PostgreSQL with pgvector, where the database
+searches and the hosts are stateless: no host holds a message, a vector or a keyword
+document, before or after its searches, and the late host embeds nothing but its queries.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ import pytest
 
 from marsys_mem.store.keys import internal_key
 from marsys_mem.store.postgres import PostgresStore
-from marsys_mem.testing.postgres import PostgresServer, require_postgres
+from marsys_mem.testing.postgres import PostgresServer, require_pgvector, require_postgres
 
 HOST_SCRIPT = Path(__file__).with_name("_multihost_host.py")
 _spec = importlib.util.spec_from_file_location("_multihost_host", HOST_SCRIPT)
@@ -49,6 +55,7 @@ TEAM_MAX: int = _host_module.TEAM_MAX
 MODEL: str = _host_module.CountingEmbedder().name  # the model the vectors are stored under
 HOSTS = ("h0", "h1", "h2")
 VICTIM = "h2"
+LATE = "late"  # started after the others wrote: it only searches
 NAMESPACE = "default"  # the managers' store namespace
 MQTT_NAMESPACE = "multihost"
 PHASE_TIMEOUT = 45.0
@@ -159,16 +166,18 @@ class Host:
                 pipe.close()
 
 
-@pytest.fixture(scope="module")
-def pg_server() -> Iterator[PostgresServer]:
-    """A PostgreSQL of this module's own: the test crashes and restarts it."""
-    with PostgresServer(bin_dir=require_postgres(), settings={"fsync": "off"}) as server:
+@pytest.fixture(scope="module", params=["faiss", "pgvector"])
+def pg_server(request: pytest.FixtureRequest) -> Iterator[PostgresServer]:
+    """A PostgreSQL of this module's own (the test crashes and restarts it): the machine's
+    (no pgvector: search on the hosts), or the pgvector wheel's (search in the database)."""
+    bin_dir = require_pgvector() if request.param == "pgvector" else require_postgres()
+    with PostgresServer(bin_dir=bin_dir, settings={"fsync": "off"}) as server:
         yield server
 
 
 @pytest.mark.slow
 def test_three_hosts_share_postgres_and_mqtt(
-    pg_server: PostgresServer, mqtt_broker, tmp_path: Path
+    pg_server: PostgresServer, mqtt_broker, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     started = time.monotonic()
 
@@ -176,6 +185,9 @@ def test_three_hosts_share_postgres_and_mqtt(
         print(f"{time.monotonic() - started:6.1f} s  {what}")
 
     dsn = pg_server.create_database("team")
+    in_database = request.node.callspec.params["pg_server"] == "pgvector"
+    if in_database:
+        pg_server.execute("CREATE EXTENSION vector SCHEMA public", database="team")
     (tmp_path / "policy.yaml").write_text(policy_file(HOSTS))
     hosts = {h: Host(h, tmp_path, dsn, mqtt_broker.port, mqtt_broker.protocol) for h in HOSTS}
     try:
@@ -214,12 +226,23 @@ def test_three_hosts_share_postgres_and_mqtt(
                 host.expect("searched")
                 assert host.proc.wait(30) == 0, host.stderr()
             phase("survivors searched")
+            hosts[LATE] = late = Host(LATE, tmp_path, dsn, mqtt_broker.port, mqtt_broker.protocol)
+            late.expect("ready", timeout=60)
+            late.send(f"search {tmp_path / 'expected.json'}")
+            late.expect("searched")
+            assert late.proc.wait(30) == 0, late.stderr()
+            phase("the late host searched")
 
             for h in HOSTS:
                 _check_agent_keys(store, h, expected[h], exact=h != VICTIM)
             _check_team(store, acked)
             results = {host.name: json.loads(host.result.read_text()) for host in survivors}
             _check_results(results, expected, had_vector)
+            late_result = json.loads(late.result.read_text())
+            _check_late(late_result, expected, had_vector)
+            if in_database:
+                for name, result in [*results.items(), (LATE, late_result)]:
+                    _check_stateless(name, result)
     finally:
         for host in hosts.values():
             host.stop()
@@ -275,3 +298,24 @@ def _check_results(
             f"{sorted(foreign - (victim_ids - had_vector))}"
         )
         assert result["facts"] == sorted(f"fact-{h}: {h} is online" for h in HOSTS)
+
+
+def _check_late(
+    result: dict[str, object], expected: dict[str, list[str]], had_vector: set[str]
+) -> None:
+    """The late host found every message; it embedded none a live host had embedded."""
+    assert result["searched"] == sum(len(ids) for ids in expected.values())
+    assert result["missing"] == {h: [] for h in HOSTS}, "the late host's search missed some"
+    victim_ids = set(expected[VICTIM]) | {f"{VICTIM}-{len(expected[VICTIM])}"}
+    assert set(result["embedded"]) <= victim_ids - had_vector  # type: ignore[arg-type]
+
+
+def _check_stateless(name: str, result: dict[str, object]) -> None:
+    """On pgvector a host holds nothing of the store, opened or after its searches, and
+    embeds only its own messages (and its queries)."""
+    nothing = {"stateless": True, "messages": 0, "vectors": 0, "keywords": 0}
+    for when in ("held_at_open", "held_after"):
+        held = result[when]
+        assert held == {h: nothing for h in HOSTS}, f"{name} {when}: {held}"
+    embedded = result["embedded"]
+    assert all(mid.startswith(f"{name}-") for mid in embedded), f"{name} embedded {embedded}"  # type: ignore[union-attr]
