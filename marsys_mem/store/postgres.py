@@ -2,7 +2,9 @@
 
 :class:`PostgresStore` runs over psycopg 3 and a :class:`psycopg_pool.ConnectionPool`
 (``pip install 'marsys-mem[postgres]'``). Every batch is ONE transaction that commits or
-rolls back whole; the async twins run it in a worker thread (as for every store).
+rolls back whole. The async twins run the same batch code on the event loop, over a
+:class:`psycopg_pool.AsyncConnectionPool` (:mod:`marsys_mem.store.postgres_async`), not
+in threads.
 
 Schema (version 2; the tables are prefixed so the store can share a database, and live
 in the first schema of the connection's ``search_path``)::
@@ -19,6 +21,8 @@ in the first schema of the connection's ``search_path``)::
     marsys_schema_version(version PRIMARY KEY, applied_at)   -- one row per migration
     marsys_vectors, marsys_vector_models, marsys_vector_clock  -- version 2: embeddings
                                                 -- (see marsys_mem.store.postgres_vectors)
+    marsys_vectors.embedding, marsys_messages.tsv   -- version 4, with the vector extension:
+                                                -- search in the database (postgres_search)
 
 Several writers, several hosts: an append takes its key's ``marsys_keys`` row (an
 ``INSERT ... ON CONFLICT DO UPDATE``, which row-locks it until the transaction ends) and
@@ -57,6 +61,10 @@ raised :class:`~marsys_mem.exceptions.StoreConnectionError` was not.
 Migrations: :data:`MIGRATIONS` lists one function per schema version, applied in order
 in one transaction under an advisory lock (hosts starting together migrate once). A
 database with a newer version than this code knows is refused.
+
+Search (:attr:`PostgresStore.supports_search`): with the ``vector`` extension (pgvector) in
+the database, dense and keyword search run there (:mod:`marsys_mem.store.postgres_search`);
+without it, hosts search with their own indexes, as the store says once when it opens.
 """
 
 from __future__ import annotations
@@ -65,9 +73,9 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from pydantic import ValidationError
 
@@ -99,6 +107,8 @@ from marsys_mem.store.base import (
     Op,
     PutVectors,
     SaveRun,
+    SearchText,
+    SearchVectors,
     conflict_error,
 )
 from marsys_mem.store.owners import DELETION_LOG_SIZE, DeletionPage
@@ -114,7 +124,9 @@ except ModuleNotFoundError as exc:  # pragma: no cover - the extra is installed 
         "PostgresStore needs psycopg 3 and psycopg_pool: pip install 'marsys-mem[postgres]'"
     ) from exc
 
-from marsys_mem.store import postgres_vectors  # after the check: it imports psycopg
+from marsys_mem.store import postgres_search, postgres_vectors  # after the check: psycopg
+from marsys_mem.store.greenlets import run_sync_style
+from marsys_mem.store.postgres_async import AsyncIO, AsyncPools
 
 __all__ = ["MIGRATIONS", "Migration", "PostgresStore"]
 
@@ -161,6 +173,12 @@ _APPEND = (
     " FROM k, unnest(%(ids)b::text[], %(ts)b::bigint[], %(prot)b::boolean[], %(data)b::text[])"
     " WITH ORDINALITY AS u(mid, ts, prot, data, ord)"
 )  # arrays sent in binary: no quoting and parsing of the JSON text (5x faster)
+_APPEND_SEARCH = (
+    _APPEND.replace("protected, data)", "protected, data, tsv)")
+    .replace("u.prot, u.data", "u.prot, u.data, to_tsvector(%(cfg)s::regconfig, u.txt)")
+    .replace("%(data)b::text[])", "%(data)b::text[], %(text)b::text[])")
+    .replace("AS u(mid, ts, prot, data, ord)", "AS u(mid, ts, prot, data, txt, ord)")
+)  # with search in the database: the keywords too (postgres_search.keyword_text)
 _DUPLICATE_DETAIL = re.compile(r"\(key_id, message_id\)=\(\d+, (?P<id>.*)\) already exists")
 
 
@@ -298,6 +316,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     _v1_tables,
     postgres_vectors.migrate_vectors,
     _v3_owners,
+    postgres_search.migrate_search,
 )
 """Schema migrations, in order: ``MIGRATIONS[i]`` takes a database from version i to i + 1."""
 
@@ -486,10 +505,12 @@ class PostgresStore(MemoryStore):
         with self._connect_once() as conn:
             try:
                 self.found_schema_version = _migrate(conn, self.where)
+                self._search = postgres_search.open_search(conn, self.where, _MIGRATION_LOCK)
             except psycopg.Error as exc:
                 raise StoreError(
                     f"cannot set up the marsys-mem tables on {self.where}: {self._clean(exc)}"
                 ) from exc
+        self.supports_search = self._search is not None
         self._pool: ConnectionPool[Connection] | None = ConnectionPool(
             dsn,
             min_size=min_size,
@@ -501,6 +522,15 @@ class PostgresStore(MemoryStore):
             name="marsys-mem",
         )
         self._pool.open(wait=False)
+        self._apools = AsyncPools(  # the async twins' pools: one per event loop
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            kwargs=self._kwargs,
+            timeout=self.retry_timeout,
+            reconnect_timeout=max(self.retry_timeout, 60.0),
+        )
+        self._sync_io = _SyncIO(self._pool_or_raise, self._check_pool)
 
     supports_vectors: ClassVar[bool] = True  # see marsys_mem.store.postgres_vectors
 
@@ -541,10 +571,9 @@ class PostgresStore(MemoryStore):
             return self._pool
 
     @contextmanager
-    def _connection(self, deadline: float) -> Iterator[Connection]:
-        pool = self._pool_or_raise()
+    def _connection(self, deadline: float, io: _IO) -> Iterator[Connection]:
         try:
-            with pool.connection(timeout=max(deadline - time.monotonic(), 0.001)) as conn:
+            with io.connection(max(deadline - time.monotonic(), 0.001)) as conn:
                 yield conn
         except PoolTimeout as exc:
             raise StoreConnectionError(
@@ -562,25 +591,38 @@ class PostgresStore(MemoryStore):
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.close()
+            self._apools.close()
 
     # ------------------------------------------------------------------ core
     def _batch(self, ops: Sequence[Op]) -> list[Any]:
-        prepared = _Prepared(ops)  # serialise outside any connection
+        return self._run(ops, self._sync_io)
+
+    async def _abatch(self, ops: Sequence[Op]) -> list[Any]:
+        """The same batch code as :meth:`_batch`, its I/O awaited on the event loop."""
+        try:
+            pool = await self._apools.get()
+        except PoolClosed as exc:
+            raise StoreError(f"PostgresStore ({self.where}) is closed") from exc
+        return await run_sync_style(self._run, ops, AsyncIO(pool, self._apools.tasks))
+
+    def _run(self, ops: Sequence[Op], io: _IO) -> list[Any]:
+        """Run ``ops`` as one transaction, retried until ``retry_timeout``, over ``io``."""
+        prepared = _Prepared(ops, self._search)  # serialise outside any connection
         deadline = time.monotonic() + self.retry_timeout
         delay = 0.05
         while True:
             try:
-                return self._attempt(prepared, deadline)
+                return self._attempt(prepared, deadline, io)
             except _Retry as retry:
                 if isinstance(retry.cause, psycopg.OperationalError):
-                    self._check_pool()
+                    io.check_pool()
                 if time.monotonic() + delay >= deadline:
                     raise StoreConnectionError(
                         f"{self.where}: the batch did not go through within "
                         f"{self.retry_timeout:g} s (retry_timeout); nothing of it was "
                         f"committed: {self._clean(retry.cause)}"
                     ) from retry.cause
-                time.sleep(delay)
+                io.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
     def _check_pool(self) -> None:
@@ -590,10 +632,10 @@ class PostgresStore(MemoryStore):
         if pool is not None:
             threading.Thread(target=_check_quietly, args=(pool,), daemon=True).start()
 
-    def _attempt(self, prepared: _Prepared, deadline: float) -> list[Any]:
+    def _attempt(self, prepared: _Prepared, deadline: float, io: _IO) -> list[Any]:
         ops = prepared.ops
         single = len(ops) == 1 and not prepared.writes
-        with self._connection(deadline) as conn:
+        with self._connection(deadline, io) as conn:
             xid: str | None = None
             backend = conn.info.backend_pid
             try:
@@ -646,12 +688,18 @@ class PostgresStore(MemoryStore):
             else:
                 return results
         # The connection died with COMMIT in flight: find out whether it landed.
-        if xid is None or self._landed(prepared, xid, backend, deadline, lost):
+        if xid is None or self._landed(prepared, xid, backend, deadline, lost, io):
             return results
         raise _Retry(lost)
 
     def _landed(
-        self, prepared: _Prepared, xid: str, backend: int, deadline: float, lost: BaseException
+        self,
+        prepared: _Prepared,
+        xid: str,
+        backend: int,
+        deadline: float,
+        lost: BaseException,
+        io: _IO,
     ) -> bool:
         """Whether the transaction ``xid``, whose COMMIT got no answer, committed.
 
@@ -662,7 +710,7 @@ class PostgresStore(MemoryStore):
         delay = 0.05
         while True:
             try:
-                with self._connection(deadline) as conn:
+                with self._connection(deadline, io) as conn:
                     status = _xact_status(conn, xid)
                     if status == "in progress":
                         _end_backend(conn, backend, xid)
@@ -695,8 +743,45 @@ class PostgresStore(MemoryStore):
                     f"{self.where}: COMMIT got no answer and the transaction was still in "
                     f"progress after {self.retry_timeout:g} s: outcome unknown"
                 ) from lost
-            time.sleep(delay)
+            io.sleep(delay)
             delay = min(delay * 2, 1.0)
+
+
+class _IO(Protocol):
+    """What the batch code needs of its I/O: blocking (:class:`_SyncIO`) or on the loop.
+
+    The async one is :class:`marsys_mem.store.postgres_async.AsyncIO`; its connection is
+    an :class:`~marsys_mem.store.postgres_async.SyncFacade`, which offers the part of a
+    ``psycopg.Connection`` the batch code uses.
+    """
+
+    def connection(self, timeout: float) -> AbstractContextManager[Any]:
+        """A pooled connection for one attempt, given back at exit."""
+
+    def sleep(self, seconds: float) -> None:
+        """Wait before the next attempt."""
+
+    def check_pool(self) -> None:
+        """After a lost connection: have the pool drop its dead idle connections."""
+
+
+class _SyncIO:
+    """The sync API's I/O: the store's :class:`ConnectionPool`, ``time.sleep``."""
+
+    def __init__(
+        self, pool: Callable[[], ConnectionPool[Connection]], check: Callable[[], None]
+    ) -> None:
+        self._pool = pool
+        self.check_pool = check
+
+    @contextmanager
+    def connection(self, timeout: float) -> Iterator[Connection]:
+        with self._pool().connection(timeout=timeout) as conn:
+            yield conn
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        time.sleep(seconds)
 
 
 def _check_quietly(pool: ConnectionPool[Connection]) -> None:
@@ -738,8 +823,9 @@ def _rollback(conn: Connection) -> None:
 class _Prepared:
     """A batch's ops with their rows serialised, and how to lock and run each op."""
 
-    def __init__(self, ops: Sequence[Op]) -> None:
+    def __init__(self, ops: Sequence[Op], search: postgres_search.SearchSetup | None) -> None:
         self.ops = ops
+        self.search = search
         self.writes = any(isinstance(op, _WRITES) for op in ops)
         self.rows: dict[int, dict[str, Any]] = {}
         for i, op in enumerate(ops):
@@ -755,6 +841,9 @@ class _Prepared:
                     "prot": [m.is_protected for m in op.messages],
                     "data": [m.model_dump_json() for m in op.messages],
                 }
+                if search is not None:
+                    self.rows[i]["cfg"] = postgres_search.TEXT_CONFIG
+                    self.rows[i]["text"] = [postgres_search.keyword_text(m) for m in op.messages]
 
     def last_appended(self) -> tuple[Key, str] | None:
         """The key and id of the batch's last appended message (``None``: no append)."""
@@ -815,7 +904,7 @@ class _Prepared:
         """Run op ``i`` on ``conn`` (inside the batch's transaction); its result."""
         op = self.ops[i]
         if isinstance(op, Append):
-            return _append(conn, op, self.rows.get(i))
+            return _append(conn, op, self.rows.get(i), search=self.search is not None)
         if isinstance(op, Load):
             return _load(conn, op)
         if isinstance(op, Delete):
@@ -847,21 +936,25 @@ class _Prepared:
         if isinstance(op, EnforceRetention):
             return _retention(conn, op)
         if isinstance(op, PutVectors):
-            return postgres_vectors.put_vectors(conn, op)
+            return postgres_vectors.put_vectors(conn, op, self.search)
         if isinstance(op, LoadVectors):
             return postgres_vectors.load_vectors(conn, op)
         if isinstance(op, LoadAfter):
             return postgres_vectors.load_after(conn, op)
         if isinstance(op, LoadDeletions):
             return _load_deletions(conn, op)
+        if isinstance(op, SearchVectors) and self.search is not None:
+            return postgres_search.search_vectors(conn, self.search, op)
+        if isinstance(op, SearchText):
+            return postgres_search.search_text(conn, op)
         raise TypeError(f"unknown store operation {op!r}")  # pragma: no cover
 
 
-def _append(conn: Connection, op: Append, rows: dict[str, Any] | None) -> None:
+def _append(conn: Connection, op: Append, rows: dict[str, Any] | None, *, search: bool) -> None:
     if rows is None:  # nothing to append: the key is not created
         return
     try:
-        conn.execute(_APPEND, rows)
+        conn.execute(_APPEND_SEARCH if search else _APPEND, rows)
     except pg_errors.UniqueViolation as exc:  # the batch fails whole: nothing to skip
         found = _DUPLICATE_DETAIL.search(exc.diag.message_detail or "")
         ids = {m.message_id for m in op.messages}

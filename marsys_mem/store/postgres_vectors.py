@@ -27,8 +27,8 @@ reads never touch it. Deadlock-free: a batch takes its keys' row locks before th
 all up front, in order). The message cursor (``LoadAfter``) is the key's ``seq``, already
 handed out under the key's row lock, so in commit order per key.
 
-A pgvector-backed search can be added later as another column or table keyed the same
-way; this layout keeps the vectors as exact ``float32`` bytes, portable across backends.
+This layout keeps the vectors as exact ``float32`` bytes, portable across backends; with
+pgvector, :mod:`marsys_mem.store.postgres_search` adds an indexed ``embedding`` column.
 """
 
 from __future__ import annotations
@@ -36,10 +36,12 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from marsys_mem.exceptions import MessageNotFoundError, StoreError
 from marsys_mem.model.messages import MESSAGE_LIST_ADAPTER
 from marsys_mem.store.base import Key, LoadAfter, LoadVectors, PutVectors
+from marsys_mem.store.postgres_search import SearchSetup, embedding_slice, flat, model_index
 from marsys_mem.store.vectors import MessagePage, VectorPage, from_bytes, to_bytes
 
 __all__ = ["load_after", "load_vectors", "migrate_vectors", "put_vectors"]
@@ -88,8 +90,12 @@ def _model_dim(conn: Connection, model: str) -> int | None:
     return int(row[0]) if row else None
 
 
-def put_vectors(conn: Connection, op: PutVectors) -> int:
+def put_vectors(conn: Connection, op: PutVectors, search: SearchSetup | None = None) -> int:
     """Run ``op`` inside the batch's transaction; the number of vectors stored.
+
+    ``search``: the store searches inside the database; the vectors also go to the
+    indexed ``embedding`` column (:mod:`marsys_mem.store.postgres_search`), and a new
+    model gets its index.
 
     Raises:
         MessageNotFoundError: a message id is not stored under the key.
@@ -111,14 +117,16 @@ def put_vectors(conn: Connection, op: PutVectors) -> int:
     missing = next((mid for mid in ids if mid not in found), None)
     if missing is not None:
         raise MessageNotFoundError(f"put_vectors: no message {missing!r} is stored under {op.key}")
-    conn.execute(
+    new = conn.execute(
         "INSERT INTO marsys_vector_models (model, dim) VALUES (%s, %s)"
-        " ON CONFLICT (model) DO NOTHING",
+        " ON CONFLICT (model) DO NOTHING RETURNING dim",
         (op.model, dim),
-    )
+    ).fetchone()
     known = _model_dim(conn, op.model)
     if known != dim:
         raise ValueError(f"vectors of model {op.model!r} are {known}-D in this store, got {dim}-D")
+    if new is not None and search is not None:
+        model_index(conn, search, op.model, dim)
     row = conn.execute(
         "UPDATE marsys_vector_clock SET last = last + %s WHERE id = 1 RETURNING last",
         (len(ids),),
@@ -126,6 +134,18 @@ def put_vectors(conn: Connection, op: PutVectors) -> int:
     if row is None:  # pragma: no cover - the migration inserts the row
         raise StoreError("marsys_vector_clock has no row: the schema is damaged")
     first = int(row[0]) - len(ids)
+    if search is not None:
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO marsys_vectors (vseq, key_id, message_id, model, data, embedding)"
+                " SELECT %s + u.ord, %s, u.mid, %s, u.data, {}"
+                " FROM unnest(%s::text[], %s::bytea[]) WITH ORDINALITY AS u(mid, data, ord)"
+                " ON CONFLICT (key_id, message_id, model) DO UPDATE SET vseq = excluded.vseq,"
+                " data = excluded.data, embedding = excluded.embedding"
+            ).format(embedding_slice(search, dim)),
+            (first, key_id, op.model, flat(op.vectors), ids, [to_bytes(v) for v in op.vectors]),
+        )
+        return len(ids)
     conn.execute(
         "INSERT INTO marsys_vectors (vseq, key_id, message_id, model, data)"
         " SELECT %s + u.ord, %s, u.mid, %s, u.data"

@@ -24,6 +24,7 @@ class TestInMemoryStore(StoreConformance):
     unsupported: ClassVar[Mapping[Capability, str]] = {
         Capability.DURABILITY: "InMemoryStore keeps its data in the process's memory",
         Capability.MULTI_PROCESS: "InMemoryStore cannot be opened from another process",
+        Capability.SEARCH: "InMemoryStore's readers search on the host (RAGMemory's indexes)",
     }
 
     @pytest.fixture
@@ -34,9 +35,12 @@ class TestInMemoryStore(StoreConformance):
 
 
 class TestSQLiteStore(StoreConformance):
-    """SQLiteStore: every capability, durability and several processes included."""
+    """SQLiteStore: every capability but search, durability and several processes included."""
 
     store_factory = SQLiteStore
+    unsupported: ClassVar[Mapping[Capability, str]] = {
+        Capability.SEARCH: "SQLiteStore's readers search on the host (per-host faiss + BM25)",
+    }
 
     @pytest.fixture
     def store(self, tmp_path: Path) -> Iterator[MemoryStore]:

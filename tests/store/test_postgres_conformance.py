@@ -1,18 +1,27 @@
-"""PostgresStore against the public conformance suite, on a server the tests start."""
+"""PostgresStore against the public conformance suite, on the servers the tests start.
 
-from collections.abc import Iterator
+Twice: on the machine's PostgreSQL without pgvector (the fallback: hosts search), and on
+PostgreSQL with pgvector (search inside the database, the search capability included).
+"""
+
+from collections.abc import Iterator, Mapping
+from typing import ClassVar
 
 import pytest
 
 from marsys_mem.store import MemoryStore
 from marsys_mem.store.postgres import PostgresStore
 from marsys_mem.testing import StoreConformance
+from marsys_mem.testing.conformance import Capability
 
 
 class TestPostgresStore(StoreConformance):
-    """PostgresStore: every capability, durability and several processes included."""
+    """PostgresStore without pgvector: every capability but search (its hosts search)."""
 
     store_factory = PostgresStore
+    unsupported: ClassVar[Mapping[Capability, str]] = {
+        Capability.SEARCH: "no vector extension in this database: hosts search (the fallback)",
+    }
 
     @pytest.fixture
     def store(self, postgres_dsn: str) -> Iterator[MemoryStore]:
@@ -23,3 +32,19 @@ class TestPostgresStore(StoreConformance):
     @pytest.fixture
     def store_location(self, postgres_dsn: str) -> str:
         return postgres_dsn
+
+
+class TestPostgresStorePgvector(StoreConformance):
+    """PostgresStore with pgvector: every capability, search in the database included."""
+
+    store_factory = PostgresStore
+
+    @pytest.fixture
+    def store(self, pgvector_dsn: str) -> Iterator[MemoryStore]:
+        backend = PostgresStore(pgvector_dsn, max_size=4)
+        yield backend
+        backend.close()
+
+    @pytest.fixture
+    def store_location(self, pgvector_dsn: str) -> str:
+        return pgvector_dsn

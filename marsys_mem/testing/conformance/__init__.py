@@ -32,7 +32,7 @@ Modules (each test's docstring starts with the clause of the contract it checks)
   :mod:`~.retention`, :mod:`~.fidelity`, :mod:`~.validation`, :mod:`~.concurrency`,
   :mod:`~.async_twins`, :mod:`~.lifecycle`: the required capabilities;
 * :mod:`~.durability`, :mod:`~.processes` (with :mod:`~.writer`, the child process),
-  :mod:`~.vectors`: the optional ones;
+  :mod:`~.vectors`, :mod:`~.search`: the optional ones;
 * :mod:`~.suite`: :class:`StoreConformance`, all of them in one class.
 
 The async twins run under :func:`asyncio.run`, so the suite needs pytest and nothing
@@ -71,6 +71,7 @@ from marsys_mem.testing.conformance.messages import MessagesConformance
 from marsys_mem.testing.conformance.processes import MultiProcessConformance
 from marsys_mem.testing.conformance.retention import RetentionConformance
 from marsys_mem.testing.conformance.runs import RunsConformance
+from marsys_mem.testing.conformance.search import SearchConformance
 from marsys_mem.testing.conformance.suite import CAPABILITY_CLASSES, StoreConformance
 from marsys_mem.testing.conformance.validation import ValidationConformance
 from marsys_mem.testing.conformance.vectors import VectorsConformance
@@ -97,6 +98,7 @@ __all__ = [
     "MultiProcessConformance",
     "RetentionConformance",
     "RunsConformance",
+    "SearchConformance",
     "StoreConformance",
     "StoreHarness",
     "ValidationConformance",

@@ -1,7 +1,7 @@
 """What the conformance suite needs from a backend: a store, and its optional capabilities.
 
 Every :class:`~marsys_mem.store.base.MemoryStore` backend must pass the *required*
-capabilities. Three are *optional*, because a correct backend may lack them by design (an
+capabilities. Four are *optional*, because a correct backend may lack them by design (an
 in-process store cannot outlive its process):
 
 * :attr:`Capability.DURABILITY`: what a store wrote is there when the store is opened
@@ -9,6 +9,8 @@ in-process store cannot outlive its process):
 * :attr:`Capability.MULTI_PROCESS`: several processes share one store at once.
 * :attr:`Capability.VECTORS`: embeddings stored next to their messages, read back by
   cursor (:attr:`~marsys_mem.store.base.MemoryStore.supports_vectors`).
+* :attr:`Capability.SEARCH`: dense and keyword search inside the store
+  (:attr:`~marsys_mem.store.base.MemoryStore.supports_search`).
 
 Optional does not mean assumed: by default every capability is required, and a backend
 that lacks one says so, with a reason, in :attr:`StoreHarness.unsupported`. Its tests are
@@ -81,10 +83,13 @@ class Capability(StrEnum):
     """Derived records deleted with their last source; the deletion log."""
     VECTORS = "vectors"
     """Vectors stored by message and model, cursors, deleted with messages (optional)."""
+    SEARCH = "search"
+    """Dense and keyword search inside the store, filtered, never finding the deleted
+    (optional)."""
 
 
 OPTIONAL_CAPABILITIES: frozenset[Capability] = frozenset(
-    {Capability.DURABILITY, Capability.MULTI_PROCESS, Capability.VECTORS}
+    {Capability.DURABILITY, Capability.MULTI_PROCESS, Capability.VECTORS, Capability.SEARCH}
 )
 """Capabilities a backend may declare unsupported (with a reason)."""
 

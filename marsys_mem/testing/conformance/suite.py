@@ -23,6 +23,7 @@ from marsys_mem.testing.conformance.owners import OwnersConformance
 from marsys_mem.testing.conformance.processes import MultiProcessConformance
 from marsys_mem.testing.conformance.retention import RetentionConformance
 from marsys_mem.testing.conformance.runs import RunsConformance
+from marsys_mem.testing.conformance.search import SearchConformance
 from marsys_mem.testing.conformance.validation import ValidationConformance
 from marsys_mem.testing.conformance.vectors import VectorsConformance
 
@@ -44,6 +45,7 @@ CAPABILITY_CLASSES: dict[Capability, type[StoreHarness]] = {
     Capability.MULTI_PROCESS: MultiProcessConformance,
     Capability.VECTORS: VectorsConformance,
     Capability.OWNERS: OwnersConformance,
+    Capability.SEARCH: SearchConformance,
 }
 """The class holding each capability's tests (one module each)."""
 
@@ -64,6 +66,7 @@ class StoreConformance(
     MultiProcessConformance,
     VectorsConformance,
     OwnersConformance,
+    SearchConformance,
 ):
     """Tests every :class:`~marsys_mem.store.base.MemoryStore` backend must pass.
 

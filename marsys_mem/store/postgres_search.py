@@ -1,0 +1,404 @@
+"""PostgresStore's search inside the database: pgvector HNSW (dense) and full text (keywords).
+
+With the ``vector`` extension in the store's database, schema version 4 adds::
+
+    marsys_vectors.embedding halfvec            -- the vector again, half precision, indexed:
+        marsys_hnsw_<md5(model)>                --   one partial HNSW cosine index per model,
+                                                --   on (embedding::halfvec(dim)), WHERE model = it
+    marsys_messages.tsv tsvector                -- 'english' lexemes of the speaker's name and
+        marsys_messages_tsv (GIN)               --   the text (what RAGMemory's BM25 indexes)
+
+The exact ``float32`` bytes stay in ``marsys_vectors.data`` (``load_vectors`` returns them
+bit for bit); ``embedding`` is what the index searches. One column for every model, its
+dimension given per model by the index expression, so a model needs no table of its own
+and deleting a message (whatever deletes it: ``forget``, ttl, ``max_messages``, a cascade)
+removes its vectors and its keywords in the same transaction, through the foreign key and
+the row itself. The migration fills both columns from what is stored, in place, once.
+
+Without the extension nothing changes: hosts keep searching with their own indexes, and
+the store says so once, when it opens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import psycopg
+from psycopg import sql
+
+from marsys_mem.model.messages import MESSAGE_LIST_ADAPTER, Message
+from marsys_mem.store.base import Key, SearchHit, SearchText, SearchVectors
+from marsys_mem.store.vectors import from_bytes
+
+__all__ = [
+    "KEYWORD_CHARS",
+    "TEXT_CONFIG",
+    "SearchSetup",
+    "key_filter",
+    "keyword_text",
+    "migrate_search",
+    "nearest",
+    "open_search",
+    "prepare_search",
+    "search_text",
+    "search_vectors",
+]
+
+log = logging.getLogger(__name__)
+
+Connection = psycopg.Connection[tuple[Any, ...]]
+
+TEXT_CONFIG = "english"
+"""The text search configuration: stop words dropped and words stemmed, as BM25's tokenizer."""
+
+KEYWORD_CHARS = 100_000
+"""The characters of a message's text that are indexed for keyword search (tsvector's limit
+is 1 MB; RAGMemory indexes no longer text either)."""
+
+EXACT_BELOW = 20_000
+"""Filtered searches over fewer candidate messages than this scan them exactly (no index)."""
+
+_CHUNK = 2_000
+
+
+@dataclass(frozen=True, slots=True)
+class SearchSetup:
+    """Where the ``vector`` extension lives in the store's database (its types, operators).
+
+    Example:
+        >>> SearchSetup("public").schema
+        'public'
+    """
+
+    schema: str
+
+    def halfvec(self, dim: int | None = None) -> sql.Composable:
+        """The ``halfvec`` type, qualified (``halfvec(dim)`` with a dimension)."""
+        name = sql.SQL("{}.halfvec").format(sql.Identifier(self.schema))
+        return name if dim is None else sql.SQL("{}({})").format(name, sql.Literal(int(dim)))
+
+    def distance(self) -> sql.Composable:
+        """The cosine distance operator, qualified."""
+        return sql.SQL("OPERATOR({}.<=>)").format(sql.Identifier(self.schema))
+
+
+def keyword_text(message: Message) -> str:
+    """What keyword search indexes of a message: ``name: text`` (as RAGMemory's BM25).
+
+    The speaker is ``message.name``, else ``metadata["agent"]``; the text is cut at
+    :data:`KEYWORD_CHARS`, NUL characters blanked.
+
+    Example:
+        >>> keyword_text(Message.user("hi", name="ana"))
+        'ana: hi'
+    """
+    text = message.text[:KEYWORD_CHARS].replace("\x00", " ")  # PostgreSQL text holds no NUL
+    name = message.name or message.metadata.get("agent")
+    return f"{name}: {text}" if isinstance(name, str) and name else text
+
+
+# ---------------------------------------------------------------------- opening
+def _extension_schema(conn: Connection) -> str | None:
+    row = conn.execute(
+        "SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace"
+        " WHERE e.extname = 'vector'"
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def _available(conn: Connection) -> bool:
+    row = conn.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'").fetchone()
+    return row is not None
+
+
+def _installed(conn: Connection) -> bool:
+    row = conn.execute(
+        "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('marsys_vectors')"
+        " AND attname = 'embedding' AND NOT attisdropped"
+    ).fetchone()
+    return row is not None
+
+
+def _create_extension(conn: Connection) -> str | None:
+    """``CREATE EXTENSION vector`` if the server ships it and we may; its schema or ``None``."""
+    if not _available(conn):
+        return None
+    conn.execute("SAVEPOINT marsys_vector")
+    try:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+    except psycopg.Error as exc:  # no privilege: stay on the hosts
+        conn.execute("ROLLBACK TO SAVEPOINT marsys_vector")
+        log.debug("CREATE EXTENSION vector failed: %s", exc)
+        return None
+    conn.execute("RELEASE SAVEPOINT marsys_vector")
+    return _extension_schema(conn)
+
+
+def migrate_search(conn: Connection) -> None:
+    """Schema version 4: the search columns and indexes, if the ``vector`` extension is there.
+
+    Runs inside the migration's transaction. Without the extension (and no right to create
+    it) it does nothing; :func:`open_search` adds them when the extension appears later.
+    """
+    schema = _extension_schema(conn) or _create_extension(conn)
+    if schema is not None and not _installed(conn):
+        _install(conn, SearchSetup(schema))
+
+
+def open_search(conn: Connection, where: str, lock: int) -> SearchSetup | None:
+    """At open: the store's search setup, or ``None`` (said once, in a log line).
+
+    A database whose extension was installed after its schema reached version 4 gets the
+    search columns now, under the migration lock ``lock`` (hosts opening together do it once).
+    """
+    schema = _extension_schema(conn)
+    if schema is not None and _installed(conn):
+        return SearchSetup(schema)
+    if schema is None and not _available(conn):
+        log.info(
+            "%s has no 'vector' extension (pgvector): search stays on the hosts "
+            "(each keeps its own index of the store's vectors)",
+            where,
+        )
+        return None
+    conn.execute("SELECT pg_advisory_lock(%s)", (lock,))
+    try:
+        with conn.transaction():
+            schema = _extension_schema(conn) or _create_extension(conn)
+            if schema is not None and not _installed(conn):
+                _install(conn, SearchSetup(schema))
+    finally:
+        if not conn.closed:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (lock,))
+    if schema is None:
+        log.info(
+            "%s: the 'vector' extension (pgvector) is available but not installed, and this "
+            "user may not create it (CREATE EXTENSION vector): search stays on the hosts",
+            where,
+        )
+        return None
+    return SearchSetup(schema)
+
+
+def _install(conn: Connection, setup: SearchSetup) -> None:
+    """Add the columns, fill them from what is stored (once), then index them."""
+    conn.execute(
+        sql.SQL("ALTER TABLE marsys_vectors ADD COLUMN embedding {}").format(setup.halfvec())
+    )
+    conn.execute("ALTER TABLE marsys_messages ADD COLUMN tsv tsvector")
+    _fill_keywords(conn)
+    _fill_embeddings(conn, setup)
+    conn.execute("CREATE INDEX marsys_messages_tsv ON marsys_messages USING gin (tsv)")
+    for model, dim in conn.execute("SELECT model, dim FROM marsys_vector_models").fetchall():
+        model_index(conn, setup, str(model), int(dim))
+
+
+def _fill_keywords(conn: Connection) -> None:
+    after = (0, 0)
+    while True:
+        rows = conn.execute(
+            "SELECT key_id, seq, data FROM marsys_messages WHERE (key_id, seq) > (%s, %s)"
+            " ORDER BY key_id, seq LIMIT %s",
+            (*after, _CHUNK),
+        ).fetchall()
+        if not rows:
+            return
+        messages = MESSAGE_LIST_ADAPTER.validate_json("[" + ",".join(r[2] for r in rows) + "]")
+        conn.execute(
+            "UPDATE marsys_messages m SET tsv = to_tsvector(%s::regconfig, u.txt)"
+            " FROM unnest(%s::bigint[], %s::bigint[], %s::text[]) AS u(key_id, seq, txt)"
+            " WHERE m.key_id = u.key_id AND m.seq = u.seq",
+            (
+                TEXT_CONFIG,
+                [r[0] for r in rows],
+                [r[1] for r in rows],
+                [keyword_text(m) for m in messages],
+            ),
+        )
+        after = (int(rows[-1][0]), int(rows[-1][1]))
+
+
+def _fill_embeddings(conn: Connection, setup: SearchSetup) -> None:
+    for model, dim in conn.execute("SELECT model, dim FROM marsys_vector_models").fetchall():
+        after = 0
+        while True:
+            rows = conn.execute(
+                "SELECT vseq, data FROM marsys_vectors WHERE model = %s AND vseq > %s"
+                " ORDER BY vseq LIMIT %s",
+                (model, after, _CHUNK),
+            ).fetchall()
+            if not rows:
+                break
+            vectors = from_bytes([bytes(r[1]) for r in rows], int(dim))
+            conn.execute(
+                sql.SQL(
+                    "UPDATE marsys_vectors v SET embedding = {}"
+                    " FROM unnest(%s::bigint[]) WITH ORDINALITY AS u(vseq, ord)"
+                    " WHERE v.vseq = u.vseq"
+                ).format(embedding_slice(setup, int(dim))),
+                (flat(vectors), [r[0] for r in rows]),
+            )
+            after = int(rows[-1][0])
+
+
+# ---------------------------------------------------------------------- writing
+def model_index(conn: Connection, setup: SearchSetup, model: str, dim: int) -> None:
+    """The HNSW cosine index of ``model``'s vectors (created once, when the model appears)."""
+    name = "marsys_hnsw_" + hashlib.md5(model.encode(), usedforsecurity=False).hexdigest()[:16]
+    conn.execute(
+        sql.SQL(
+            "CREATE INDEX IF NOT EXISTS {} ON marsys_vectors USING hnsw"
+            " ((embedding::{}) {}.halfvec_cosine_ops) WHERE model = {}"
+        ).format(
+            sql.Identifier(name),
+            setup.halfvec(dim),
+            sql.Identifier(setup.schema),
+            sql.Literal(model),
+        )
+    )
+
+
+def embedding_slice(setup: SearchSetup, dim: int) -> sql.Composable:
+    """SQL for row ``u.ord``'s vector out of a flat ``float4[]`` parameter, as ``halfvec``."""
+    return sql.SQL("((%s::float4[])[(u.ord - 1) * {d} + 1 : u.ord * {d}])::{}").format(
+        setup.halfvec(dim), d=sql.Literal(int(dim))
+    )
+
+
+def flat(vectors: np.ndarray[Any, Any]) -> list[float]:
+    """Vectors as one flat list of floats (sent as a binary ``float4[]``)."""
+    flat_list: list[float] = vectors.astype(np.float32, copy=False).ravel().tolist()
+    return flat_list
+
+
+# ---------------------------------------------------------------------- searching
+def key_filter(
+    conn: Connection, keys: tuple[Key, ...] | None, namespace: str | None
+) -> tuple[list[int] | None, int]:
+    """The key ids a search is limited to (``None``: all) and their messages' count.
+
+    Example:
+        >>> key_filter(None, None, None)  # no filter: no query
+        (None, -1)
+    """
+    if keys is None and namespace is None:
+        return None, -1
+    query = "SELECT coalesce(array_agg(id), '{}'), coalesce(sum(n), 0) FROM marsys_keys WHERE true"
+    params: list[Any] = []
+    if keys is not None:
+        columns = [list(c) for c in zip(*keys, strict=True)] if keys else [[], [], []]
+        query += (
+            " AND (namespace, agent, branch) IN"
+            " (SELECT * FROM unnest(%s::text[], %s::text[], %s::text[]))"
+        )
+        params.extend(columns)
+    if namespace is not None:
+        query += " AND namespace = %s"
+        params.append(namespace)
+    row = conn.execute(query, params).fetchone()
+    assert row is not None  # an aggregate always returns its row
+    return [int(i) for i in row[0]], int(row[1])
+
+
+def _hits(rows: list[tuple[Any, ...]]) -> tuple[SearchHit, ...]:
+    return tuple(
+        SearchHit((str(r[0]), str(r[1]), str(r[2])), str(r[3]), float(r[4])) for r in rows
+    )
+
+
+def prepare_search(conn: Connection, op: SearchVectors) -> int | None:
+    """Set the connection's HNSW scan for ``op``; the model's dimension (``None``: unknown).
+
+    ``hnsw.ef_search`` suits ``k``; ``hnsw.iterative_scan`` lets a filtered scan go on until
+    it has ``k`` rows that pass. Session settings: they only steer HNSW scans, which only
+    a search runs, and each search sets them first (one round trip with the lookup).
+
+    Raises:
+        ValueError: the query vector's dimension is not the one ``op.model`` is stored in.
+    """
+    ef = min(1000, max(100, 2 * op.k))
+    row = conn.execute(
+        "SELECT (SELECT dim FROM marsys_vector_models WHERE model = %s),"
+        " set_config('hnsw.ef_search', %s, false),"
+        " set_config('hnsw.iterative_scan', 'relaxed_order', false)",
+        (op.model, str(ef)),
+    ).fetchone()
+    dim = None if row is None or row[0] is None else int(row[0])
+    if dim is not None and dim != op.vector.shape[0]:
+        raise ValueError(
+            f"vector is {op.vector.shape[0]}-D; model {op.model!r} is stored {dim}-D here"
+        )
+    return dim
+
+
+def search_vectors(
+    conn: Connection, setup: SearchSetup, op: SearchVectors
+) -> tuple[SearchHit, ...]:
+    """Run ``op``: the HNSW index (iterative scan when filtered), or an exact scan of few rows.
+
+    Raises:
+        ValueError: the query vector's dimension is not the one ``op.model`` is stored in.
+    """
+    dim = prepare_search(conn, op)
+    if dim is None:
+        return ()
+    key_ids, candidates = key_filter(conn, op.keys, op.namespace)
+    if key_ids is not None and not key_ids:
+        return ()
+    exact = key_ids is not None and candidates < EXACT_BELOW
+    rows = nearest(conn, setup, op, dim, key_ids, exact=exact)
+    if len(rows) < op.k and not exact:  # the index scan stopped early: make sure, exactly
+        rows = nearest(conn, setup, op, dim, key_ids, exact=True)
+    return _hits(rows)
+
+
+def nearest(
+    conn: Connection,
+    setup: SearchSetup,
+    op: SearchVectors,
+    dim: int,
+    key_ids: list[int] | None,
+    *,
+    exact: bool,
+    explain: bool = False,
+) -> list[tuple[Any, ...]]:
+    """The nearest rows: by the model's HNSW index, or (``exact``) by scanning the keys'."""
+    # The index serves ORDER BY <its expression> <=> q; "+ 0" hides it (an exact scan).
+    distance = sql.SQL("(v.embedding::{t}) {op} %(q)s::{t}").format(
+        t=setup.halfvec(dim), op=setup.distance()
+    )
+    order = sql.SQL("({}) + 0").format(distance) if exact else distance
+    where = sql.SQL(" AND v.key_id = ANY(%(keys)s::bigint[])" if key_ids is not None else "")
+    query = sql.SQL(
+        "{x}WITH c AS MATERIALIZED (SELECT v.key_id, v.message_id, {d} AS d"
+        " FROM marsys_vectors v WHERE v.model = %(model)s{w} ORDER BY {o} LIMIT %(k)s)"
+        " SELECT k.namespace, k.agent, k.branch, c.message_id, 1 - c.d FROM c"
+        " JOIN marsys_keys k ON k.id = c.key_id ORDER BY c.d, c.key_id, c.message_id"
+    ).format(x=sql.SQL("EXPLAIN " if explain else ""), d=distance, w=where, o=order)
+    text = "[" + ",".join(map(repr, op.vector.tolist())) + "]"
+    params = {"q": text, "model": op.model, "k": op.k, "keys": key_ids}
+    # Not prepared: each search is planned with its model, so the model's partial index fits.
+    return conn.execute(query, params, prepare=False).fetchall()
+
+
+def search_text(conn: Connection, op: SearchText) -> tuple[SearchHit, ...]:
+    """Run ``op``: any of the query's words (an OR), ranked by ``ts_rank_cd``, best first."""
+    key_ids, _ = key_filter(conn, op.keys, op.namespace)
+    if key_ids is not None and not key_ids:
+        return ()
+    where = " AND m.key_id = ANY(%(keys)s::bigint[])" if key_ids is not None else ""
+    rows = conn.execute(
+        "WITH q AS (SELECT replace(plainto_tsquery(%(cfg)s::regconfig, %(query)s)::text,"  # noqa: S608 (SQL from constants; values bound)
+        " ' & ', ' | ')::tsquery AS q),"
+        " c AS MATERIALIZED (SELECT m.key_id, m.seq, m.message_id, ts_rank_cd(m.tsv, q.q) AS r"
+        f" FROM marsys_messages m, q WHERE m.tsv @@ q.q{where}"
+        " ORDER BY r DESC, m.key_id, m.seq LIMIT %(k)s)"
+        " SELECT k.namespace, k.agent, k.branch, c.message_id, c.r FROM c"
+        " JOIN marsys_keys k ON k.id = c.key_id ORDER BY c.r DESC, c.key_id, c.seq",
+        {"cfg": TEXT_CONFIG, "query": op.query, "k": op.k, "keys": key_ids},
+    ).fetchall()
+    return _hits(rows)

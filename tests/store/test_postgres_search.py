@@ -1,0 +1,213 @@
+"""PostgresStore's search inside the database: the fallback, the migration, the index.
+
+On ``postgres_dsn`` (the machine's PostgreSQL, no pgvector) the store keeps today's path
+and says so once; on ``pgvector_dsn`` it searches in SQL. The conformance suite
+(tests/store/test_postgres_conformance.py) holds the contract; these hold what is
+PostgreSQL's own: the schema migration from bytea vectors, creating the extension, one that
+arrives later, and filtered searches over an HNSW index that still return ``k``.
+"""
+
+import logging
+from urllib.parse import quote
+
+import numpy as np
+import psycopg
+import pytest
+
+from marsys_mem import Message
+from marsys_mem.exceptions import StoreError
+from marsys_mem.store import postgres_search, postgres_vectors
+from marsys_mem.store.base import Append, PutVectors, SearchVectors
+from marsys_mem.store.postgres import MIGRATIONS, PostgresStore, _Prepared
+from marsys_mem.testing.conformance.search import unit_vectors
+from marsys_mem.testing.postgres import PostgresServer
+
+KEY = ("default", "a", "main")
+OTHER = ("default", "b", "main")
+MODEL = "m"
+LOG = "marsys_mem.store.postgres_search"
+
+
+def _search_logs(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == LOG]
+
+
+def test_without_pgvector_search_stays_on_the_hosts(
+    postgres_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The fallback: no search in SQL, said once at open; vectors still stored for hosts."""
+    caplog.set_level(logging.INFO, logger=LOG)
+    with PostgresStore(postgres_dsn) as store:
+        assert store.supports_search is False
+        (line,) = _search_logs(caplog)
+        assert "no 'vector' extension" in line
+        assert "search stays on the hosts" in line
+        msgs = [Message.user("hello", message_id="h")]
+        store.append_messages(KEY, msgs)
+        store.put_vectors(KEY, MODEL, ["h"], unit_vectors(1))
+        assert store.load_vectors(None, MODEL).message_ids == ("h",)
+        with pytest.raises(StoreError, match="supports_search"):
+            store.search_vectors(MODEL, unit_vectors(1)[0], 3)
+        with pytest.raises(StoreError, match="supports_search"):
+            store.search_text("hello", 3)
+        assert len(_search_logs(caplog)) == 1  # said once, at open
+    with psycopg.connect(postgres_dsn) as conn:
+        columns = conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = 'marsys_messages'::regclass"
+            " AND attnum > 0 AND NOT attisdropped"
+        ).fetchall()
+    assert "tsv" not in {c[0] for c in columns}  # no change to the schema without it
+
+
+def _version3_store(dsn: str, texts: list[str], vectors: np.ndarray) -> list[str]:
+    """A database as marsys-mem's schema version 3 left it: messages, bytea vectors."""
+    msgs = [Message.user(t, message_id=f"o{i}", name="ana") for i, t in enumerate(texts)]
+    ids = [m.message_id for m in msgs]
+    with psycopg.connect(dsn, autocommit=True) as conn, conn.transaction():
+        for target in range(1, 4):
+            MIGRATIONS[target - 1](conn)
+            conn.execute("INSERT INTO marsys_schema_version (version) VALUES (%s)", (target,))
+        append = Append(KEY, tuple(msgs))
+        prepared = _Prepared([append], None)  # what version 3 wrote: no keywords
+        prepared.execute(conn, 0)
+        op = PutVectors(KEY, MODEL, tuple(ids), vectors)
+        postgres_vectors.put_vectors(conn, op)  # bytea only, as version 3
+    return ids
+
+
+def test_a_version_3_store_is_migrated_in_place_once_and_searches(
+    pgvector_dsn: str, new_pgvector_dsn
+) -> None:
+    """Migration: bytea vectors and stored texts fill the new columns, in place, once."""
+    texts = ["Clara lives in Lisbon", "parked on level 4", "lovely weather", "Clara's cake"]
+    vectors = unit_vectors(4, dim=8, seed=3)
+    ids = _version3_store(pgvector_dsn, texts, vectors)
+    with PostgresStore(pgvector_dsn) as store:
+        assert store.found_schema_version == 3
+        assert store.supports_search
+        hits = store.search_vectors(MODEL, vectors[2], 2)
+        assert hits[0].message_id == ids[2]
+        assert hits[0].score == pytest.approx(1.0, abs=1e-2)
+        assert {h.message_id for h in store.search_text("Clara", 5)} == {ids[0], ids[3]}
+        assert {h.message_id for h in store.search_text("ana", 5)} == set(ids)  # the speaker
+        page = store.load_vectors(KEY, MODEL)
+        assert page.vectors.tobytes() == vectors.tobytes()  # the exact bytes stay
+    with PostgresStore(pgvector_dsn) as again:  # once: version 4 now, nothing to do
+        assert again.found_schema_version == len(MIGRATIONS) == 4
+        assert [h.message_id for h in again.search_vectors(MODEL, vectors[1], 1)] == [ids[1]]
+    with psycopg.connect(pgvector_dsn) as conn:
+        versions = [r[0] for r in conn.execute("SELECT version FROM marsys_schema_version")]
+    assert sorted(versions) == [1, 2, 3, 4]
+
+
+def test_the_store_creates_the_extension_where_it_may(pgvector_server: PostgresServer) -> None:
+    """A database where pgvector is available but not installed: the owner installs it."""
+    dsn = pgvector_server.create_database("fresh_search")
+    with PostgresStore(dsn) as store:
+        assert store.supports_search
+        store.append_messages(KEY, [Message.user("Lisbon", message_id="x")])
+        assert [h.message_id for h in store.search_text("lisbon", 2)] == ["x"]
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'").fetchone()
+
+
+def test_an_extension_installed_later_is_used_at_the_next_open(
+    pgvector_server: PostgresServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A user who may not create the extension stays on the hosts until an admin adds it."""
+    caplog.set_level(logging.INFO, logger=LOG)
+    pgvector_server.create_database("late_search")
+    pgvector_server.execute("CREATE ROLE limited LOGIN PASSWORD 'limited-pw'")
+    pgvector_server.execute("CREATE SCHEMA app AUTHORIZATION limited", "late_search")
+    base = pgvector_server.dsn("late_search", search_path="app")
+    dsn = base.replace(
+        f"{pgvector_server.user}:{quote(pgvector_server.password, safe='')}@",
+        "limited:limited-pw@",
+    )
+    vectors = unit_vectors(3, dim=8, seed=5)
+    with PostgresStore(dsn) as store:
+        assert not store.supports_search
+        assert any("may not create it" in line for line in _search_logs(caplog))
+        msgs = [Message.user(f"note {i} Lisbon", message_id=f"n{i}") for i in range(3)]
+        store.append_messages(KEY, msgs)
+        store.put_vectors(KEY, MODEL, [m.message_id for m in msgs], vectors)
+    pgvector_server.execute("CREATE EXTENSION vector", "late_search")
+    with PostgresStore(dsn) as store:
+        assert store.supports_search
+        assert [h.message_id for h in store.search_vectors(MODEL, vectors[1], 1)] == ["n1"]
+        assert len(store.search_text("Lisbon", 5)) == 3
+
+
+def test_a_filtered_search_over_the_index_still_returns_k(pgvector_dsn: str) -> None:
+    """pgvector's iterative scans: a filter that few indexed rows pass still gets ``k``.
+
+    20,000 vectors of another key crowd the query's neighbourhood; the filter's keys hold
+    more than ``EXACT_BELOW`` messages (so the index is used) but only 40 vectors.
+    """
+    n = postgres_search.EXACT_BELOW
+    crowd = unit_vectors(n, dim=16, seed=1)
+    wanted = unit_vectors(40, dim=16, seed=2)
+    with PostgresStore(pgvector_dsn) as store:
+        big = [Message.user(f"c{i}", message_id=f"c{i}") for i in range(n)]
+        store.append_messages(KEY, big)
+        store.put_vectors(KEY, MODEL, [m.message_id for m in big], crowd)
+        silent = ("default", "silent", "main")  # many messages, no vectors
+        store.append_messages(silent, [Message.user("s", message_id=f"s{i}") for i in range(n)])
+        few = [Message.user(f"w{i}", message_id=f"w{i}") for i in range(40)]
+        store.append_messages(OTHER, few)
+        store.put_vectors(OTHER, MODEL, [m.message_id for m in few], wanted)
+        query = crowd[0]
+        hits = store.search_vectors(MODEL, query, 10, keys=[OTHER, silent])
+        exact = np.argsort(-(wanted @ query))[:10]
+        assert [h.message_id for h in hits] == [f"w{i}" for i in exact]
+        unfiltered = store.search_vectors(MODEL, query, 10)
+        assert unfiltered[0].message_id == "c0"
+    # The filtered query itself, on the index (not the exact re-check): k rows, the exact ones.
+    op = SearchVectors(MODEL, query, 10, keys=(OTHER, silent))
+    with psycopg.connect(pgvector_dsn, autocommit=True) as conn:
+        setup = postgres_search.SearchSetup("public")
+        dim = postgres_search.prepare_search(conn, op)
+        key_ids, count = postgres_search.key_filter(conn, op.keys, None)
+        assert count >= postgres_search.EXACT_BELOW  # so search_vectors uses the index
+        conn.execute("ANALYZE")
+        conn.execute("SET enable_sort = off")  # the planner may sort a small filter; not here
+        rows = postgres_search.nearest(conn, setup, op, dim, key_ids, exact=False)
+        assert [r[3] for r in rows] == [f"w{i}" for i in exact]
+        plan = postgres_search.nearest(conn, setup, op, dim, key_ids, exact=False, explain=True)
+        assert "Index Scan using marsys_hnsw_" in "\n".join(r[0] for r in plan)
+        plan = postgres_search.nearest(conn, setup, op, dim, key_ids, exact=True, explain=True)
+        assert "marsys_hnsw_" not in "\n".join(r[0] for r in plan)
+
+
+def test_models_of_different_dimensions_each_get_an_index(pgvector_dsn: str) -> None:
+    """Per-model partial indexes: two models, two dimensions, one column, no mixing."""
+    with PostgresStore(pgvector_dsn) as store:
+        msgs = [Message.user(f"x{i}", message_id=f"x{i}") for i in range(5)]
+        store.append_messages(KEY, msgs)
+        ids = [m.message_id for m in msgs]
+        small, large = unit_vectors(5, dim=4, seed=1), unit_vectors(5, dim=12, seed=2)
+        store.put_vectors(KEY, "small", ids, small)
+        store.put_vectors(KEY, "large", ids, large)
+        assert store.search_vectors("small", small[3], 1)[0].message_id == "x3"
+        assert store.search_vectors("large", large[4], 1)[0].message_id == "x4"
+        with pytest.raises(ValueError, match="model 'small' is stored 4-D"):
+            store.search_vectors("small", large[0], 1)
+    with psycopg.connect(pgvector_dsn) as conn:
+        names = conn.execute(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()"
+            " AND indexname LIKE 'marsys_hnsw_%%'"
+        ).fetchall()
+    assert len(names) == 2
+
+
+def test_a_host_opened_later_searches_at_once(pgvector_dsn: str) -> None:
+    """Stateless hosts: a second store object finds what the first wrote, loading nothing."""
+    vectors = unit_vectors(50, dim=8, seed=7)
+    with PostgresStore(pgvector_dsn) as writer:
+        msgs = [Message.user(f"fact {i}", message_id=f"f{i}") for i in range(50)]
+        writer.append_messages(KEY, msgs)
+        writer.put_vectors(KEY, MODEL, [m.message_id for m in msgs], vectors)
+        with PostgresStore(pgvector_dsn) as reader:
+            assert reader.search_vectors(MODEL, vectors[17], 1)[0].message_id == "f17"
+            writer.delete_messages(KEY, ["f17"])
+            assert "f17" not in {h.message_id for h in reader.search_vectors(MODEL, vectors[17], 5)}
