@@ -40,6 +40,7 @@ __all__ = [
     "SearchSetup",
     "key_filter",
     "keyword_text",
+    "literals",
     "migrate_search",
     "nearest",
     "open_search",
@@ -236,11 +237,11 @@ def _fill_embeddings(conn: Connection, setup: SearchSetup) -> None:
             vectors = from_bytes([bytes(r[1]) for r in rows], int(dim))
             conn.execute(
                 sql.SQL(
-                    "UPDATE marsys_vectors v SET embedding = {}"
-                    " FROM unnest(%s::bigint[]) WITH ORDINALITY AS u(vseq, ord)"
+                    "UPDATE marsys_vectors v SET embedding = u.emb::{}"
+                    " FROM unnest(%s::bigint[], %s::text[]) AS u(vseq, emb)"
                     " WHERE v.vseq = u.vseq"
-                ).format(embedding_slice(setup, int(dim))),
-                (flat(vectors), [r[0] for r in rows]),
+                ).format(setup.halfvec(int(dim))),
+                ([r[0] for r in rows], literals(vectors)),
             )
             after = int(rows[-1][0])
 
@@ -262,17 +263,19 @@ def model_index(conn: Connection, setup: SearchSetup, model: str, dim: int) -> N
     )
 
 
-def embedding_slice(setup: SearchSetup, dim: int) -> sql.Composable:
-    """SQL for row ``u.ord``'s vector out of a flat ``float4[]`` parameter, as ``halfvec``."""
-    return sql.SQL("((%s::float4[])[(u.ord - 1) * {d} + 1 : u.ord * {d}])::{}").format(
-        setup.halfvec(dim), d=sql.Literal(int(dim))
-    )
+def literals(vectors: np.ndarray[Any, Any]) -> list[str]:
+    """Vectors as pgvector text literals (``[x,y,...]``), 6 significant digits.
 
+    ``halfvec`` keeps about 3; the exact ``float32`` bytes travel separately (``data``).
 
-def flat(vectors: np.ndarray[Any, Any]) -> list[float]:
-    """Vectors as one flat list of floats (sent as a binary ``float4[]``)."""
-    flat_list: list[float] = vectors.astype(np.float32, copy=False).ravel().tolist()
-    return flat_list
+    Example:
+        >>> literals(np.array([[0.5, -1.0]], dtype=np.float32))
+        ['[0.5,-1]']
+    """
+    if not len(vectors):
+        return []
+    fmt = "[" + ",".join(["%.6g"] * int(vectors.shape[1])) + "]"
+    return [fmt % tuple(row) for row in vectors.tolist()]
 
 
 # ---------------------------------------------------------------------- searching
@@ -379,8 +382,7 @@ def nearest(
         " SELECT k.namespace, k.agent, k.branch, c.message_id, 1 - c.d FROM c"
         " JOIN marsys_keys k ON k.id = c.key_id ORDER BY c.d, c.key_id, c.message_id"
     ).format(x=sql.SQL("EXPLAIN " if explain else ""), d=distance, w=where, o=order)
-    text = "[" + ",".join(map(repr, op.vector.tolist())) + "]"
-    params = {"q": text, "model": op.model, "k": op.k, "keys": key_ids}
+    params = {"q": literals(op.vector[None, :])[0], "model": op.model, "k": op.k, "keys": key_ids}
     # Not prepared: each search is planned with its model, so the model's partial index fits.
     return conn.execute(query, params, prepare=False).fetchall()
 

@@ -41,7 +41,7 @@ from psycopg import sql
 from marsys_mem.exceptions import MessageNotFoundError, StoreError
 from marsys_mem.model.messages import MESSAGE_LIST_ADAPTER
 from marsys_mem.store.base import Key, LoadAfter, LoadVectors, PutVectors
-from marsys_mem.store.postgres_search import SearchSetup, embedding_slice, flat, model_index
+from marsys_mem.store.postgres_search import SearchSetup, literals, model_index
 from marsys_mem.store.vectors import MessagePage, VectorPage, from_bytes, to_bytes
 
 __all__ = ["load_after", "load_vectors", "migrate_vectors", "put_vectors"]
@@ -138,12 +138,20 @@ def put_vectors(conn: Connection, op: PutVectors, search: SearchSetup | None = N
         conn.execute(
             sql.SQL(
                 "INSERT INTO marsys_vectors (vseq, key_id, message_id, model, data, embedding)"
-                " SELECT %s + u.ord, %s, u.mid, %s, u.data, {}"
-                " FROM unnest(%s::text[], %s::bytea[]) WITH ORDINALITY AS u(mid, data, ord)"
+                " SELECT %s + u.ord, %s, u.mid, %s, u.data, u.emb::{}"
+                " FROM unnest(%s::text[], %s::bytea[], %s::text[])"
+                " WITH ORDINALITY AS u(mid, data, emb, ord)"
                 " ON CONFLICT (key_id, message_id, model) DO UPDATE SET vseq = excluded.vseq,"
                 " data = excluded.data, embedding = excluded.embedding"
-            ).format(embedding_slice(search, dim)),
-            (first, key_id, op.model, flat(op.vectors), ids, [to_bytes(v) for v in op.vectors]),
+            ).format(search.halfvec(dim)),
+            (
+                first,
+                key_id,
+                op.model,
+                ids,
+                [to_bytes(v) for v in op.vectors],
+                literals(op.vectors),
+            ),
         )
         return len(ids)
     conn.execute(
