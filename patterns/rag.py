@@ -967,7 +967,7 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         links = ThreadLinks()
         for m in found.messages.values():  # the key's order
             links.add(m.message_id, self._thread_of(m))
-        cosines = dict(found.dense)
+        cosines = dict(found.cosines)
         keyword = found.keyword
         dense = [(mid, c) for mid, c in found.dense if mid in links]
         text = [(mid, r) for mid, r in found.text if mid in links]

@@ -84,20 +84,24 @@ class Found:
     Attributes:
         dense: ``(message id, cosine)`` of the dense candidates, best first.
         text: ``(message id, BM25 score)`` of the keyword candidates, best first.
+        cosines: the cosines the dense search returned (``COSINES`` times as many as
+            ``dense``: most keyword candidates and context turns are among them).
         keyword: the BM25 score of every candidate (0.0: no query term).
         messages: every candidate's message by id, in the key's order (oldest first).
-        floor: the cosine a candidate missing from ``dense`` is given (``None``: the dense
-            side returned every vector the key has, so such a candidate has none).
+        floor: the cosine a candidate missing from ``cosines`` is given, the lowest of
+            them (``None``: the search returned every vector the key has, so such a
+            candidate has none).
         exhausted: neither side can return more candidates than it did.
 
     Example:
-        >>> found = Found([("a", 0.9)], [("b", 2.0)], {"a": 0.0, "b": 2.0}, {}, 0.9, True)
+        >>> found = Found([("a", 0.9)], [("b", 2.0)], {"a": 0.9}, {"b": 2.0}, {}, 0.9, True)
         >>> found.ids()
         ['a', 'b']
     """
 
     dense: list[tuple[str, float]]
     text: list[tuple[str, float]]
+    cosines: dict[str, float]
     keyword: dict[str, float]
     messages: dict[str, Message]
     floor: float | None
@@ -121,6 +125,9 @@ def query_words(query: str) -> dict[str, str]:
             words.setdefault(term, word)
     return words
 
+
+COSINES = 4
+"""How many more cosines than dense candidates a search reads (for the other candidates)."""
 
 _WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
 
@@ -196,15 +203,18 @@ class StoreSearch:
         """
         assert self.store is not None
         dense: list[tuple[str, float]] = []
+        cosines: dict[str, float] = {}
         floor: float | None = None
         dense_done = True
         if qvec is not None:
             assert self.embedder is not None
-            hits = self.store.search_vectors(self.embedder.name, qvec[0], depth, keys=(self.key,))
-            dense = [(h.message_id, h.score) for h in hits]
+            wide = COSINES * depth
+            hits = self.store.search_vectors(self.embedder.name, qvec[0], wide, keys=(self.key,))
+            cosines = {h.message_id: h.score for h in hits}
+            dense = [(h.message_id, h.score) for h in hits[:depth]]
             dense_done = len(dense) < depth
-            if dense and not dense_done:
-                floor = dense[-1][1]  # the key holds more vectors, none with a higher cosine
+            if len(hits) == wide:
+                floor = hits[-1].score  # the key holds more vectors, none with a higher cosine
         matched = pages.ids() if pages is not None else []
         ids = list(dict.fromkeys([mid for mid, _ in dense] + matched))
         messages = {m.message_id: m for m in self._load(ids)} if ids else {}
@@ -217,7 +227,6 @@ class StoreSearch:
                 texts,
                 doc_count=max(pages.count, len(messages)),
                 doc_freq=pages.doc_freq(),
-                average_length=sum(len(tokenize(t)) for t in texts) / len(texts),
                 k1=self._bm25.k1,
                 b=self._bm25.b,
             )
@@ -227,7 +236,7 @@ class StoreSearch:
                 key=lambda hit: -hit[1],
             )[:depth]
         exhausted = dense_done and (pages is None or pages.exhausted)
-        return Found(dense, text, keyword, messages, floor, exhausted)
+        return Found(dense, text, cosines, keyword, messages, floor, exhausted)
 
     def _load(self, ids: Sequence[str]) -> list[Message]:
         """The messages of ``ids`` still stored under the key, in the key's order."""

@@ -482,7 +482,7 @@ def score_with_stats(
     *,
     doc_count: int,
     doc_freq: dict[str, int],
-    average_length: float,
+    average_length: float | None = None,
     k1: float = 1.5,
     b: float = 0.75,
 ) -> npt.NDArray[np.float64]:
@@ -491,7 +491,8 @@ def score_with_stats(
     The scoring of :class:`BM25Index` (same tokenizer, same Lucene formula), with the
     corpus's statistics given: its document count, each query term's document frequency
     (a term missing from ``doc_freq`` counts as in no other document) and its average
-    length in terms. For a few documents of a corpus that lives elsewhere (a database).
+    length in terms (``None``: that of ``texts``). For a few documents of a corpus that
+    lives elsewhere (a database).
 
     Example:
         >>> texts = ["the car is on level 4", "a car wash"]
@@ -505,6 +506,9 @@ def score_with_stats(
     out = np.zeros(len(texts))
     if not terms or not texts:
         return out
+    docs = [tokenize(text) for text in texts]
+    if average_length is None:
+        average_length = sum(map(len, docs)) / len(docs)
     k1p = k1 + 1.0
     base, slope = k1 * (1.0 - b), k1 * b / (average_length or 1.0)
     n = max(doc_count, 1)
@@ -512,8 +516,7 @@ def score_with_stats(
     for t in terms:
         df = min(max(doc_freq.get(t, 0), 1), n)
         weights[t] = math.log(1.0 + (n - df + 0.5) / (df + 0.5)) * k1p
-    for i, text in enumerate(texts):
-        tokens = tokenize(text)
+    for i, tokens in enumerate(docs):
         counts = Counter(tokens)
         norm = base + slope * len(tokens)
         out[i] = sum(w * counts[t] / (counts[t] + norm) for t, w in weights.items() if counts[t])
