@@ -388,7 +388,11 @@ def nearest(
 
 
 def search_text(conn: Connection, op: SearchText) -> tuple[SearchHit, ...]:
-    """Run ``op``: any of the query's words (an OR), ranked by ``ts_rank_cd``, best first."""
+    """Run ``op``: any of the query's words (an OR), ranked by ``ts_rank``, best first.
+
+    An OR, as BM25 scores a document on any query term; ``ts_rank(tsv, q, 1)``: term
+    frequency, divided by 1 + log(length), so long messages do not win by size alone.
+    """
     key_ids, _ = key_filter(conn, op.keys, op.namespace)
     if key_ids is not None and not key_ids:
         return ()
@@ -396,7 +400,7 @@ def search_text(conn: Connection, op: SearchText) -> tuple[SearchHit, ...]:
     rows = conn.execute(
         "WITH q AS (SELECT replace(plainto_tsquery(%(cfg)s::regconfig, %(query)s)::text,"  # noqa: S608 (SQL from constants; values bound)
         " ' & ', ' | ')::tsquery AS q),"
-        " c AS MATERIALIZED (SELECT m.key_id, m.seq, m.message_id, ts_rank_cd(m.tsv, q.q) AS r"
+        " c AS MATERIALIZED (SELECT m.key_id, m.seq, m.message_id, ts_rank(m.tsv, q.q, 1) AS r"
         f" FROM marsys_messages m, q WHERE m.tsv @@ q.q{where}"
         " ORDER BY r DESC, m.key_id, m.seq LIMIT %(k)s)"
         " SELECT k.namespace, k.agent, k.branch, c.message_id, c.r FROM c"
