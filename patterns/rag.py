@@ -81,6 +81,13 @@ embedded yet are embedded (see :mod:`marsys_mem.patterns.shared_vectors`). Sever
 messages and never embed the same message twice (except when two of them reach a new
 message before its writer has stored its vector).
 
+Search in the store: when the store searches by itself (``store.supports_search``:
+PostgreSQL with pgvector), the memory holds nothing (:attr:`RAGMemory.stateless`): ``add``
+embeds before it returns and writes each message with its vector in one transaction, and
+a search asks the store for its dense and keyword candidates and ranks them here with the
+same ranker (see :mod:`marsys_mem.patterns.store_search`). A host opens at once whatever
+the store holds, and sees every other host's writes and deletions as they commit.
+
 Without the ``embeddings`` extra, ``RAGMemory()`` falls back to BM25 only and logs one
 notice (logger ``marsys_mem.patterns.rag``).
 """
