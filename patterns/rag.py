@@ -942,18 +942,21 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
     ) -> list[ScoredMessage]:
         """:meth:`search` on a store that searches: its candidates, ranked here.
 
-        The keyword side is asked for beside the model's forward pass (a database round
-        trip, which lets go of the GIL).
+        The keyword side is asked for beside the model's forward pass and the dense search
+        (database round trips, which let go of the GIL).
         """
         first = self._depth(k, keep)
         text: WorkAhead[TextPages] | None = None
-        if mode != "dense":
+        if mode != "dense":  # beside the forward pass and the dense search
             text = WorkAhead.start(lambda: self._text_pages(query, first))
         qvec = self._embed_query(query) if mode != "bm25" else None
-        ahead = text.result() if text is not None else None
 
         def rank(depth: int) -> tuple[Sequence[Candidate], bool, Mapping[str, Message]]:
-            pages = ahead if depth == first or ahead is None else self._text_pages(query, depth)
+            def pages() -> TextPages | None:
+                if text is None:
+                    return None
+                return text.result() if depth == first else self._text_pages(query, depth)
+
             found = self._search_store(query, qvec, pages, depth)
             if mode == "dense":
                 ranked: Sequence[Candidate] = [(mid, c, c, None) for mid, c in found.dense]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import logging
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -193,13 +193,14 @@ class StoreSearch:
         self,
         query: str,
         qvec: npt.NDArray[np.float32] | None,
-        pages: TextPages | None,
+        text_pages: Callable[[], TextPages | None],
         depth: int,
     ) -> Found:
         """The store's ``depth`` best candidates on each side, their messages and scores.
 
-        ``qvec``: the query's vector (``None``: no dense side); ``pages``: the keyword
-        matches (``None``: no keyword side).
+        ``qvec``: the query's vector (``None``: no dense side); ``text_pages()``: the
+        keyword matches (``None``: no keyword side), asked for after the dense search (it
+        may be under way in another thread meanwhile).
         """
         assert self.store is not None
         dense: list[tuple[str, float]] = []
@@ -215,6 +216,7 @@ class StoreSearch:
             dense_done = len(dense) < depth
             if len(hits) == wide:
                 floor = hits[-1].score  # the key holds more vectors, none with a higher cosine
+        pages = text_pages()
         matched = pages.ids() if pages is not None else []
         ids = list(dict.fromkeys([mid for mid, _ in dense] + matched))
         messages = {m.message_id: m for m in self._load(ids)} if ids else {}
