@@ -370,12 +370,17 @@ def nearest(
     explain: bool = False,
 ) -> list[tuple[Any, ...]]:
     """The nearest rows: by the model's HNSW index, or (``exact``) by scanning the keys'."""
-    # The index serves ORDER BY <its expression> <=> q; "+ 0" hides it (an exact scan).
     distance = sql.SQL("(v.embedding::{t}) {op} %(q)s::{t}").format(
         t=setup.halfvec(dim), op=setup.distance()
     )
+    # The index serves ORDER BY <its expression> <=> q: "+ 0" hides it (an exact scan of
+    # the keys' rows, by their index), and hides the keys' index from the HNSW query, so
+    # the planner does not sort a big filter's rows when its statistics lag (a fresh store).
     order = sql.SQL("({}) + 0").format(distance) if exact else distance
-    where = sql.SQL(" AND v.key_id = ANY(%(keys)s::bigint[])" if key_ids is not None else "")
+    column = "v.key_id" if exact else "(v.key_id + 0)"
+    where = sql.SQL(
+        f" AND {column} = ANY(%(keys)s::bigint[])" if key_ids is not None else ""
+    )
     query = sql.SQL(
         "{x}WITH c AS MATERIALIZED (SELECT v.key_id, v.message_id, {d} AS d"
         " FROM marsys_vectors v WHERE v.model = %(model)s{w} ORDER BY {o} LIMIT %(k)s)"
