@@ -323,7 +323,9 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
             an id) on top where min-max let the dense side's spread bury it.
         background: embed in a background thread (``add`` never waits for the model).
             ``False``: ``add`` embeds before returning, and a failing embedder makes the
-            ``add`` fail with nothing changed.
+            ``add`` fail with nothing changed. On a store that searches (:attr:`stateless`)
+            ``add`` always embeds before returning: the message and its vector are written
+            in one transaction, so no host ever sees a message without its vector.
         candidates: how many candidates each retriever proposes to the fusion (at least
             ``k``; widened when filters reject candidates).
         max_chars: the longest text accepted by ``add``.
