@@ -125,8 +125,6 @@ def put_vectors(conn: Connection, op: PutVectors, search: SearchSetup | None = N
     known = _model_dim(conn, op.model)
     if known != dim:
         raise ValueError(f"vectors of model {op.model!r} are {known}-D in this store, got {dim}-D")
-    if new is not None and search is not None:
-        model_index(conn, search, op.model, dim)
     row = conn.execute(
         "UPDATE marsys_vector_clock SET last = last + %s WHERE id = 1 RETURNING last",
         (len(ids),),
@@ -153,6 +151,8 @@ def put_vectors(conn: Connection, op: PutVectors, search: SearchSetup | None = N
                 literals(op.vectors),
             ),
         )
+        if new is not None:  # a new model: its index, built from this first batch at once
+            model_index(conn, search, op.model, dim)
         return len(ids)
     conn.execute(
         "INSERT INTO marsys_vectors (vseq, key_id, message_id, model, data)"
