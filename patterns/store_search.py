@@ -25,7 +25,7 @@ import itertools
 import logging
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -36,7 +36,7 @@ from marsys_mem.retrieval.bm25 import BM25Index, score_with_stats, tokenize
 from marsys_mem.retrieval.embeddings import Embedder
 from marsys_mem.store.base import CountMessages, Key, Load, MemoryStore, SearchText
 
-__all__ = ["Found", "StoreSearch", "TextPages", "query_words"]
+__all__ = ["Found", "StoreSearch", "TextPages", "query_words", "text_pages"]
 
 log = logging.getLogger("marsys_mem.patterns.rag")
 
@@ -50,7 +50,8 @@ class TextPages:
         query: the ids the whole query matched, best first by the database's rank.
         words: per query term (as the in-process BM25 tokenizes it), the ids its word
             matched.
-        count: how many messages the key holds.
+        count: how many messages the keys hold.
+        keys: the key of every id matched.
 
     Example:
         >>> pages = TextPages(2, ["a"], {"car": ["a", "b"], "level": ["a"]}, count=10)
@@ -62,6 +63,7 @@ class TextPages:
     query: list[str]
     words: dict[str, list[str]]
     count: int
+    keys: dict[str, Key] = field(default_factory=dict)
 
     def ids(self) -> list[str]:
         """Every id matched, the whole query's first, each once."""
@@ -126,6 +128,25 @@ def query_words(query: str) -> dict[str, str]:
     return words
 
 
+def text_pages(store: MemoryStore, query: str, depth: int, keys: Sequence[Key]) -> TextPages:
+    """A store's keyword matches in ``keys``: the whole query's and each word's (one batch).
+
+    Each word's matches give its document frequency (below ``depth``), so the host scores
+    the candidates with BM25 as the in-process path does (the database's own rank weighs
+    a common word as much as a rare one).
+    """
+    words = query_words(query)
+    scope = tuple(keys)
+    ops: list[SearchText | CountMessages] = [SearchText(query, depth, scope)]
+    ops += [SearchText(word, depth, scope) for word in words.values()]
+    ops += [CountMessages(key) for key in scope]
+    results = store.batch(ops)
+    pages, counts = results[: 1 + len(words)], results[1 + len(words) :]
+    ids = [[h.message_id for h in page] for page in pages]
+    where = {h.message_id: h.key for page in pages for h in page}
+    return TextPages(depth, ids[0], dict(zip(words, ids[1:], strict=True)), sum(counts), where)
+
+
 COSINES = 4
 """How many more cosines than dense candidates a search reads (for the other candidates)."""
 
@@ -173,21 +194,9 @@ class StoreSearch:
 
     # ------------------------------------------------------------------ reading
     def _text_pages(self, query: str, depth: int) -> TextPages:
-        """The store's keyword matches: the whole query's and each word's (one transaction).
-
-        Each word's matches give its document frequency (below ``depth``), so the host
-        scores the candidates with BM25 as the in-process path does (the database's own
-        rank weighs a common word as much as a rare one).
-        """
+        """The store's keyword matches under this memory's key (see :func:`text_pages`)."""
         assert self.store is not None
-        words = query_words(query)
-        keys = (self.key,)
-        ops: list[SearchText | CountMessages] = [SearchText(query, depth, keys)]
-        ops += [SearchText(word, depth, keys) for word in words.values()]
-        ops.append(CountMessages(self.key))
-        *pages, count = self.store.batch(ops)
-        ids = [[h.message_id for h in page] for page in pages]
-        return TextPages(depth, ids[0], dict(zip(words, ids[1:], strict=True)), count)
+        return text_pages(self.store, query, depth, (self.key,))
 
     def _search_store(
         self,

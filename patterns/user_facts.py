@@ -33,15 +33,23 @@ Search is hybrid, like :class:`~marsys_mem.patterns.rag.RAGMemory`: the cosine o
 embeddings, raised by BM25 keyword matches: ``score = cosine + bm25_weight * (1 - cosine)
 * bm25 / best_bm25``, so a fact found by meaning alone keeps its cosine and one that also
 shares the query's words scores closer to 1.0.
+
+On a store that searches (``store.supports_search``: PostgreSQL with pgvector) the memory
+holds no facts between calls (:attr:`FactMemory.stateless`): each fact's vector is stored
+with it, a call reads the facts it needs (one subject's, or all for :meth:`maintain`,
+:meth:`subjects` and ``len``) and lets them go, and a search takes its candidates from the
+database (dense and keyword, see :mod:`marsys_mem.patterns.store_search`) and scores them
+as above. Every host sees every other host's facts the moment they commit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
@@ -54,12 +62,22 @@ from marsys_mem.exceptions import MessageNotFoundError, StoreError
 from marsys_mem.lifecycle import Closing
 from marsys_mem.model.messages import Message
 from marsys_mem.model.names import validate_name
-from marsys_mem.retrieval.bm25 import BM25Index
+from marsys_mem.patterns.store_search import text_pages
+from marsys_mem.retrieval.bm25 import BM25Index, score_with_stats
 from marsys_mem.retrieval.embeddings import Embedder, HashingEmbedder, default_embedder
 from marsys_mem.retrieval.scoring import check_query, finite_number, positive_int
-from marsys_mem.store.base import Append, Delete, Key, Load, MemoryStore, validate_key
+from marsys_mem.store.base import (
+    Append,
+    Delete,
+    Key,
+    Load,
+    MemoryStore,
+    PutVectors,
+    validate_key,
+)
 from marsys_mem.store.keys import SUBJECT_FACTS_AGENT, subject_facts_key
 from marsys_mem.store.owners import DeletionFeed, Source
+from marsys_mem.store.vectors import MAX_MODEL_CHARS
 
 __all__ = [
     "Fact",
@@ -377,8 +395,19 @@ class FactMemory(Closing):
         self._bm25 = BM25Index()
         self._closed = False
         self._feed: DeletionFeed | None = None
+        # the store searches: facts are read per call, never kept (see _view)
+        self._stateless = (
+            store is not None
+            and store.supports_search
+            and len(self.embedder.name) <= MAX_MODEL_CHARS
+        )
+        self._viewed: set[str] | None = set()  # subjects read for this call (None: all)
+        self._view_depth = 0
         if store is not None:
-            self._load()
+            if self._stateless:
+                self._feed = DeletionFeed(store.load_deletions, self.namespace)
+            else:
+                self._load()
 
     # ------------------------------------------------------------------ storage
     def _key(self, subject: str) -> Key:
@@ -402,17 +431,74 @@ class FactMemory(Closing):
     def _load(self) -> None:
         assert self.store is not None
         self._feed = DeletionFeed(self.store.load_deletions, self.namespace)
+        self._read_keys(self._fact_keys(None))
+
+    def _fact_keys(self, subject: str | None) -> list[Key]:
+        """The store keys of ``subject``'s facts (``None``: of every subject)."""
+        if subject is not None:
+            return [self._key(subject)]
+        assert self.store is not None
+        return [k for k in self.store.list_keys(self.namespace) if k[1] == SUBJECT_FACTS_AGENT]
+
+    def _read_keys(self, keys: Sequence[Key]) -> None:
+        """Index the facts stored under ``keys``; those of another embedder are embedded again."""
+        assert self.store is not None
         stale: list[Fact] = []
-        for key in self.store.list_keys(self.namespace):
-            if key[1] != SUBJECT_FACTS_AGENT:
-                continue
-            self._read(self.store.load_messages(key), stale)
+        if keys:
+            for messages in self.store.batch([Load(key) for key in keys]):
+                self._read(messages, stale)
         if stale:  # made by another embedder: embed again (and store the new vectors)
             vectors = self._embed([f.text for f in stale])
             redone = [self._with_vector(f, v) for f, v in zip(stale, vectors, strict=True)]
             self._write(redone, replace=True)
             for f, v in zip(redone, vectors, strict=True):
                 self._index(f, v)
+
+    @property
+    def stateless(self) -> bool:
+        """Whether the store searches and this memory keeps no facts between calls."""
+        return self._stateless
+
+    @contextlib.contextmanager
+    def _view(self, subject: str | None) -> Iterator[None]:
+        """For one call: ``subject``'s facts (``None``: all) read from a store that searches.
+
+        Re-entrant (an inner call reads what the outer one lacks); the outermost lets the
+        facts go when it ends. Without search in the store the facts are always held.
+        """
+        if not self._stateless:
+            yield
+            return
+        with self._lock:
+            self._view_depth += 1
+            try:
+                viewed = self._viewed
+                if viewed is not None and (subject is None or subject not in viewed):
+                    if subject is None:
+                        self._read_keys([k for k in self._fact_keys(None) if k[2] not in viewed])
+                        self._viewed = None
+                    else:
+                        self._read_keys(self._fact_keys(subject))
+                        viewed.add(subject)
+                yield
+            finally:
+                self._view_depth -= 1
+                if not self._view_depth:
+                    self._facts.clear()
+                    self._vectors.clear()
+                    self._bm25 = BM25Index()
+                    self._viewed = set()
+
+    def _subject_of(self, fact_id: object) -> str | None:
+        """The subject of a stored fact (a store that searches), or ``None``."""
+        if not isinstance(fact_id, str) or not fact_id or self.store is None:
+            return None
+        keys = self._fact_keys(None)
+        found = self.store.batch([Load(key, ids=(fact_id,)) for key in keys]) if keys else []
+        for key, messages in zip(keys, found, strict=True):
+            if messages:
+                return key[2]
+        return None
 
     def _with_vector(self, fact: Fact, vector: npt.NDArray[np.float32]) -> Fact:
         values = tuple(round(float(x), 6) for x in vector)
@@ -438,6 +524,9 @@ class FactMemory(Closing):
         if self._feed is None or self._closed:
             return 0
         assert self.store is not None
+        if self._stateless:  # nothing held: nothing to drop
+            self._feed.poll()
+            return 0
         gone_by_key, complete = self._feed.poll()
         if not complete:  # the log was pruned past us: read everything again
             with self._lock:
@@ -474,6 +563,10 @@ class FactMemory(Closing):
         """
         self._check_open()
         self.sync()
+        with self._view(None):
+            return self._forget_sources(key, message_ids)
+
+    def _forget_sources(self, key: Key, message_ids: Iterable[str]) -> int:
         gone = {(tuple(key), mid) for mid in message_ids}
         with self._lock:
             doomed: list[Fact] = []
@@ -505,7 +598,7 @@ class FactMemory(Closing):
         """Write ``facts`` (replacing stored versions if ``replace``) and delete ``delete``."""
         if self.store is None:
             return
-        ops: list[Append | Delete] = []
+        ops: list[Append | Delete | PutVectors] = []
         by_subject: dict[str, list[Fact]] = {}
         for f in facts:
             by_subject.setdefault(f.subject, []).append(f)
@@ -518,6 +611,11 @@ class FactMemory(Closing):
             sources = tuple(tuple(Source(s.key, s.message_id) for s in f.sources) for f in group)
             owned = sources if any(sources) else ()
             ops.append(Append(key, tuple(self._record(f) for f in group), sources=owned))
+            with_vector = [f for f in group if f.embedding is not None]
+            if self._stateless and with_vector:  # searched in the store: the vectors too
+                vectors = np.asarray([f.embedding for f in with_vector], dtype=np.float32)
+                ids = tuple(f.fact_id for f in with_vector)
+                ops.append(PutVectors(key, self.embedder.name, ids, vectors))
         if ops:
             self.store.batch(ops)
 
@@ -618,10 +716,9 @@ class FactMemory(Closing):
             return []
         self.sync()
         vectors = self._embed([c.text for c in batch])
-        with self._lock:
+        with self._lock, self._view(subject):
             changes = [
-                self._learn(c, v, subject, source_key)
-                for c, v in zip(batch, vectors, strict=True)
+                self._learn(c, v, subject, source_key) for c, v in zip(batch, vectors, strict=True)
             ]
         if source_key is not None and self.store is not None and stored_sources:
             # a source deleted before its fact was written would never take the fact along
@@ -719,7 +816,12 @@ class FactMemory(Closing):
         The facts it superseded or was superseded by lose their link to it.
         """
         self._check_open()
-        with self._lock:
+        subject: str | None = None
+        if self._stateless:
+            subject = self._subject_of(fact_id)
+            if subject is None:
+                return False
+        with self._lock, self._view(subject):
             fact = self._facts.get(fact_id) if isinstance(fact_id, str) else None
             if fact is None:
                 return False
@@ -743,7 +845,7 @@ class FactMemory(Closing):
         """Delete every fact about ``subject``; returns how many."""
         self._check_open()
         validate_name("subject", subject)
-        with self._lock:
+        with self._lock, self._view(subject):
             ids = [f.fact_id for f in self._facts.values() if f.subject == subject]
             if self.store is not None and ids:
                 self.store.delete_messages(self._key(subject))
@@ -759,7 +861,7 @@ class FactMemory(Closing):
         confidence under ``prune_below`` created more than ``prune_after`` ago.
         """
         self._check_open()
-        with self._lock:
+        with self._lock, self._view(None):
             now = self._now()
             decayed: list[Fact] = []
             for f in self._facts.values():
@@ -795,7 +897,8 @@ class FactMemory(Closing):
 
     # ------------------------------------------------------------------ reading
     def __len__(self) -> int:
-        return len(self._facts)
+        with self._view(None):
+            return len(self._facts)
 
     def get(self, fact_id: str) -> Fact:
         """The fact with ``fact_id``.
@@ -803,22 +906,25 @@ class FactMemory(Closing):
         Raises:
             MessageNotFoundError: no such fact.
         """
-        try:
-            return self._facts[fact_id]
-        except (KeyError, TypeError):
-            raise MessageNotFoundError(f"no fact {fact_id!r} in this FactMemory") from None
+        subject = self._subject_of(fact_id) if self._stateless else None
+        with self._view(subject):
+            try:
+                return self._facts[fact_id]
+            except (KeyError, TypeError):
+                pass
+        raise MessageNotFoundError(f"no fact {fact_id!r} in this FactMemory")
 
     def subjects(self) -> list[str]:
         """The subjects that have facts, sorted."""
         self.sync()
-        with self._lock:
+        with self._lock, self._view(None):
             return sorted({f.subject for f in self._facts.values()})
 
     def facts(self, subject: str, *, include_invalid: bool = False) -> list[Fact]:
         """``subject``'s facts, oldest first (only valid ones unless ``include_invalid``)."""
         validate_name("subject", subject)
         self.sync()
-        with self._lock:
+        with self._lock, self._view(subject):
             found = [
                 f
                 for f in self._facts.values()
@@ -832,7 +938,8 @@ class FactMemory(Closing):
         Raises:
             MessageNotFoundError: no such fact.
         """
-        with self._lock:
+        subject = self._subject_of(fact_id) if self._stateless else None
+        with self._lock, self._view(subject):
             fact = self.get(fact_id)
             chain = [fact]
             seen = {fact.fact_id}
@@ -859,7 +966,7 @@ class FactMemory(Closing):
         if subject is not None:
             validate_name("subject", subject)
         self.sync()
-        with self._lock:
+        with self._lock, self._view(subject):
             found = [
                 f
                 for f in self._facts.values()
@@ -890,29 +997,77 @@ class FactMemory(Closing):
             validate_name("subject", subject)
         self.sync()
         qvec = self._embed([query])[0]
-        with self._lock:
-            pool = [
-                f
-                for f in self._facts.values()
-                if (subject is None or f.subject == subject) and (include_invalid or f.is_valid)
-            ]
-            if not pool:
-                return []
-            bm25 = self._bm25.score_docs(query, [f.fact_id for f in pool])
-            best = max(bm25.values(), default=0.0)
-            scored: list[tuple[float, float, float, Fact]] = []
-            for f in pool:
-                cos = max(-1.0, min(1.0, float(self._vectors[f.fact_id] @ qvec)))
-                kw = bm25.get(f.fact_id, 0.0)
-                boost = self.bm25_weight * (1.0 - max(cos, 0.0)) * (kw / best if best > 0 else 0.0)
-                score = cos + boost
-                if min_score is None or score >= min_score:
-                    scored.append((score, cos, kw, f))
+        if self._stateless:
+            pool, vectors, bm25 = self._candidates(query, qvec, k, subject, include_invalid)
+        else:
+            with self._lock:
+                pool = [
+                    f
+                    for f in self._facts.values()
+                    if (subject is None or f.subject == subject) and (include_invalid or f.is_valid)
+                ]
+                vectors = {f.fact_id: self._vectors[f.fact_id] for f in pool}
+                bm25 = self._bm25.score_docs(query, [f.fact_id for f in pool])
+        if not pool:
+            return []
+        best = max(bm25.values(), default=0.0)
+        scored: list[tuple[float, float, float, Fact]] = []
+        for f in pool:
+            cos = max(-1.0, min(1.0, float(vectors[f.fact_id] @ qvec)))
+            kw = bm25.get(f.fact_id, 0.0)
+            boost = self.bm25_weight * (1.0 - max(cos, 0.0)) * (kw / best if best > 0 else 0.0)
+            score = cos + boost
+            if min_score is None or score >= min_score:
+                scored.append((score, cos, kw, f))
         scored.sort(key=lambda s: (-s[0], -s[3].confidence))
         return [
             ScoredFact(f, score, cos, kw, rank)
             for rank, (score, cos, kw, f) in enumerate(scored[:k], 1)
         ]
+
+    def _candidates(
+        self,
+        query: str,
+        qvec: npt.NDArray[np.float32],
+        k: int,
+        subject: str | None,
+        include_invalid: bool,
+    ) -> tuple[list[Fact], dict[str, npt.NDArray[np.float32]], dict[str, float]]:
+        """A store that searches: its dense and keyword candidates, their vectors and BM25.
+
+        The BM25 scores use the store's document frequencies (see
+        :func:`~marsys_mem.patterns.store_search.text_pages`).
+        """
+        assert self.store is not None
+        keys = self._fact_keys(subject)
+        if not keys:
+            return [], {}, {}
+        depth = max(4 * k, 50)
+        pages = text_pages(self.store, query, depth, keys)
+        hits = self.store.search_vectors(self.embedder.name, qvec, depth, keys=keys)
+        where = {**pages.keys, **{h.message_id: h.key for h in hits}}
+        wanted: dict[Key, list[str]] = {}
+        for mid in dict.fromkeys([*(h.message_id for h in hits), *pages.ids()]):
+            wanted.setdefault(where[mid], []).append(mid)
+        loads = [Load(key, ids=tuple(ids)) for key, ids in wanted.items()]
+        pool: list[Fact] = []
+        vectors: dict[str, npt.NDArray[np.float32]] = {}
+        for messages in self.store.batch(loads) if loads else []:
+            for m in messages:
+                try:
+                    fact = Fact.model_validate(m.structured_data)
+                except ValidationError as exc:
+                    log.warning("FactMemory: skipping unreadable fact %s: %s", m.message_id, exc)
+                    continue
+                if fact.embedding is None or fact.embedder != self.embedder.name:
+                    continue  # embedded again when its subject is next read
+                if include_invalid or fact.is_valid:
+                    pool.append(fact)
+                    vectors[fact.fact_id] = np.asarray(fact.embedding, dtype=np.float32)
+        scores = score_with_stats(
+            query, [f.text for f in pool], doc_count=pages.count, doc_freq=pages.doc_freq()
+        )
+        return pool, vectors, dict(zip((f.fact_id for f in pool), scores.tolist(), strict=True))
 
     async def asearch(
         self,
