@@ -71,6 +71,7 @@ from marsys_mem.store.base import (
     Delete,
     Key,
     Load,
+    LoadVectors,
     MemoryStore,
     PutVectors,
     validate_key,
@@ -444,9 +445,25 @@ class FactMemory(Closing):
         """Index the facts stored under ``keys``; those of another embedder are embedded again."""
         assert self.store is not None
         stale: list[Fact] = []
-        if keys:
+        if not keys:
+            return
+        if not self._stateless:
             for messages in self.store.batch([Load(key) for key in keys]):
                 self._read(messages, stale)
+        else:  # with the ids of the stored vectors: a fact written before the store searched
+            model = self.embedder.name  # (an upgraded store) has none yet: it gets it now
+            ops = [op for key in keys for op in (Load(key), LoadVectors(key, model))]
+            results = self.store.batch(ops)
+            puts: list[PutVectors] = []
+            for key, messages, page in zip(keys, results[::2], results[1::2], strict=True):
+                self._read(messages, stale)
+                have = set(page.message_ids)
+                ids = [m.message_id for m in messages if m.message_id in self._facts]
+                if lacking := tuple(mid for mid in ids if mid not in have):
+                    rows = np.stack([self._vectors[mid] for mid in lacking])
+                    puts.append(PutVectors(key, model, lacking, rows.astype(np.float32)))
+            if puts:
+                self.store.batch(puts)
         if stale:  # made by another embedder: embed again (and store the new vectors)
             vectors = self._embed([f.text for f in stale])
             redone = [self._with_vector(f, v) for f, v in zip(stale, vectors, strict=True)]

@@ -129,3 +129,21 @@ def test_a_fact_goes_with_its_source_message_on_every_host(
 
 def a_candidate(text: str, source: str) -> FactCandidate:
     return FactCandidate(text=text, category="identity", source_ids=(source,))
+
+
+def test_facts_stored_before_the_store_searched_get_their_vectors(
+    stores: tuple[PostgresStore, PostgresStore],
+) -> None:
+    store, _ = stores
+    store.supports_search = False  # as the store was before pgvector came (the old path)
+    old = FactMemory(HashingEmbedder(64), store=store)
+    fid = old.add("User lives in Paris", "alice", slot="home").fact.fact_id
+    assert not old.stateless
+    store.supports_search = True
+    key = subject_facts_key("default", "alice")
+    assert store.load_vectors(key, old.embedder.name).message_ids == ()
+    new = FactMemory(HashingEmbedder(64), store=store)
+    assert [f.fact_id for f in new.facts("alice")] == [fid]  # reading the subject stores it
+    assert list(store.load_vectors(key, old.embedder.name).message_ids) == [fid]
+    hits = new.search("where does the user live", k=1, min_score=0.1)
+    assert [h.fact.fact_id for h in hits] == [fid]
