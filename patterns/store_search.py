@@ -36,7 +36,7 @@ from marsys_mem.retrieval.bm25 import BM25Index, score_with_stats, tokenize
 from marsys_mem.retrieval.embeddings import Embedder
 from marsys_mem.store.base import CountMessages, Key, Load, MemoryStore, SearchText
 
-__all__ = ["Found", "StoreSearch", "TextPages", "query_words", "text_pages"]
+__all__ = ["COSINES", "MAX_WORDS", "Found", "StoreSearch", "TextPages", "query_words", "text_pages"]
 
 log = logging.getLogger("marsys_mem.patterns.rag")
 
@@ -52,6 +52,7 @@ class TextPages:
             matched.
         count: how many messages the keys hold.
         keys: the key of every id matched.
+        unasked: the query's terms past the first :data:`MAX_WORDS`, not searched alone.
 
     Example:
         >>> pages = TextPages(2, ["a"], {"car": ["a", "b"], "level": ["a"]}, count=10)
@@ -64,14 +65,20 @@ class TextPages:
     words: dict[str, list[str]]
     count: int
     keys: dict[str, Key] = field(default_factory=dict)
+    unasked: tuple[str, ...] = ()
 
     def ids(self) -> list[str]:
         """Every id matched, the whole query's first, each once."""
         return list(dict.fromkeys(itertools.chain(self.query, *self.words.values())))
 
     def doc_freq(self) -> dict[str, int]:
-        """Each term's document frequency: exact below ``depth``, else ``depth`` (a floor)."""
-        return {term: len(ids) for term, ids in self.words.items()}
+        """Each term's document frequency: exact below ``depth``, else ``depth`` (a floor).
+
+        A term not asked about (past :data:`MAX_WORDS`) counts as common: ``depth``.
+        """
+        freq = dict.fromkeys(self.unasked, self.depth)
+        freq.update((term, len(ids)) for term, ids in self.words.items())
+        return freq
 
     @property
     def exhausted(self) -> bool:
@@ -136,6 +143,8 @@ def text_pages(store: MemoryStore, query: str, depth: int, keys: Sequence[Key]) 
     a common word as much as a rare one).
     """
     words = query_words(query)
+    unasked = tuple(list(words)[MAX_WORDS:])
+    words = dict(list(words.items())[:MAX_WORDS])
     scope = tuple(keys)
     ops: list[SearchText | CountMessages] = [SearchText(query, depth, scope)]
     ops += [SearchText(word, depth, scope) for word in words.values()]
@@ -144,8 +153,12 @@ def text_pages(store: MemoryStore, query: str, depth: int, keys: Sequence[Key]) 
     pages, counts = results[: 1 + len(words)], results[1 + len(words) :]
     ids = [[h.message_id for h in page] for page in pages]
     where = {h.message_id: h.key for page in pages for h in page}
-    return TextPages(depth, ids[0], dict(zip(words, ids[1:], strict=True)), sum(counts), where)
+    pages_of = dict(zip(words, ids[1:], strict=True))
+    return TextPages(depth, ids[0], pages_of, sum(counts), where, unasked)
 
+
+MAX_WORDS = 12
+"""The most query terms searched one by one (for their document frequencies) per search."""
 
 COSINES = 4
 """How many more cosines than dense candidates a search reads (for the other candidates)."""

@@ -24,7 +24,9 @@ import pytest
 from marsys_mem.exceptions import DuplicateMessageError
 from marsys_mem.model.messages import Message
 from marsys_mem.patterns import RAGMemory
+from marsys_mem.patterns.store_search import MAX_WORDS
 from marsys_mem.retrieval.embeddings import HashingEmbedder
+from marsys_mem.store.base import SearchText
 from marsys_mem.store.postgres import PostgresStore
 from marsys_mem.testing.postgres import PostgresServer
 
@@ -255,3 +257,25 @@ def test_rankings_match_the_in_process_path(store: PostgresStore) -> None:
     assert recall_store / n >= recall_local / n - 0.08
     local.close()
     remote.close()
+
+
+class CountingStore(PostgresStore):
+    """The real store, counting the keyword searches it runs."""
+
+    text_searches = 0
+
+    def _batch(self, ops: Sequence[Any]) -> list[Any]:
+        self.text_searches += sum(isinstance(op, SearchText) for op in ops)
+        return super()._batch(ops)
+
+
+def test_a_long_query_searches_a_bounded_number_of_words(pg_dsn: str) -> None:
+    with CountingStore(pg_dsn, max_size=2) as store:
+        mem = RAGMemory(HashingEmbedder(64), store=store, key=KEY)
+        ids = _fill(mem)
+        words = " ".join(f"word{i}" for i in range(40))
+        store.text_searches = 0
+        hits = mem.search(f"{words} where did I park the car", k=1)
+        assert hits[0].id == ids[0]
+        assert store.text_searches == 1 + MAX_WORDS
+        mem.close()
