@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -49,6 +50,7 @@ __all__ = [
     "SEARCH_OPS",
     "VECTOR_OPS",
     "Append",
+    "CountMatches",
     "CountMessages",
     "Delete",
     "DeletionPage",
@@ -59,6 +61,7 @@ __all__ = [
     "ListRuns",
     "Load",
     "LoadAfter",
+    "LoadAround",
     "LoadDeletions",
     "LoadRun",
     "LoadVectors",
@@ -67,12 +70,15 @@ __all__ = [
     "Op",
     "PutVectors",
     "SaveRun",
+    "ScoreVectors",
     "SearchHit",
     "SearchText",
     "SearchVectors",
     "Source",
     "VectorPage",
     "conflict_error",
+    "messages_around",
+    "thread_value",
     "validate_key",
 ]
 
@@ -124,6 +130,26 @@ class Load:
     since: datetime | None = None
     last: int | None = None
     ids: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LoadAround:
+    """The messages of ``ids`` and the turns around them in their thread (``list[Message]``).
+
+    For each stored id of ``ids`` (unknown ids are ignored): the message itself, the
+    ``before`` messages before it and the ``after`` messages after it *in its thread*, in
+    the key's order. A thread is the messages of the key whose ``metadata[thread]`` has
+    the same value (compared as text: a string as itself, any other JSON value as JSON;
+    missing or ``null``: one thread of their own); ``thread=None``: the whole key is one
+    thread. The result is the union, in the key's order (oldest first), each message once:
+    the neighbours RAGMemory's ranker reads around a hit (``RAGMemory(thread_key=...)``).
+    """
+
+    key: Key
+    ids: tuple[str, ...]
+    before: int = 0
+    after: int = 0
+    thread: str | None = "thread"
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,10 +340,48 @@ class SearchText:
     namespace: str | None = None
 
 
+MAX_SCORE_IDS = 10_000
+"""The most messages one :class:`ScoreVectors` or :class:`LoadAround` names."""
+
+MAX_COUNT_WORDS = 64
+"""The most words one :class:`CountMatches` counts."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreVectors:
+    """The cosine similarity of ``vector`` to the ``model`` vectors of ``ids`` in ``key``.
+
+    Result: ``tuple[SearchHit, ...]``, one per id that has a ``model`` vector (others are
+    left out), best first; exact (no index), at the precision the store searches in. For
+    the candidates a keyword search found, whose cosines a dense search did not return.
+    ``vector`` as in :class:`SearchVectors`.
+    """
+
+    model: str
+    vector: npt.NDArray[np.float32]
+    key: Key
+    ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CountMatches:
+    """How many messages each of ``words`` matches by keyword (result: ``dict[str, int]``).
+
+    One count per word (each word alone, as :class:`SearchText` matches it: a word the
+    database drops, a stop word, counts 0), in one round trip: the document frequencies
+    a host needs to score keyword candidates with BM25. ``keys`` / ``namespace`` as in
+    :class:`SearchVectors`.
+    """
+
+    words: tuple[str, ...]
+    keys: tuple[Key, ...] | None = None
+    namespace: str | None = None
+
+
 VECTOR_OPS = (LoadAfter, PutVectors, LoadVectors)
 """The operations only a store that :attr:`~MemoryStore.supports_vectors` executes."""
 
-SEARCH_OPS = (SearchVectors, SearchText)
+SEARCH_OPS = (SearchVectors, SearchText, ScoreVectors, CountMatches)
 """The operations only a store that :attr:`~MemoryStore.supports_search` executes."""
 
 
@@ -336,9 +400,53 @@ Op = (
     | PutVectors
     | LoadVectors
     | LoadDeletions
+    | LoadAround
     | SearchVectors
     | SearchText
+    | ScoreVectors
+    | CountMatches
 )
+
+
+def thread_value(message: Message, thread: str | None) -> str | None:
+    """The thread ``message`` is in, as :class:`LoadAround` compares them (``None``: no value).
+
+    A string as itself, any other JSON value as JSON text (PostgreSQL's ``->>``).
+
+    Example:
+        >>> m = Message.user("hi", metadata={"thread": 7})
+        >>> thread_value(m, "thread"), thread_value(m, "topic"), thread_value(m, None)
+        ('7', None, None)
+    """
+    if thread is None:
+        return None
+    value = message.metadata.get(thread)
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, separators=(", ", ": "))
+
+
+def messages_around(messages: Sequence[Message], op: LoadAround) -> list[Message]:
+    """:class:`LoadAround` over a key's ``messages`` (in the key's order), in Python.
+
+    Example:
+        >>> ms = [Message.user(t, message_id=t, metadata={"thread": t[0]}) for t in
+        ...       ["a1", "b1", "a2", "b2", "a3", "a4"]]
+        >>> [m.message_id for m in messages_around(ms, LoadAround(("n", "a", "b"), ("a3",), 1, 1))]
+        ['a2', 'a3', 'a4']
+    """
+    wanted = frozenset(op.ids)
+    if not wanted:
+        return []
+    threads: dict[str | None, list[int]] = {}
+    for i, m in enumerate(messages):
+        threads.setdefault(thread_value(m, op.thread), []).append(i)
+    picked: set[int] = set()
+    for rows in threads.values():
+        for j, i in enumerate(rows):
+            if messages[i].message_id in wanted:
+                picked.update(rows[max(j - op.before, 0) : j + op.after + 1])
+    return [messages[i] for i in sorted(picked)]
 
 
 def conflict_error(op: ExpectLast, found: str | None) -> ConflictError:
@@ -425,6 +533,21 @@ def _validate(op: Op) -> None:
         _check_int("limit", op.limit, 1)
     elif isinstance(op, SearchVectors | SearchText):
         _validate_search(op)
+    elif isinstance(op, LoadAround):
+        validate_key(op.key)
+        _check_id_tuple("ids", op.ids)
+        if isinstance(op.before, bool) or not isinstance(op.before, int) or op.before < 0:
+            raise ValueError(f"before must be an int >= 0, got {op.before!r}")
+        if isinstance(op.after, bool) or not isinstance(op.after, int) or op.after < 0:
+            raise ValueError(f"after must be an int >= 0, got {op.after!r}")
+        _check_str("thread", op.thread)
+    elif isinstance(op, ScoreVectors):
+        _check_model(op.model)
+        _check_query_vector(op.vector)
+        validate_key(op.key)
+        _check_id_tuple("ids", op.ids)
+    elif isinstance(op, CountMatches):
+        _validate_count(op)
     else:
         raise TypeError(f"unknown store operation {op!r}")
 
@@ -489,17 +612,55 @@ def _validate_put_vectors(op: PutVectors) -> None:
         raise ValueError(f"vectors[{row}] (message {op.message_ids[row]!r}) holds NaN or infinity")
 
 
+def _check_id_tuple(name: str, ids: object) -> None:
+    if not isinstance(ids, tuple):
+        raise TypeError(f"{name} must be a tuple of strings, got {type(ids).__name__}")
+    if len(ids) > MAX_SCORE_IDS:
+        raise ValueError(f"{name} holds {len(ids)} ids; the limit is {MAX_SCORE_IDS}")
+    for i, mid in enumerate(ids):
+        _check_str(f"{name}[{i}]", mid)
+
+
+def _check_query_vector(v: object) -> None:
+    if not isinstance(v, np.ndarray) or v.dtype != np.float32 or v.ndim != 1 or not v.size:
+        shown = f"{v.dtype} array of shape {v.shape}" if isinstance(v, np.ndarray) else type(v)
+        raise TypeError(f"vector must be a 1-D float32 numpy array (dim,), got {shown}")
+    if not np.isfinite(v).all():
+        raise ValueError("vector holds NaN or infinity")
+    if not np.any(v):
+        raise ValueError("vector is all zeros: it has no cosine similarity to anything")
+
+
+def _check_keys_filter(keys: object, namespace: object) -> None:
+    if keys is not None:
+        if not isinstance(keys, tuple):
+            raise TypeError(f"keys must be a tuple of keys, got {type(keys).__name__}")
+        for i, key in enumerate(keys):
+            try:
+                validate_key(key)
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"keys[{i}]: {exc}") from None
+    _check_str("namespace", namespace)
+
+
+def _validate_count(op: CountMatches) -> None:
+    if not isinstance(op.words, tuple):
+        raise TypeError(f"words must be a tuple of strings, got {type(op.words).__name__}")
+    if len(op.words) > MAX_COUNT_WORDS:
+        raise ValueError(f"words holds {len(op.words)} words; the limit is {MAX_COUNT_WORDS}")
+    for i, word in enumerate(op.words):
+        if not isinstance(word, str) or not word.strip() or len(word) > MAX_QUERY_CHARS:
+            raise ValueError(
+                f"words[{i}] must be a non-blank string of at most {MAX_QUERY_CHARS} "
+                f"characters, got {word!r:.80}"
+            )
+    _check_keys_filter(op.keys, op.namespace)
+
+
 def _validate_search(op: SearchVectors | SearchText) -> None:
     if isinstance(op, SearchVectors):
         _check_model(op.model)
-        v = op.vector
-        if not isinstance(v, np.ndarray) or v.dtype != np.float32 or v.ndim != 1 or not v.size:
-            shown = f"{v.dtype} array of shape {v.shape}" if isinstance(v, np.ndarray) else type(v)
-            raise TypeError(f"vector must be a 1-D float32 numpy array (dim,), got {shown}")
-        if not np.isfinite(v).all():
-            raise ValueError("vector holds NaN or infinity")
-        if not np.any(v):
-            raise ValueError("vector is all zeros: it has no cosine similarity to anything")
+        _check_query_vector(op.vector)
     else:
         if not isinstance(op.query, str) or not op.query.strip():
             raise ValueError(f"query must be a non-blank string, got {op.query!r:.80}")
@@ -509,15 +670,7 @@ def _validate_search(op: SearchVectors | SearchText) -> None:
             )
     if isinstance(op.k, bool) or not isinstance(op.k, int) or not 1 <= op.k <= MAX_SEARCH_K:
         raise ValueError(f"k must be an int from 1 to {MAX_SEARCH_K}, got {op.k!r}")
-    if op.keys is not None:
-        if not isinstance(op.keys, tuple):
-            raise TypeError(f"keys must be a tuple of keys, got {type(op.keys).__name__}")
-        for i, key in enumerate(op.keys):
-            try:
-                validate_key(key)
-            except (TypeError, ValueError) as exc:
-                raise type(exc)(f"keys[{i}]: {exc}") from None
-    _check_str("namespace", op.namespace)
+    _check_keys_filter(op.keys, op.namespace)
 
 
 def _as_query_vector(vector: Any) -> npt.NDArray[np.float32]:
@@ -639,7 +792,7 @@ class MemoryStore(Closing, abc.ABC):
         for i, op in enumerate(ops):  # keys a store returns, it accepts back (internal too)
             if isinstance(op, ListKeys):
                 results[i] = [stored_key(k) for k in results[i]]
-            elif isinstance(op, SEARCH_OPS) and results[i]:
+            elif isinstance(op, SearchVectors | SearchText | ScoreVectors) and results[i]:
                 found = {hit.key: stored_key(hit.key) for hit in results[i]}
                 results[i] = tuple(replace(hit, key=found[hit.key]) for hit in results[i])
             elif isinstance(op, LoadDeletions) and results[i].keys:
@@ -811,6 +964,48 @@ class MemoryStore(Closing, abc.ABC):
         """
         return list(self.batch([SearchText(query, k, _search_keys(keys), namespace)])[0])
 
+    def load_around(
+        self,
+        key: Key,
+        ids: Iterable[str],
+        before: int = 0,
+        after: int = 0,
+        *,
+        thread: str | None = "thread",
+    ) -> list[Message]:
+        """The messages of ``ids`` and the turns around them in their thread, oldest first.
+
+        Every backend executes it; see :class:`LoadAround`.
+        """
+        op = LoadAround(key, _ids(ids) or (), before, after, thread)
+        found: list[Message] = self.batch([op])[0]
+        return found
+
+    def score_vectors(
+        self, model: str, vector: Any, key: Key, ids: Iterable[str]
+    ) -> list[SearchHit]:
+        """The exact cosines of ``vector`` to the ``model`` vectors of ``ids`` in ``key``.
+
+        Needs :attr:`supports_search`; see :class:`ScoreVectors`.
+        """
+        op = ScoreVectors(model, _as_query_vector(vector), key, _ids(ids) or ())
+        return list(self.batch([op])[0])
+
+    def count_matches(
+        self,
+        words: Iterable[str],
+        *,
+        keys: Iterable[Key] | None = None,
+        namespace: str | None = None,
+    ) -> dict[str, int]:
+        """How many messages each word matches by keyword (one round trip).
+
+        Needs :attr:`supports_search`; see :class:`CountMatches`.
+        """
+        words = tuple(words) if not isinstance(words, str) else (words,)
+        found: dict[str, int] = self.batch([CountMatches(words, _search_keys(keys), namespace)])[0]
+        return found
+
     # ------------------------------------------------------------------ async twins
     async def asearch_vectors(
         self,
@@ -836,6 +1031,40 @@ class MemoryStore(Closing, abc.ABC):
         """Async twin of :meth:`search_text`."""
         op = SearchText(query, k, _search_keys(keys), namespace)
         return list((await self.abatch([op]))[0])
+
+    async def aload_around(
+        self,
+        key: Key,
+        ids: Iterable[str],
+        before: int = 0,
+        after: int = 0,
+        *,
+        thread: str | None = "thread",
+    ) -> list[Message]:
+        """Async twin of :meth:`load_around`."""
+        op = LoadAround(key, _ids(ids) or (), before, after, thread)
+        found: list[Message] = (await self.abatch([op]))[0]
+        return found
+
+    async def ascore_vectors(
+        self, model: str, vector: Any, key: Key, ids: Iterable[str]
+    ) -> list[SearchHit]:
+        """Async twin of :meth:`score_vectors`."""
+        op = ScoreVectors(model, _as_query_vector(vector), key, _ids(ids) or ())
+        return list((await self.abatch([op]))[0])
+
+    async def acount_matches(
+        self,
+        words: Iterable[str],
+        *,
+        keys: Iterable[Key] | None = None,
+        namespace: str | None = None,
+    ) -> dict[str, int]:
+        """Async twin of :meth:`count_matches`."""
+        words = tuple(words) if not isinstance(words, str) else (words,)
+        op = CountMatches(words, _search_keys(keys), namespace)
+        found: dict[str, int] = (await self.abatch([op]))[0]
+        return found
 
     async def aload_messages_after(self, key: Key, after: int = 0) -> MessagePage:
         """Async twin of :meth:`load_messages_after`."""

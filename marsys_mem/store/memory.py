@@ -40,6 +40,7 @@ from marsys_mem.store.base import (
     ListRuns,
     Load,
     LoadAfter,
+    LoadAround,
     LoadDeletions,
     LoadRun,
     LoadVectors,
@@ -48,6 +49,7 @@ from marsys_mem.store.base import (
     PutVectors,
     SaveRun,
     conflict_error,
+    messages_around,
 )
 from marsys_mem.store.owners import DELETION_LOG_SIZE, DeletionPage
 from marsys_mem.store.retention import evicted
@@ -339,6 +341,8 @@ class _Transaction:
             return self.append(op)
         if isinstance(op, Load):
             return self.load(op)
+        if isinstance(op, LoadAround):
+            return messages_around(self.current(op.key), op)
         if isinstance(op, Delete):
             return self.delete(op)
         if isinstance(op, CountMessages):

@@ -89,6 +89,7 @@ from marsys_mem.model.messages import MESSAGE_LIST_ADAPTER
 from marsys_mem.model.runs import RunSnapshot
 from marsys_mem.store.base import (
     Append,
+    CountMatches,
     CountMessages,
     Delete,
     EnforceRetention,
@@ -98,6 +99,7 @@ from marsys_mem.store.base import (
     ListRuns,
     Load,
     LoadAfter,
+    LoadAround,
     LoadDeletions,
     LoadRun,
     LoadVectors,
@@ -105,6 +107,7 @@ from marsys_mem.store.base import (
     Op,
     PutVectors,
     SaveRun,
+    ScoreVectors,
     SearchText,
     SearchVectors,
     conflict_error,
@@ -879,6 +882,12 @@ class _Prepared:
             return postgres_search.search_vectors(conn, self.search, op)
         if isinstance(op, SearchText):
             return postgres_search.search_text(conn, op)
+        if isinstance(op, LoadAround):
+            return postgres_search.load_around(conn, op)
+        if isinstance(op, ScoreVectors) and self.search is not None:
+            return postgres_search.score_vectors(conn, self.search, op)
+        if isinstance(op, CountMatches):
+            return postgres_search.count_matches(conn, op)
         raise TypeError(f"unknown store operation {op!r}")  # pragma: no cover
 
 

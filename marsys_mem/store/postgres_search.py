@@ -31,20 +31,31 @@ import psycopg
 from psycopg import sql
 
 from marsys_mem.model.messages import MESSAGE_LIST_ADAPTER, Message
-from marsys_mem.store.base import Key, SearchHit, SearchText, SearchVectors
+from marsys_mem.store.base import (
+    CountMatches,
+    Key,
+    LoadAround,
+    ScoreVectors,
+    SearchHit,
+    SearchText,
+    SearchVectors,
+)
 from marsys_mem.store.vectors import from_bytes
 
 __all__ = [
     "KEYWORD_CHARS",
     "TEXT_CONFIG",
     "SearchSetup",
+    "count_matches",
     "key_filter",
     "keyword_text",
     "literals",
+    "load_around",
     "migrate_search",
     "nearest",
     "open_search",
     "prepare_search",
+    "score_vectors",
     "search_text",
     "search_vectors",
 ]
@@ -413,3 +424,114 @@ def search_text(conn: Connection, op: SearchText) -> tuple[SearchHit, ...]:
         {"cfg": TEXT_CONFIG, "query": op.query, "k": op.k, "keys": key_ids},
     ).fetchall()
     return _hits(rows)
+
+
+_ANY_WORD = (  # a query's words ORed, as search_text matches them
+    "replace(plainto_tsquery(%(cfg)s::regconfig, {})::text, ' & ', ' | ')::tsquery"
+)
+
+
+def count_matches(conn: Connection, op: CountMatches) -> dict[str, int]:
+    """Run ``op``: each word's matches counted by the GIN index, all words in one query.
+
+    A word matches as :func:`search_text` matches a one-word query (its lexemes ORed); a
+    word with no lexeme (a stop word) counts 0.
+    """
+    counts = dict.fromkeys(op.words, 0)
+    key_ids, _ = key_filter(conn, op.keys, op.namespace)
+    if not op.words or (key_ids is not None and not key_ids):
+        return counts
+    where = " AND m.key_id = ANY(%(keys)s::bigint[])" if key_ids is not None else ""
+    query = _ANY_WORD.format("w.word")
+    rows = conn.execute(
+        f"SELECT w.word, CASE WHEN numnode(q.q) = 0 THEN 0 ELSE"  # noqa: S608 (SQL from constants; values bound)
+        f" (SELECT count(*) FROM marsys_messages m WHERE m.tsv @@ q.q{where}) END"
+        " FROM unnest(%(words)s::text[]) AS w(word)"
+        f" CROSS JOIN LATERAL (SELECT {query} AS q) AS q",
+        {"cfg": TEXT_CONFIG, "words": list(counts), "keys": key_ids},
+    ).fetchall()
+    counts.update((str(r[0]), int(r[1])) for r in rows)
+    return counts
+
+
+def score_vectors(conn: Connection, setup: SearchSetup, op: ScoreVectors) -> tuple[SearchHit, ...]:
+    """Run ``op``: the cosines of the ids' vectors, read by primary key (no index scan).
+
+    The same half-precision column and operator as :func:`search_vectors`, so these
+    cosines and a search's are on one scale.
+
+    Raises:
+        ValueError: the query vector's dimension is not the one ``op.model`` is stored in.
+    """
+    row = conn.execute(
+        "SELECT dim FROM marsys_vector_models WHERE model = %s", (op.model,)
+    ).fetchone()
+    if row is None or not op.ids:
+        return ()
+    dim = int(row[0])
+    if dim != op.vector.shape[0]:
+        raise ValueError(
+            f"vector is {op.vector.shape[0]}-D; model {op.model!r} is stored {dim}-D here"
+        )
+    query = sql.SQL(
+        "SELECT k.namespace, k.agent, k.branch, v.message_id,"
+        " 1 - ((v.embedding::{t}) {op} %(q)s::{t}) AS s"
+        " FROM marsys_keys k JOIN marsys_vectors v ON v.key_id = k.id"
+        " WHERE k.namespace = %(ns)s AND k.agent = %(agent)s AND k.branch = %(branch)s"
+        " AND v.message_id = ANY(%(ids)s::text[]) AND v.model = %(model)s"
+        " ORDER BY s DESC, v.message_id"
+    ).format(t=setup.halfvec(dim), op=setup.distance())
+    ns, agent, branch = op.key
+    params = {
+        "q": literals(op.vector[None, :])[0],
+        "ns": ns,
+        "agent": agent,
+        "branch": branch,
+        "ids": list(op.ids),
+        "model": op.model,
+    }
+    return _hits(conn.execute(query, params, prepare=False).fetchall())
+
+
+def load_around(conn: Connection, op: LoadAround) -> list[Message]:
+    """Run ``op``: each id's thread walked both ways by the key's primary key, in one query.
+
+    A turn's thread is ``data::jsonb -> 'metadata' ->> thread`` (the message's stored
+    JSON); each walk stops after ``before`` (``after``) turns of the same thread.
+    """
+    if not op.ids:
+        return []
+    if op.thread is None:
+        same = ""
+        th = "NULL::text"
+    else:
+        same = " AND ((p.data::jsonb)->'metadata'->>%(thread)s) IS NOT DISTINCT FROM t.th"
+        th = "(m.data::jsonb)->'metadata'->>%(thread)s"
+    ns, agent, branch = op.key
+    rows = conn.execute(
+        "WITH k AS (SELECT id FROM marsys_keys"  # noqa: S608 (SQL from constants; values bound)
+        " WHERE namespace = %(ns)s AND agent = %(agent)s AND branch = %(branch)s),"
+        f" t AS MATERIALIZED (SELECT m.key_id, m.seq, {th} AS th FROM marsys_messages m, k"
+        " WHERE m.key_id = k.id AND m.message_id = ANY(%(ids)s::text[])),"
+        " s AS (SELECT t.seq FROM t"
+        " UNION SELECT b.seq FROM t CROSS JOIN LATERAL (SELECT p.seq FROM marsys_messages p"
+        f" WHERE p.key_id = t.key_id AND p.seq < t.seq{same}"
+        " ORDER BY p.seq DESC LIMIT %(before)s) AS b"
+        " UNION SELECT a.seq FROM t CROSS JOIN LATERAL (SELECT p.seq FROM marsys_messages p"
+        f" WHERE p.key_id = t.key_id AND p.seq > t.seq{same}"
+        " ORDER BY p.seq LIMIT %(after)s) AS a)"
+        " SELECT m.data FROM marsys_messages m, k WHERE m.key_id = k.id"
+        " AND m.seq IN (SELECT seq FROM s) ORDER BY m.seq",
+        {
+            "ns": ns,
+            "agent": agent,
+            "branch": branch,
+            "ids": list(op.ids),
+            "thread": op.thread,
+            "before": op.before,
+            "after": op.after,
+        },
+    ).fetchall()
+    if not rows:
+        return []
+    return MESSAGE_LIST_ADAPTER.validate_json("[" + ",".join(r[0] for r in rows) + "]")

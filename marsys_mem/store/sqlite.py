@@ -106,6 +106,7 @@ from marsys_mem.store.base import (
     ListRuns,
     Load,
     LoadAfter,
+    LoadAround,
     LoadDeletions,
     LoadRun,
     LoadVectors,
@@ -114,6 +115,7 @@ from marsys_mem.store.base import (
     PutVectors,
     SaveRun,
     conflict_error,
+    messages_around,
     validate_key,
 )
 from marsys_mem.store.owners import DELETION_LOG_SIZE, DeletionPage
@@ -1182,6 +1184,8 @@ def _execute(conn: sqlite3.Connection, op: Op, rows: dict[int, list[Row]]) -> An
         return _append(conn, op, rows[id(op)])
     if isinstance(op, Load):
         return _load(conn, op)
+    if isinstance(op, LoadAround):
+        return messages_around(_load(conn, Load(op.key)), op) if op.ids else []
     if isinstance(op, Delete):
         return _delete(conn, op)
     if isinstance(op, CountMessages):

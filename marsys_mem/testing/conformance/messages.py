@@ -7,6 +7,7 @@ first (``since``: timestamp >= since; ``last``: newest n)".
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
@@ -172,3 +173,49 @@ class MessagesConformance(StoreHarness):
         assert store.load_messages(OTHER_KEY) == [m]
         assert store.delete_messages(KEY, ids=["same"]) == 1
         assert store.load_messages(OTHER_KEY) == [m]
+
+    def test_load_around_walks_each_thread(self, store: MemoryStore) -> None:
+        """``LoadAround``: the ids and ``before`` / ``after`` turns of their thread, key order.
+
+        Checks: neighbours come from the id's thread only (``metadata["thread"]``, other
+        threads interleaved), stop at the thread's ends, are returned once each in the
+        key's order; messages without a thread share one; ``thread=None`` walks the key;
+        another field names the thread; a non-string thread value compares as JSON text;
+        unknown ids and other keys give nothing; bad arguments are refused by name.
+        """
+        threads = ["a", "b", "a", None, "a", "b", "a", 7, None, "a", 7]
+        msgs = [
+            Message.user(
+                f"turn {i}",
+                message_id=f"w{i}",
+                metadata={} if t is None else {"thread": t, "topic": "x" if i % 2 else "y"},
+            )
+            for i, t in enumerate(threads)
+        ]
+        store.append_messages(KEY, msgs)
+        store.append_messages(OTHER_KEY, [Message.user("elsewhere", message_id="w4")])
+
+        def ids(*args: object, **kw: object) -> list[str]:
+            return [m.message_id for m in store.load_around(KEY, *args, **kw)]  # type: ignore[arg-type]
+
+        assert ids(["w4"], 1, 1) == ["w2", "w4", "w6"]
+        assert ids(["w4"], 5, 0) == ["w0", "w2", "w4"]
+        assert ids(["w0", "w9"], 1, 1) == ["w0", "w2", "w6", "w9"]
+        assert ids(["w1"], 2, 3) == ["w1", "w5"]
+        assert ids(["w8"], 1, 1) == ["w3", "w8"]  # no thread: one thread of their own
+        assert ids(["w7"], 0, 1) == ["w7", "w10"]  # 7: a number
+        assert ids(["w4"], 1, 1, thread=None) == ["w3", "w4", "w5"]
+        assert ids(["w4"], 1, 1, thread="topic") == ["w2", "w4", "w6"]
+        assert ids(["nope"], 2, 2) == []
+        assert ids([], 2, 2) == []
+        assert store.load_around(("nobody", "here", "main"), ["w4"], 1, 1) == []
+        assert store.load_around(KEY, ["w4"], 1, 1) == [msgs[2], msgs[4], msgs[6]]
+        bad_cases: list[tuple[Callable[[], object], str]] = [
+            (lambda: store.load_around(KEY, ["w4"], -1, 1), "before"),
+            (lambda: store.load_around(KEY, ["w4"], 1, True), "after"),
+            (lambda: store.load_around(KEY, [""], 1, 1), r"ids\[0\]"),
+            (lambda: store.load_around(KEY, ["w4"], 1, 1, thread=""), "thread"),
+        ]
+        for bad, field in bad_cases:
+            with pytest.raises((ValueError, TypeError), match=field):
+                bad()

@@ -203,9 +203,7 @@ class SearchConformance(StoreHarness):
         assert all(a.score >= b.score for a, b in itertools.pairwise(hits))
         assert [h.message_id for h in store.search_text("bartholomew", 5)] == ["t4"]
         assert {h.message_id for h in store.search_text("Clara", 5, keys=[KEY])} == {"t0", "t3"}
-        assert [h.message_id for h in store.search_text("Clara", 5, namespace="elsewhere")] == [
-            "f"
-        ]
+        assert [h.message_id for h in store.search_text("Clara", 5, namespace="elsewhere")] == ["f"]
         assert store.search_text("Clara", 5, keys=[OTHER_KEY]) == []
         assert store.search_text("submarine", 5) == []
         top = store.search_text("parked car", 1)
@@ -268,6 +266,65 @@ class SearchConformance(StoreHarness):
                 call()
         assert store.count_messages(KEY) == 2
 
+    def test_score_vectors_gives_exact_cosines_of_ids(self, store: MemoryStore) -> None:
+        """``ScoreVectors``: the cosines of the given ids' vectors in the key, best first.
+
+        Checks: one hit per id with a vector (unknown ids, ids of another key and messages
+        without a vector are left out), each the cosine (to 1e-2), ordered best first;
+        an unknown model or no ids give nothing; another dimension is refused by name.
+        """
+        self.require(Capability.SEARCH)
+        msgs, vectors = self._with_vectors(store, KEY, 8)
+        self._with_vectors(store, OTHER_KEY, 3, seed=5, prefix="o")
+        store.append_messages(KEY, [Message.user("no vector", message_id="bare")])
+        query = vectors[2] + 0.3 * vectors[5]
+        cosine = vectors @ (query / np.linalg.norm(query))
+        want = [1, 2, 5, 6]
+        ids = [msgs[i].message_id for i in want] + ["bare", "nope", "o0"]
+        hits = store.score_vectors(SEARCH_MODEL, query, KEY, ids)
+        order = sorted(want, key=lambda i: -cosine[i])
+        assert [h.message_id for h in hits] == [msgs[i].message_id for i in order]
+        assert all(h.key == KEY for h in hits)
+        for hit, i in zip(hits, order, strict=True):
+            assert hit.score == pytest.approx(float(cosine[i]), abs=1e-2)
+        assert store.score_vectors("never-stored", query, KEY, ids) == []
+        assert store.score_vectors(SEARCH_MODEL, query, KEY, []) == []
+        with pytest.raises(ValueError, match=r"8-D.*16-D|16-D.*8-D"):
+            store.score_vectors(SEARCH_MODEL, np.ones(8, dtype=np.float32), KEY, ids)
+        with pytest.raises(ValueError, match=r"ids\[0\]"):
+            store.score_vectors(SEARCH_MODEL, query, KEY, [""])
+
+    def test_count_matches_counts_each_word_in_one_call(self, store: MemoryStore) -> None:
+        """``CountMatches``: each word's keyword matches, counted, filtered as a search.
+
+        Checks: each count is the number of messages ``search_text(word)`` finds (word
+        forms match, the speaker's name counts); a word nothing holds and a stop word
+        count 0; ``keys`` / ``namespace`` filter; bad words are refused by name.
+        """
+        self.require(Capability.SEARCH)
+        msgs = [Message.user(t, message_id=f"t{i}") for i, t in enumerate(_TEXTS)]
+        msgs.append(Message.assistant("Noted, thanks", message_id="t4", name="Bartholomew"))
+        store.append_messages(KEY, msgs)
+        store.append_messages(_FOREIGN, [Message.user("Clara lives in Lisbon", message_id="f")])
+        words = ["Lisbon", "Clara", "living", "bartholomew", "submarine", "the"]
+        counts = store.count_matches(words)
+        assert counts == {
+            "Lisbon": 3,
+            "Clara": 3,
+            "living": 2,
+            "bartholomew": 1,
+            "submarine": 0,
+            "the": 0,
+        }
+        for word in words[:4]:
+            assert counts[word] == len(store.search_text(word, 100))
+        assert store.count_matches(["Clara"], keys=[KEY]) == {"Clara": 2}
+        assert store.count_matches(["Clara"], namespace="elsewhere") == {"Clara": 1}
+        assert store.count_matches(["Clara"], keys=()) == {"Clara": 0}
+        assert store.count_matches([]) == {}
+        with pytest.raises(ValueError, match=r"words\[1\]"):
+            store.count_matches(["Clara", " "])
+
     def test_supports_search_matches_the_declaration(self, store: MemoryStore) -> None:
         """``supports_search`` says what the backend declared; without it, search is refused.
 
@@ -281,3 +338,7 @@ class SearchConformance(StoreHarness):
                 store.search_text("x", 3)
             with pytest.raises(StoreError, match="supports_search"):
                 store.search_vectors(SEARCH_MODEL, unit_vectors(1)[0], 3)
+            with pytest.raises(StoreError, match="supports_search"):
+                store.score_vectors(SEARCH_MODEL, unit_vectors(1)[0], KEY, ["m0"])
+            with pytest.raises(StoreError, match="supports_search"):
+                store.count_matches(["x"])
