@@ -2,7 +2,9 @@
 
 :class:`PostgresStore` runs over psycopg 3 and a :class:`psycopg_pool.ConnectionPool`
 (``pip install 'marsys-mem[postgres]'``). Every batch is ONE transaction that commits or
-rolls back whole; the async twins run it in a worker thread (as for every store).
+rolls back whole. The async twins run the same batch code on the event loop, over a
+:class:`psycopg_pool.AsyncConnectionPool` (:mod:`marsys_mem.store.postgres_async`), not
+in threads.
 
 Schema (version 2; the tables are prefixed so the store can share a database, and live
 in the first schema of the connection's ``search_path``)::
@@ -71,9 +73,9 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from pydantic import ValidationError
 
@@ -126,6 +128,8 @@ except ModuleNotFoundError as exc:  # pragma: no cover - the extra is installed 
     ) from exc
 
 from marsys_mem.store import postgres_search, postgres_vectors  # after the check: psycopg
+from marsys_mem.store.greenlets import run_sync_style
+from marsys_mem.store.postgres_async import AsyncIO, AsyncPools
 
 __all__ = ["MIGRATIONS", "Migration", "PostgresStore"]
 
@@ -521,6 +525,15 @@ class PostgresStore(MemoryStore):
             name="marsys-mem",
         )
         self._pool.open(wait=False)
+        self._apools = AsyncPools(  # the async twins' pools: one per event loop
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            kwargs=self._kwargs,
+            timeout=self.retry_timeout,
+            reconnect_timeout=max(self.retry_timeout, 60.0),
+        )
+        self._sync_io = _SyncIO(self._pool_or_raise, self._check_pool)
 
     supports_vectors: ClassVar[bool] = True  # see marsys_mem.store.postgres_vectors
 
@@ -561,10 +574,9 @@ class PostgresStore(MemoryStore):
             return self._pool
 
     @contextmanager
-    def _connection(self, deadline: float) -> Iterator[Connection]:
-        pool = self._pool_or_raise()
+    def _connection(self, deadline: float, io: _IO) -> Iterator[Connection]:
         try:
-            with pool.connection(timeout=max(deadline - time.monotonic(), 0.001)) as conn:
+            with io.connection(max(deadline - time.monotonic(), 0.001)) as conn:
                 yield conn
         except PoolTimeout as exc:
             raise StoreConnectionError(
@@ -582,25 +594,38 @@ class PostgresStore(MemoryStore):
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.close()
+            self._apools.close()
 
     # ------------------------------------------------------------------ core
     def _batch(self, ops: Sequence[Op]) -> list[Any]:
+        return self._run(ops, self._sync_io)
+
+    async def _abatch(self, ops: Sequence[Op]) -> list[Any]:
+        """The same batch code as :meth:`_batch`, its I/O awaited on the event loop."""
+        try:
+            pool = await self._apools.get()
+        except PoolClosed as exc:
+            raise StoreError(f"PostgresStore ({self.where}) is closed") from exc
+        return await run_sync_style(self._run, ops, AsyncIO(pool, self._apools.tasks))
+
+    def _run(self, ops: Sequence[Op], io: _IO) -> list[Any]:
+        """Run ``ops`` as one transaction, retried until ``retry_timeout``, over ``io``."""
         prepared = _Prepared(ops, self._search)  # serialise outside any connection
         deadline = time.monotonic() + self.retry_timeout
         delay = 0.05
         while True:
             try:
-                return self._attempt(prepared, deadline)
+                return self._attempt(prepared, deadline, io)
             except _Retry as retry:
                 if isinstance(retry.cause, psycopg.OperationalError):
-                    self._check_pool()
+                    io.check_pool()
                 if time.monotonic() + delay >= deadline:
                     raise StoreConnectionError(
                         f"{self.where}: the batch did not go through within "
                         f"{self.retry_timeout:g} s (retry_timeout); nothing of it was "
                         f"committed: {self._clean(retry.cause)}"
                     ) from retry.cause
-                time.sleep(delay)
+                io.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
     def _check_pool(self) -> None:
@@ -610,10 +635,10 @@ class PostgresStore(MemoryStore):
         if pool is not None:
             threading.Thread(target=_check_quietly, args=(pool,), daemon=True).start()
 
-    def _attempt(self, prepared: _Prepared, deadline: float) -> list[Any]:
+    def _attempt(self, prepared: _Prepared, deadline: float, io: _IO) -> list[Any]:
         ops = prepared.ops
         single = len(ops) == 1 and not prepared.writes
-        with self._connection(deadline) as conn:
+        with self._connection(deadline, io) as conn:
             xid: str | None = None
             backend = conn.info.backend_pid
             try:
@@ -666,12 +691,18 @@ class PostgresStore(MemoryStore):
             else:
                 return results
         # The connection died with COMMIT in flight: find out whether it landed.
-        if xid is None or self._landed(prepared, xid, backend, deadline, lost):
+        if xid is None or self._landed(prepared, xid, backend, deadline, lost, io):
             return results
         raise _Retry(lost)
 
     def _landed(
-        self, prepared: _Prepared, xid: str, backend: int, deadline: float, lost: BaseException
+        self,
+        prepared: _Prepared,
+        xid: str,
+        backend: int,
+        deadline: float,
+        lost: BaseException,
+        io: _IO,
     ) -> bool:
         """Whether the transaction ``xid``, whose COMMIT got no answer, committed.
 
@@ -682,7 +713,7 @@ class PostgresStore(MemoryStore):
         delay = 0.05
         while True:
             try:
-                with self._connection(deadline) as conn:
+                with self._connection(deadline, io) as conn:
                     status = _xact_status(conn, xid)
                     if status == "in progress":
                         _end_backend(conn, backend, xid)
@@ -715,8 +746,45 @@ class PostgresStore(MemoryStore):
                     f"{self.where}: COMMIT got no answer and the transaction was still in "
                     f"progress after {self.retry_timeout:g} s: outcome unknown"
                 ) from lost
-            time.sleep(delay)
+            io.sleep(delay)
             delay = min(delay * 2, 1.0)
+
+
+class _IO(Protocol):
+    """What the batch code needs of its I/O: blocking (:class:`_SyncIO`) or on the loop.
+
+    The async one is :class:`marsys_mem.store.postgres_async.AsyncIO`; its connection is
+    an :class:`~marsys_mem.store.postgres_async.SyncFacade`, which offers the part of a
+    ``psycopg.Connection`` the batch code uses.
+    """
+
+    def connection(self, timeout: float) -> AbstractContextManager[Any]:
+        """A pooled connection for one attempt, given back at exit."""
+
+    def sleep(self, seconds: float) -> None:
+        """Wait before the next attempt."""
+
+    def check_pool(self) -> None:
+        """After a lost connection: have the pool drop its dead idle connections."""
+
+
+class _SyncIO:
+    """The sync API's I/O: the store's :class:`ConnectionPool`, ``time.sleep``."""
+
+    def __init__(
+        self, pool: Callable[[], ConnectionPool[Connection]], check: Callable[[], None]
+    ) -> None:
+        self._pool = pool
+        self.check_pool = check
+
+    @contextmanager
+    def connection(self, timeout: float) -> Iterator[Connection]:
+        with self._pool().connection(timeout=timeout) as conn:
+            yield conn
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        time.sleep(seconds)
 
 
 def _check_quietly(pool: ConnectionPool[Connection]) -> None:

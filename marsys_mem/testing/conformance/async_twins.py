@@ -1,7 +1,7 @@
 """Conformance: the async twins (:attr:`Capability.ASYNC`).
 
-Clause of :mod:`marsys_mem.store.base`: "Async twins (``a``-prefixed) run the work in a
-thread, so they never block the event loop"; each is the "Async twin of" its sync method.
+Clause of :mod:`marsys_mem.store.base`: "Async twins (``a``-prefixed) never block the
+event loop"; each is the "Async twin of" its sync method.
 They are run with :func:`asyncio.run`, so the suite needs no pytest-asyncio.
 """
 
@@ -33,7 +33,7 @@ class AsyncConformance(StoreHarness):
     """
 
     def test_async_twins(self, store: MemoryStore) -> None:
-        """Async twins (``a``-prefixed) run the work in a thread: same results as sync.
+        """Async twins (``a``-prefixed) give the same results as their sync methods.
 
         Checks: append (two at once with ``gather``), load with ``since``/``last``,
         delete, save/load run, retention, batch and the duplicate error, then the sync
