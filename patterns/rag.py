@@ -643,6 +643,21 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
             return f"{name}: {text}"
         return text
 
+    def _thread_field(self) -> str | None:
+        return self.thread_key
+
+    def _context_window(self) -> tuple[int, int] | None:
+        """The turns before and after a hit that :meth:`_rank_candidates` reads (or ``None``).
+
+        Its candidates are a hit, ``reply`` turns before it and ``min(turns, _SPREAD)``
+        after; each candidate reads ``turns`` turns before it and ``reply`` after.
+        """
+        turns = self.context_turns
+        if not turns or not (self.thread_weight or self.context_weight or self.reply_weight):
+            return None  # (the ranker's in_context, with turns to walk)
+        reply = 1 if self.reply_weight else 0
+        return reply + turns, min(turns, _SPREAD) + reply
+
     def _thread_of(self, m: Message) -> str:
         """The conversation thread of ``m``: ``metadata[thread_key]``, else one shared thread."""
         if self.thread_key is None:
@@ -959,7 +974,8 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
                     return None
                 return text.result() if depth == first else self._text_pages(query, depth)
 
-            found = self._search_store(query, qvec, pages, depth)
+            around = self._context_window() if mode == "hybrid" else None
+            found = self._search_store(query, qvec, pages, depth, around=around)
             if mode == "dense":
                 ranked: Sequence[Candidate] = [(mid, c, c, None) for mid, c in found.dense]
             elif mode == "bm25":

@@ -12,16 +12,18 @@ candidates (``search_text``, the database's rank), reads those candidates' messa
 memory does not grow with the store, and every host sees every other host's messages
 and deletions the moment they commit: there is nothing to catch up.
 
-What the database returns is all the ranker sees: the context turns of a candidate are
-the candidates of its thread (the store has no operation that reads the turns around a
-message), a candidate found by keywords only is given the lowest cosine of the dense
-candidates (its cosine is at most that), and the keyword scores are the database's rank,
-not BM25 (the fusion standardises each side, so only their spread matters).
+The ranker sees what the in-process path would: the candidates' context turns are read
+from the store (``LoadAround``: the turns before and after each hit in its thread, as the
+in-process thread links have them), every candidate and context turn gets its exact cosine
+(``ScoreVectors``, for those the dense search did not return), and the keyword side is
+scored with BM25 on the host from the database's document frequencies of the query's
+words (``CountMatches``: every word counted in one query). A hybrid search costs three
+round trips after the forward pass: the dense search (the keyword page and the counts
+meanwhile, in a helper thread), the context turns, their cosines.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -34,56 +36,75 @@ from marsys_mem.exceptions import MessageNotFoundError
 from marsys_mem.model.messages import Message
 from marsys_mem.retrieval.bm25 import BM25Index, score_with_stats, tokenize
 from marsys_mem.retrieval.embeddings import Embedder
-from marsys_mem.store.base import CountMessages, Key, Load, MemoryStore, SearchText
+from marsys_mem.store.base import (
+    MAX_COUNT_WORDS,
+    MAX_SCORE_IDS,
+    CountMatches,
+    CountMessages,
+    Key,
+    Load,
+    LoadAround,
+    MemoryStore,
+    ScoreVectors,
+    SearchText,
+)
 
-__all__ = ["COSINES", "MAX_WORDS", "Found", "StoreSearch", "TextPages", "query_words", "text_pages"]
+__all__ = [
+    "MAX_WORDS",
+    "TEXT_WIDTH",
+    "Found",
+    "StoreSearch",
+    "TextPages",
+    "query_words",
+    "text_pages",
+]
 
 log = logging.getLogger("marsys_mem.patterns.rag")
 
 
 @dataclass(frozen=True, slots=True)
 class TextPages:
-    """The store's keyword matches for one query: the whole query's and each word's.
+    """The store's keyword matches for one query, and each query term's document frequency.
 
     Attributes:
-        depth: how many matches each search asked for.
+        depth: how many matches the search asked for.
         query: the ids the whole query matched, best first by the database's rank.
-        words: per query term (as the in-process BM25 tokenizes it), the ids its word
-            matched.
+        freq: per query term (as the in-process BM25 tokenizes it), how many messages
+            of the keys its word matches (the database's count).
         count: how many messages the keys hold.
         keys: the key of every id matched.
-        unasked: the query's terms past the first :data:`MAX_WORDS`, not searched alone.
+        unasked: the query's terms past the first :data:`MAX_WORDS`, not counted.
 
     Example:
-        >>> pages = TextPages(2, ["a"], {"car": ["a", "b"], "level": ["a"]}, count=10)
+        >>> pages = TextPages(2, ["a"], {"car": 2, "level": 1}, count=10, unasked=("x",))
         >>> pages.ids(), pages.doc_freq(), pages.exhausted
-        (['a', 'b'], {'car': 2, 'level': 1}, False)
+        (['a'], {'x': 10, 'car': 2, 'level': 1}, True)
     """
 
     depth: int
     query: list[str]
-    words: dict[str, list[str]]
+    freq: dict[str, int]
     count: int
     keys: dict[str, Key] = field(default_factory=dict)
     unasked: tuple[str, ...] = ()
 
     def ids(self) -> list[str]:
-        """Every id matched, the whole query's first, each once."""
-        return list(dict.fromkeys(itertools.chain(self.query, *self.words.values())))
+        """The ids matched, best first."""
+        return list(self.query)
 
     def doc_freq(self) -> dict[str, int]:
-        """Each term's document frequency: exact below ``depth``, else ``depth`` (a floor).
+        """Each term's document frequency.
 
-        A term not asked about (past :data:`MAX_WORDS`) counts as common: ``depth``.
+        A term not counted (past :data:`MAX_WORDS`) counts as in every message.
         """
-        freq = dict.fromkeys(self.unasked, self.depth)
-        freq.update((term, len(ids)) for term, ids in self.words.items())
+        freq = dict.fromkeys(self.unasked, self.count)
+        freq.update(self.freq)
         return freq
 
     @property
     def exhausted(self) -> bool:
-        """Whether every search returned all its matches."""
-        return all(len(ids) < self.depth for ids in (self.query, *self.words.values()))
+        """Whether the search returned all its matches."""
+        return len(self.query) < self.depth
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,32 +157,35 @@ def query_words(query: str) -> dict[str, str]:
 
 
 def text_pages(store: MemoryStore, query: str, depth: int, keys: Sequence[Key]) -> TextPages:
-    """A store's keyword matches in ``keys``: the whole query's and each word's (one batch).
+    """A store's keyword matches in ``keys`` and its query terms' document frequencies.
 
-    Each word's matches give its document frequency (below ``depth``), so the host scores
-    the candidates with BM25 as the in-process path does (the database's own rank weighs
-    a common word as much as a rare one).
+    One batch: the query's best ``depth`` matches by the database's rank, each word's
+    match count (``CountMatches``, one query for all), the keys' message counts; so the
+    host scores the candidates with BM25 as the in-process path does (the database's
+    own rank weighs a common word as much as a rare one).
     """
     words = query_words(query)
     unasked = tuple(list(words)[MAX_WORDS:])
     words = dict(list(words.items())[:MAX_WORDS])
     scope = tuple(keys)
-    ops: list[SearchText | CountMessages] = [SearchText(query, depth, scope)]
-    ops += [SearchText(word, depth, scope) for word in words.values()]
+    asked = tuple(dict.fromkeys(words.values()))
+    ops: list[SearchText | CountMatches | CountMessages] = [SearchText(query, depth, scope)]
+    ops += [CountMatches(asked, scope)] if asked else []
     ops += [CountMessages(key) for key in scope]
     results = store.batch(ops)
-    pages, counts = results[: 1 + len(words)], results[1 + len(words) :]
-    ids = [[h.message_id for h in page] for page in pages]
-    where = {h.message_id: h.key for page in pages for h in page}
-    pages_of = dict(zip(words, ids[1:], strict=True))
-    return TextPages(depth, ids[0], pages_of, sum(counts), where, unasked)
+    page = results[0]
+    counted: dict[str, int] = results[1] if asked else {}
+    counts = results[2:] if asked else results[1:]
+    freq = {term: counted[word] for term, word in words.items()}
+    where = {h.message_id: h.key for h in page}
+    return TextPages(depth, [h.message_id for h in page], freq, sum(counts), where, unasked)
 
 
-MAX_WORDS = 12
-"""The most query terms searched one by one (for their document frequencies) per search."""
+MAX_WORDS = MAX_COUNT_WORDS
+"""The most query terms counted (for their document frequencies) per search."""
 
-COSINES = 4
-"""How many more cosines than dense candidates a search reads (for the other candidates)."""
+TEXT_WIDTH = 1
+"""How many more keyword matches than candidates a search reads (BM25 re-ranks them)."""
 
 _WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
 
@@ -209,7 +233,7 @@ class StoreSearch:
     def _text_pages(self, query: str, depth: int) -> TextPages:
         """The store's keyword matches under this memory's key (see :func:`text_pages`)."""
         assert self.store is not None
-        return text_pages(self.store, query, depth, (self.key,))
+        return text_pages(self.store, query, TEXT_WIDTH * depth, (self.key,))
 
     def _search_store(
         self,
@@ -217,31 +241,34 @@ class StoreSearch:
         qvec: npt.NDArray[np.float32] | None,
         text_pages: Callable[[], TextPages | None],
         depth: int,
+        *,
+        around: tuple[int, int] | None = None,
     ) -> Found:
         """The store's ``depth`` best candidates on each side, their messages and scores.
 
         ``qvec``: the query's vector (``None``: no dense side); ``text_pages()``: the
         keyword matches (``None``: no keyword side), asked for after the dense search (it
-        may be under way in another thread meanwhile).
+        may be under way in another thread meanwhile); ``around``: how many turns before
+        and after each candidate in its thread to read too (``LoadAround``), each with
+        its cosine and keyword score.
         """
         assert self.store is not None
         dense: list[tuple[str, float]] = []
-        cosines: dict[str, float] = {}
-        floor: float | None = None
         dense_done = True
         if qvec is not None:
             assert self.embedder is not None
-            wide = COSINES * depth
-            hits = self.store.search_vectors(self.embedder.name, qvec[0], wide, keys=(self.key,))
-            cosines = {h.message_id: h.score for h in hits}
-            dense = [(h.message_id, h.score) for h in hits[:depth]]
+            hits = self.store.search_vectors(self.embedder.name, qvec[0], depth, keys=(self.key,))
+            dense = [(h.message_id, h.score) for h in hits]
             dense_done = len(dense) < depth
-            if len(hits) == wide:
-                floor = hits[-1].score  # the key holds more vectors, none with a higher cosine
+        cosines = dict(dense)
         pages = text_pages()
         matched = pages.ids() if pages is not None else []
         ids = list(dict.fromkeys([mid for mid, _ in dense] + matched))
-        messages = {m.message_id: m for m in self._load(ids)} if ids else {}
+        messages = {m.message_id: m for m in self._load(ids, around)} if ids else {}
+        missing = [mid for mid in messages if mid not in cosines]
+        if qvec is not None and missing:
+            assert self.embedder is not None
+            cosines.update(self._cosines(qvec[0], missing))
         keyword: dict[str, float] = {}
         text: list[tuple[str, float]] = []
         if pages is not None and messages:
@@ -260,13 +287,33 @@ class StoreSearch:
                 key=lambda hit: -hit[1],
             )[:depth]
         exhausted = dense_done and (pages is None or pages.exhausted)
-        return Found(dense, text, cosines, keyword, messages, floor, exhausted)
+        return Found(dense, text, cosines, keyword, messages, None, exhausted)
 
-    def _load(self, ids: Sequence[str]) -> list[Message]:
-        """The messages of ``ids`` still stored under the key, in the key's order."""
+    def _cosines(self, vector: npt.NDArray[np.float32], ids: Sequence[str]) -> dict[str, float]:
+        """The exact cosines of ``ids``' vectors under the key (one batch)."""
         assert self.store is not None
-        found: list[Message] = self.store.batch([Load(self.key, ids=tuple(ids))])[0]
+        assert self.embedder is not None
+        name = self.embedder.name
+        ops = [
+            ScoreVectors(name, vector, self.key, tuple(ids[i : i + MAX_SCORE_IDS]))
+            for i in range(0, len(ids), MAX_SCORE_IDS)
+        ]
+        return {h.message_id: h.score for hits in self.store.batch(ops) for h in hits}
+
+    def _load(self, ids: Sequence[str], around: tuple[int, int] | None = None) -> list[Message]:
+        """The messages of ``ids`` still stored under the key, in the key's order.
+
+        ``around``: with the ``(before, after)`` turns around each in its thread.
+        """
+        assert self.store is not None
+        op: Load | LoadAround = Load(self.key, ids=tuple(ids))
+        if around is not None and any(around):
+            op = LoadAround(self.key, tuple(ids), *around, thread=self._thread_field())
+        found: list[Message] = self.store.batch([op])[0]
         return found
+
+    def _thread_field(self) -> str | None:
+        raise NotImplementedError  # RAGMemory's thread_key
 
     # ------------------------------------------------------------------ the container
     def _stored_count(self) -> int:

@@ -98,8 +98,21 @@ def tokenize(text: str) -> list[str]:
         word = raw[:-2] if raw.endswith("'s") else raw
         if word in STOP_WORDS or (len(word) == 1 and not word.isdigit()):
             continue
-        out.append(stem(word.replace("'", "")) if "'" in word else stem(word))
+        stemmed = _STEMS.get(word)
+        if stemmed is None:
+            stemmed = stem(word.replace("'", "")) if "'" in word else stem(word)
+            if len(_STEMS) < _STEMS_KEPT:
+                _STEMS[word] = stemmed
+        out.append(stemmed)
     return out
+
+
+_STEMS: dict[str, str] = {}
+"""Words :func:`tokenize` stemmed, and their stems (a word is stemmed once per process)."""
+
+_STEMS_KEPT = 500_000
+"""The most words :data:`_STEMS` keeps (about 60 MB at most; then new words are stemmed
+each time)."""
 
 
 class BM25Index:

@@ -45,6 +45,7 @@ from marsys_mem.store.vectors import from_bytes
 __all__ = [
     "KEYWORD_CHARS",
     "TEXT_CONFIG",
+    "THREAD_FIELD",
     "SearchSetup",
     "count_matches",
     "key_filter",
@@ -58,6 +59,7 @@ __all__ = [
     "score_vectors",
     "search_text",
     "search_vectors",
+    "thread_index",
 ]
 
 log = logging.getLogger(__name__)
@@ -169,6 +171,14 @@ def open_search(conn: Connection, where: str, lock: int) -> SearchSetup | None:
     """
     schema = _extension_schema(conn)
     if schema is not None and _installed(conn):
+        if not _has_thread_index(conn):  # a store installed before the index existed
+            conn.execute("SELECT pg_advisory_lock(%s)", (lock,))
+            try:
+                with conn.transaction():
+                    thread_index(conn)
+            finally:
+                if not conn.closed:
+                    conn.execute("SELECT pg_advisory_unlock(%s)", (lock,))
         return SearchSetup(schema)
     if schema is None and not _available(conn):
         log.info(
@@ -196,6 +206,11 @@ def open_search(conn: Connection, where: str, lock: int) -> SearchSetup | None:
     return SearchSetup(schema)
 
 
+def _has_thread_index(conn: Connection) -> bool:
+    row = conn.execute("SELECT to_regclass('marsys_messages_thread') IS NOT NULL").fetchone()
+    return bool(row and row[0])
+
+
 def _install(conn: Connection, setup: SearchSetup) -> None:
     """Add the columns, fill them from what is stored (once), then index them."""
     conn.execute(
@@ -205,6 +220,7 @@ def _install(conn: Connection, setup: SearchSetup) -> None:
     _fill_keywords(conn)
     _fill_embeddings(conn, setup)
     conn.execute("CREATE INDEX marsys_messages_tsv ON marsys_messages USING gin (tsv)")
+    thread_index(conn)
     for model, dim in conn.execute("SELECT model, dim FROM marsys_vector_models").fetchall():
         model_index(conn, setup, str(model), int(dim))
 
@@ -426,13 +442,8 @@ def search_text(conn: Connection, op: SearchText) -> tuple[SearchHit, ...]:
     return _hits(rows)
 
 
-_ANY_WORD = (  # a query's words ORed, as search_text matches them
-    "replace(plainto_tsquery(%(cfg)s::regconfig, {})::text, ' & ', ' | ')::tsquery"
-)
-
-
 def count_matches(conn: Connection, op: CountMatches) -> dict[str, int]:
-    """Run ``op``: each word's matches counted by the GIN index, all words in one query.
+    """Run ``op``: one GIN scan for any of the words, each match counted for its words.
 
     A word matches as :func:`search_text` matches a one-word query (its lexemes ORed); a
     word with no lexeme (a stop word) counts 0.
@@ -442,15 +453,20 @@ def count_matches(conn: Connection, op: CountMatches) -> dict[str, int]:
     if not op.words or (key_ids is not None and not key_ids):
         return counts
     where = " AND m.key_id = ANY(%(keys)s::bigint[])" if key_ids is not None else ""
-    query = _ANY_WORD.format("w.word")
+    words = list(counts)
     rows = conn.execute(
-        f"SELECT w.word, CASE WHEN numnode(q.q) = 0 THEN 0 ELSE"  # noqa: S608 (SQL from constants; values bound)
-        f" (SELECT count(*) FROM marsys_messages m WHERE m.tsv @@ q.q{where}) END"
-        " FROM unnest(%(words)s::text[]) AS w(word)"
-        f" CROSS JOIN LATERAL (SELECT {query} AS q) AS q",
-        {"cfg": TEXT_CONFIG, "words": list(counts), "keys": key_ids},
+        "WITH w AS MATERIALIZED (SELECT u.i, replace(plainto_tsquery(%(cfg)s::regconfig,"  # noqa: S608 (SQL from constants; values bound)
+        " u.word)::text, ' & ', ' | ')::tsquery AS q"
+        " FROM unnest(%(words)s::text[]) WITH ORDINALITY AS u(word, i)),"
+        " a AS (SELECT string_agg('(' || q::text || ')', ' | ')::tsquery AS q FROM w"
+        " WHERE numnode(q) > 0),"
+        " m AS MATERIALIZED (SELECT m.tsv FROM marsys_messages m"
+        f" WHERE m.tsv @@ (SELECT q FROM a){where})"
+        " SELECT w.i, count(*) FROM m JOIN w ON numnode(w.q) > 0 AND m.tsv @@ w.q"
+        " GROUP BY w.i",
+        {"cfg": TEXT_CONFIG, "words": words, "keys": key_ids},
     ).fetchall()
-    counts.update((str(r[0]), int(r[1])) for r in rows)
+    counts.update((words[int(r[0]) - 1], int(r[1])) for r in rows)
     return counts
 
 
@@ -493,45 +509,76 @@ def score_vectors(conn: Connection, setup: SearchSetup, op: ScoreVectors) -> tup
     return _hits(conn.execute(query, params, prepare=False).fetchall())
 
 
+THREAD_FIELD = "thread"
+"""The metadata field whose threads ``marsys_messages_thread`` indexes (RAGMemory's default
+``thread_key``); :class:`LoadAround` on another field walks the key without the index."""
+
+
+def _thread_expr(alias: str, field: str) -> sql.Composable:
+    return sql.SQL("(({}.data::jsonb) -> 'metadata' ->> {})").format(
+        sql.Identifier(alias), sql.Literal(field)
+    )
+
+
+def thread_index(conn: Connection) -> None:
+    """The index of each key's messages by thread (:data:`THREAD_FIELD`), then position."""
+    conn.execute(
+        sql.SQL(
+            "CREATE INDEX IF NOT EXISTS marsys_messages_thread ON marsys_messages"
+            " (key_id, {}, seq)"
+        ).format(_thread_expr("marsys_messages", THREAD_FIELD))
+    )
+
+
 def load_around(conn: Connection, op: LoadAround) -> list[Message]:
-    """Run ``op``: each id's thread walked both ways by the key's primary key, in one query.
+    """Run ``op``: each id's thread walked both ways, in one query.
 
     A turn's thread is ``data::jsonb -> 'metadata' ->> thread`` (the message's stored
-    JSON); each walk stops after ``before`` (``after``) turns of the same thread.
+    JSON); each walk reads ``before`` (``after``) turns of the same thread, by the thread
+    index for :data:`THREAD_FIELD` (else by the key's primary key, parsing each turn).
     """
     if not op.ids:
         return []
-    if op.thread is None:
-        same = ""
-        th = "NULL::text"
-    else:
-        same = " AND ((p.data::jsonb)->'metadata'->>%(thread)s) IS NOT DISTINCT FROM t.th"
-        th = "(m.data::jsonb)->'metadata'->>%(thread)s"
-    ns, agent, branch = op.key
-    rows = conn.execute(
-        "WITH k AS (SELECT id FROM marsys_keys"  # noqa: S608 (SQL from constants; values bound)
+
+    def walk(older: bool) -> sql.Composable:
+        step = sql.SQL("p.seq < t.seq" if older else "p.seq > t.seq")
+        order = sql.SQL("p.seq DESC" if older else "p.seq")
+        limit = sql.SQL("%(before)s" if older else "%(after)s")
+        if op.thread is None:
+            return sql.SQL(
+                "(SELECT p.seq FROM marsys_messages p WHERE p.key_id = t.key_id AND {s}"
+                " ORDER BY {o} LIMIT {n})"
+            ).format(s=step, o=order, n=limit)
+        expr = _thread_expr("p", op.thread)
+        return sql.SQL(
+            "(SELECT p.seq FROM marsys_messages p WHERE t.th IS NOT NULL"
+            " AND p.key_id = t.key_id AND {e} = t.th AND {s} ORDER BY {o} LIMIT {n})"
+            " UNION ALL (SELECT p.seq FROM marsys_messages p WHERE t.th IS NULL"
+            " AND p.key_id = t.key_id AND {e} IS NULL AND {s} ORDER BY {o} LIMIT {n})"
+        ).format(e=expr, s=step, o=order, n=limit)
+
+    th = sql.SQL("NULL::text") if op.thread is None else _thread_expr("m", op.thread)
+    query = sql.SQL(
+        "WITH k AS (SELECT id FROM marsys_keys"
         " WHERE namespace = %(ns)s AND agent = %(agent)s AND branch = %(branch)s),"
-        f" t AS MATERIALIZED (SELECT m.key_id, m.seq, {th} AS th FROM marsys_messages m, k"
+        " t AS MATERIALIZED (SELECT m.key_id, m.seq, {th} AS th FROM marsys_messages m, k"
         " WHERE m.key_id = k.id AND m.message_id = ANY(%(ids)s::text[])),"
         " s AS (SELECT t.seq FROM t"
-        " UNION SELECT b.seq FROM t CROSS JOIN LATERAL (SELECT p.seq FROM marsys_messages p"
-        f" WHERE p.key_id = t.key_id AND p.seq < t.seq{same}"
-        " ORDER BY p.seq DESC LIMIT %(before)s) AS b"
-        " UNION SELECT a.seq FROM t CROSS JOIN LATERAL (SELECT p.seq FROM marsys_messages p"
-        f" WHERE p.key_id = t.key_id AND p.seq > t.seq{same}"
-        " ORDER BY p.seq LIMIT %(after)s) AS a)"
+        " UNION SELECT b.seq FROM t CROSS JOIN LATERAL ({older}) AS b"
+        " UNION SELECT a.seq FROM t CROSS JOIN LATERAL ({newer}) AS a)"
         " SELECT m.data FROM marsys_messages m, k WHERE m.key_id = k.id"
-        " AND m.seq IN (SELECT seq FROM s) ORDER BY m.seq",
-        {
-            "ns": ns,
-            "agent": agent,
-            "branch": branch,
-            "ids": list(op.ids),
-            "thread": op.thread,
-            "before": op.before,
-            "after": op.after,
-        },
-    ).fetchall()
+        " AND m.seq IN (SELECT seq FROM s) ORDER BY m.seq"
+    ).format(th=th, older=walk(True), newer=walk(False))
+    ns, agent, branch = op.key
+    params = {
+        "ns": ns,
+        "agent": agent,
+        "branch": branch,
+        "ids": list(op.ids),
+        "before": op.before,
+        "after": op.after,
+    }
+    rows = conn.execute(query, params).fetchall()
     if not rows:
         return []
     return MESSAGE_LIST_ADAPTER.validate_json("[" + ",".join(r[0] for r in rows) + "]")

@@ -26,7 +26,7 @@ from marsys_mem.model.messages import Message
 from marsys_mem.patterns import RAGMemory
 from marsys_mem.patterns.store_search import MAX_WORDS
 from marsys_mem.retrieval.embeddings import HashingEmbedder
-from marsys_mem.store.base import SearchText
+from marsys_mem.store.base import CountMatches, SearchText
 from marsys_mem.store.postgres import PostgresStore
 from marsys_mem.testing.postgres import PostgresServer
 
@@ -260,22 +260,26 @@ def test_rankings_match_the_in_process_path(store: PostgresStore) -> None:
 
 
 class CountingStore(PostgresStore):
-    """The real store, counting the keyword searches it runs."""
+    """The real store, counting the keyword searches and word counts it runs."""
 
     text_searches = 0
+    word_counts = 0
 
     def _batch(self, ops: Sequence[Any]) -> list[Any]:
         self.text_searches += sum(isinstance(op, SearchText) for op in ops)
+        self.word_counts += sum(len(op.words) for op in ops if isinstance(op, CountMatches))
         return super()._batch(ops)
 
 
 def test_a_long_query_searches_a_bounded_number_of_words(pg_dsn: str) -> None:
+    """A query's words are counted in one CountMatches, not searched one by one."""
     with CountingStore(pg_dsn, max_size=2) as store:
         mem = RAGMemory(HashingEmbedder(64), store=store, key=KEY)
         ids = _fill(mem)
-        words = " ".join(f"word{i}" for i in range(40))
+        words = " ".join(f"word{i}" for i in range(MAX_WORDS + 20))
         store.text_searches = 0
         hits = mem.search(f"{words} where did I park the car", k=1)
         assert hits[0].id == ids[0]
-        assert store.text_searches == 1 + MAX_WORDS
+        assert store.text_searches == 1
+        assert store.word_counts == MAX_WORDS  # one CountMatches, the first MAX_WORDS words
         mem.close()
