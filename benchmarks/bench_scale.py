@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> None:
     qtexts = [q.text for q in corpus.questions]
     qv = np.stack([cache.table[cache.key(t)] for t in qtexts]).astype(np.float32)
     vectors_all = message_vectors(corpus.turns, real)
-    work = Path(tempfile.mkdtemp(prefix="bench-scale-"))
+    work = Path(tempfile.mkdtemp(prefix="bench-scale-"))  # the queries, for the hosts
     queries_file = str(work / "queries.npz")
     np.savez(queries_file, texts=np.array(qtexts), vectors=qv)
     print(
@@ -361,6 +361,7 @@ def main(argv: list[str] | None = None) -> None:
     with (
         PostgresServer(bin_dir=pgvector_bin, settings=settings) as pgv,
         PostgresServer(settings=settings) as plain,
+        tempfile.TemporaryDirectory(prefix="bench-scale-files-") as files,
     ):
         for size in sizes:
             turns = corpus.turns[:size]
@@ -369,7 +370,7 @@ def main(argv: list[str] | None = None) -> None:
             todo = list(systems) + (["sqlite"] if size in sqlite_sizes else [])
             for system in todo:
                 if system == "sqlite":
-                    target = str(work / f"s{size}" / "memory.db")
+                    target = str(Path(files) / f"s{size}" / "memory.db")
                     Path(target).parent.mkdir()
                 elif system == "faiss":
                     target = plain.create_database(f"{system}{size}")
