@@ -24,6 +24,7 @@ meanwhile, in a helper thread), the context turns, their cosines.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -50,11 +51,13 @@ from marsys_mem.store.base import (
 )
 
 __all__ = [
+    "LENGTH_SAMPLE",
     "MAX_WORDS",
     "TEXT_WIDTH",
     "Found",
     "StoreSearch",
     "TextPages",
+    "may_match",
     "query_words",
     "text_pages",
 ]
@@ -181,10 +184,28 @@ def text_pages(store: MemoryStore, query: str, depth: int, keys: Sequence[Key]) 
     return TextPages(depth, [h.message_id for h in page], freq, sum(counts), where, unasked)
 
 
+def may_match(terms: Sequence[str], text: str) -> bool:
+    """Whether ``text`` may hold one of ``terms`` (as BM25 tokenizes it): a cheap filter.
+
+    A term is a word with a suffix stripped (``-s``, ``-ing``, ``-ed``, ``-e``; ``-ies``
+    became ``-y``), so a text holding it holds the term, or all of it but a final ``y``,
+    once lower-cased and without apostrophes. False only if no term can be there.
+
+    Example:
+        >>> may_match(["park", "city"], "Parking in the cities"), may_match(["car"], "a bus")
+        (True, False)
+    """
+    flat = text.lower().replace("'", "")
+    return any((t[:-1] if len(t) > 1 and t.endswith("y") else t) in flat for t in terms)
+
+
+LENGTH_SAMPLE = 256
+"""How many candidate texts give the mean length (in terms) BM25 normalises by."""
+
 MAX_WORDS = MAX_COUNT_WORDS
 """The most query terms counted (for their document frequencies) per search."""
 
-TEXT_WIDTH = 1
+TEXT_WIDTH = 3
 """How many more keyword matches than candidates a search reads (BM25 re-ranks them)."""
 
 _WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
@@ -272,22 +293,39 @@ class StoreSearch:
         keyword: dict[str, float] = {}
         text: list[tuple[str, float]] = []
         if pages is not None and messages:
-            texts = [self._keyword_text(m, m.text) for m in messages.values()]
-            scores = score_with_stats(
-                query,
-                texts,
-                doc_count=max(pages.count, len(messages)),
-                doc_freq=pages.doc_freq(),
-                k1=self._bm25.k1,
-                b=self._bm25.b,
-            )
-            keyword = dict(zip(messages, scores.tolist(), strict=True))
+            keyword = self._keyword_scores(query, messages, pages)
             text = sorted(
                 ((mid, keyword[mid]) for mid in matched if keyword.get(mid, 0.0) > 0),
                 key=lambda hit: -hit[1],
             )[:depth]
         exhausted = dense_done and (pages is None or pages.exhausted)
         return Found(dense, text, cosines, keyword, messages, None, exhausted)
+
+    def _keyword_scores(
+        self, query: str, messages: dict[str, Message], pages: TextPages
+    ) -> dict[str, float]:
+        """BM25 of ``messages`` with the store's statistics.
+
+        Only texts that may hold a query term are tokenized (:func:`may_match`); the mean
+        length is that of the first :data:`LENGTH_SAMPLE` texts.
+        """
+        texts = {mid: self._keyword_text(m, m.text) for mid, m in messages.items()}
+        terms = list(query_words(query))
+        sample = [texts[mid] for mid in itertools.islice(texts, LENGTH_SAMPLE)]
+        average = sum(len(tokenize(t)) for t in sample) / max(len(sample), 1)
+        hold = [mid for mid, t in texts.items() if may_match(terms, t)]
+        scores = score_with_stats(
+            query,
+            [texts[mid] for mid in hold],
+            doc_count=max(pages.count, len(messages)),
+            doc_freq=pages.doc_freq(),
+            average_length=average,
+            k1=self._bm25.k1,
+            b=self._bm25.b,
+        )
+        keyword = dict.fromkeys(messages, 0.0)
+        keyword.update(zip(hold, scores.tolist(), strict=True))
+        return keyword
 
     def _cosines(self, vector: npt.NDArray[np.float32], ids: Sequence[str]) -> dict[str, float]:
         """The exact cosines of ``ids``' vectors under the key (one batch)."""

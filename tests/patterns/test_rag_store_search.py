@@ -215,14 +215,22 @@ def _bench_module(name: str) -> Any:
 
 
 @pytest.mark.slow
-def test_rankings_match_the_in_process_path(store: PostgresStore) -> None:
+@pytest.mark.parametrize(
+    ("turns", "min_overlap", "max_recall_loss"), [(2000, 0.93, 0.02), (10000, 0.85, 0.04)]
+)
+def test_rankings_match_the_in_process_path(
+    store: PostgresStore, turns: int, min_overlap: float, max_recall_loss: float
+) -> None:
     """The same dialogues, the same questions: the store path ranks like the host path.
 
     (Overlap of the top 10s and recall of the evidence turns, with HashingEmbedder
-    vectors: with real embeddings both are higher.)
+    vectors: with real embeddings both are higher.) The store feeds the ranker the true
+    context turns (LoadAround), exact cosines (ScoreVectors) and document frequencies
+    (CountMatches): measured 0.98 / 0.90 overlap at 2,000 / 10,000 turns (0.65 / 0.32
+    when the context turns were only the candidates of their thread).
     """
     dialogues = _bench_module("dialogues")
-    corpus = dialogues.generate(2000, question_dialogues=5, turns_per_dialogue=200)
+    corpus = dialogues.generate(turns, question_dialogues=5, turns_per_dialogue=200)
     messages = [
         Message.user(
             t.text,
@@ -237,8 +245,8 @@ def test_rankings_match_the_in_process_path(store: PostgresStore) -> None:
     local = RAGMemory(embedder, background=False)
     local.add_many(messages)
     remote = RAGMemory(embedder, store=store, key=KEY)
-    for start in range(0, len(messages), 500):
-        remote.add_many(messages[start : start + 500])
+    for start in range(0, len(messages), 1000):
+        remote.add_many(messages[start : start + 1000])
     questions = corpus.questions[::2]
     overlap = recall_local = recall_store = 0.0
     for q in questions:
@@ -250,11 +258,11 @@ def test_rankings_match_the_in_process_path(store: PostgresStore) -> None:
         recall_store += len(evidence & set(theirs)) / len(evidence)
     n = len(questions)
     print(
-        f"{n} questions: top-10 overlap {overlap / n:.3f}, recall@10 in process "
-        f"{recall_local / n:.3f}, in the store {recall_store / n:.3f}"
+        f"{turns} turns, {n} questions: top-10 overlap {overlap / n:.3f}, recall@10 in "
+        f"process {recall_local / n:.3f}, in the store {recall_store / n:.3f}"
     )
-    assert overlap / n >= 0.5
-    assert recall_store / n >= recall_local / n - 0.08
+    assert overlap / n >= min_overlap
+    assert recall_store / n >= recall_local / n - max_recall_loss
     local.close()
     remote.close()
 
