@@ -489,12 +489,16 @@ def score_vectors(conn: Connection, setup: SearchSetup, op: ScoreVectors) -> tup
         raise ValueError(
             f"vector is {op.vector.shape[0]}-D; model {op.model!r} is stored {dim}-D here"
         )
+    # a primary-key probe per id: the ids in the column's collation (C), and the model hidden
+    # from the key's index, which the planner takes otherwise when its statistics lag
     query = sql.SQL(
         "SELECT k.namespace, k.agent, k.branch, v.message_id,"
         " 1 - ((v.embedding::{t}) {op} %(q)s::{t}) AS s"
-        " FROM marsys_keys k JOIN marsys_vectors v ON v.key_id = k.id"
+        " FROM marsys_keys k, unnest(%(ids)s::text[]) AS i(id) CROSS JOIN LATERAL"
+        " (SELECT v.message_id, v.embedding FROM marsys_vectors v WHERE v.key_id = k.id"
+        ' AND v.message_id = (i.id COLLATE "C") AND v.model || \'\' = %(model)s LIMIT 1)'
+        " AS v"
         " WHERE k.namespace = %(ns)s AND k.agent = %(agent)s AND k.branch = %(branch)s"
-        " AND v.message_id = ANY(%(ids)s::text[]) AND v.model = %(model)s"
         " ORDER BY s DESC, v.message_id"
     ).format(t=setup.halfvec(dim), op=setup.distance())
     ns, agent, branch = op.key
@@ -561,13 +565,17 @@ def load_around(conn: Connection, op: LoadAround) -> list[Message]:
     query = sql.SQL(
         "WITH k AS (SELECT id FROM marsys_keys"
         " WHERE namespace = %(ns)s AND agent = %(agent)s AND branch = %(branch)s),"
-        " t AS MATERIALIZED (SELECT m.key_id, m.seq, {th} AS th FROM marsys_messages m, k"
-        " WHERE m.key_id = k.id AND m.message_id = ANY(%(ids)s::text[])),"
-        " s AS (SELECT t.seq FROM t"
+        " t AS MATERIALIZED (SELECT m.key_id, m.seq, {th} AS th"
+        " FROM k, unnest(%(ids)s::text[]) AS i(id) CROSS JOIN LATERAL"
+        " (SELECT * FROM marsys_messages m WHERE m.key_id = k.id"
+        ' AND m.message_id = (i.id COLLATE "C") LIMIT 1) AS m),'
+        " s AS MATERIALIZED (SELECT t.seq FROM t"
         " UNION SELECT b.seq FROM t CROSS JOIN LATERAL ({older}) AS b"
         " UNION SELECT a.seq FROM t CROSS JOIN LATERAL ({newer}) AS a)"
-        " SELECT m.data FROM marsys_messages m, k WHERE m.key_id = k.id"
-        " AND m.seq IN (SELECT seq FROM s) ORDER BY m.seq"
+        # one unique-index probe per id and per turn (LIMIT 1 keeps the planner from
+        # joining by a scan of the whole key, which it does when its statistics lag)
+        " SELECT d.data FROM k, s CROSS JOIN LATERAL (SELECT m.data FROM marsys_messages m"
+        " WHERE m.key_id = k.id AND m.seq = s.seq LIMIT 1) AS d ORDER BY s.seq"
     ).format(th=th, older=walk(True), newer=walk(False))
     ns, agent, branch = op.key
     params = {
