@@ -1,0 +1,75 @@
+"""LoadAround reads exactly the turns RAGMemory's ranker walks: a property test per backend.
+
+The reference is the ranker's own structure, :class:`~marsys_mem.retrieval.threads.ThreadLinks`
+(linked in the key's order, by ``RAGMemory._thread_of``'s rule): for every stored id, the
+``before`` turns before it and ``after`` turns after it in its thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from marsys_mem.model.messages import Message
+from marsys_mem.retrieval.threads import ThreadLinks
+from marsys_mem.store import InMemoryStore, MemoryStore, SQLiteStore
+from marsys_mem.store.postgres import PostgresStore
+from marsys_mem.testing.postgres import PostgresServer
+
+_keys = itertools.count()
+_THREADS = st.one_of(st.none(), st.sampled_from(["a", "b", "c"]), st.integers(0, 2))
+
+
+def _reference(messages: list[Message], ids: list[str], before: int, after: int) -> list[str]:
+    links = ThreadLinks()
+    for m in messages:
+        value = m.metadata.get("thread")
+        links.add(m.message_id, "" if value is None else f"#{value}")
+    picked: set[str] = set()
+    for mid in ids:
+        if mid in links:
+            picked.update([mid, *links.before(mid, before), *links.after(mid, after)])
+    return [m.message_id for m in messages if m.message_id in picked]
+
+
+@pytest.fixture(scope="module", params=["memory", "sqlite", "postgres"])
+def backend(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[MemoryStore]:
+    if request.param == "memory":
+        store: MemoryStore = InMemoryStore()
+    elif request.param == "sqlite":
+        store = SQLiteStore(Path(tmp_path_factory.mktemp("around")) / "store.db")
+    else:
+        server: PostgresServer = request.getfixturevalue("pgvector_server")
+        store = PostgresStore(server.create_schema("around"), max_size=2)
+    yield store
+    store.close()
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    threads=st.lists(_THREADS, min_size=1, max_size=30),
+    picks=st.lists(st.integers(0, 35), max_size=6),
+    before=st.integers(0, 4),
+    after=st.integers(0, 4),
+)
+def test_load_around_is_the_rankers_neighbourhood(
+    backend: MemoryStore, threads: list[object], picks: list[int], before: int, after: int
+) -> None:
+    key = ("around", f"k{next(_keys)}", "main")
+    messages = [
+        Message.user(f"t{i}", message_id=f"m{i}", metadata={} if t is None else {"thread": t})
+        for i, t in enumerate(threads)
+    ]
+    backend.append_messages(key, messages)
+    ids = [f"m{i}" for i in picks]  # ids past the key's end are unknown: ignored
+    got = [m.message_id for m in backend.load_around(key, ids, before, after)]
+    assert got == _reference(messages, ids, before, after)
