@@ -139,10 +139,10 @@ class LoadAround:
     For each stored id of ``ids`` (unknown ids are ignored): the message itself, the
     ``before`` messages before it and the ``after`` messages after it *in its thread*, in
     the key's order. A thread is the messages of the key whose ``metadata[thread]`` has
-    the same value (compared as text: a string as itself, any other JSON value as JSON;
-    missing or ``null``: one thread of their own); ``thread=None``: the whole key is one
-    thread. The result is the union, in the key's order (oldest first), each message once:
-    the neighbours RAGMemory's ranker reads around a hit (``RAGMemory(thread_key=...)``).
+    the same JSON value (missing or ``null``: one thread of their own; see
+    :func:`thread_value`); ``thread=None``: the whole key is one thread. The result is
+    the union, in the key's order (oldest first), each message once: the neighbours
+    RAGMemory's ranker reads around a hit (``RAGMemory(thread_key=...)``).
     """
 
     key: Key
@@ -411,19 +411,20 @@ Op = (
 def thread_value(message: Message, thread: str | None) -> str | None:
     """The thread ``message`` is in, as :class:`LoadAround` compares them (``None``: no value).
 
-    A string as itself, any other JSON value as JSON text (PostgreSQL's ``->>``).
+    The value's compact JSON text (as the message's stored JSON holds it): ``"a"`` and
+    ``7`` are threads, missing and ``null`` are none.
 
     Example:
-        >>> m = Message.user("hi", metadata={"thread": 7})
-        >>> thread_value(m, "thread"), thread_value(m, "topic"), thread_value(m, None)
-        ('7', None, None)
+        >>> m = Message.user("hi", metadata={"thread": "t7", "n": 7})
+        >>> thread_value(m, "thread"), thread_value(m, "n"), thread_value(m, "topic")
+        ('"t7"', '7', None)
     """
     if thread is None:
         return None
     value = message.metadata.get(thread)
-    if value is None or isinstance(value, str):
-        return value
-    return json.dumps(value, separators=(", ", ": "))
+    if value is None:
+        return None
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def messages_around(messages: Sequence[Message], op: LoadAround) -> list[Message]:

@@ -519,9 +519,12 @@ THREAD_FIELD = "thread"
 
 
 def _thread_expr(alias: str, field: str) -> sql.Composable:
-    return sql.SQL("(({}.data::jsonb) -> 'metadata' ->> {})").format(
-        sql.Identifier(alias), sql.Literal(field)
-    )
+    # the value's JSON text as stored, JSON null as SQL NULL; a NUL escape (which no
+    # PostgreSQL text holds) read as a space first, so that no stored message fails it
+    return sql.SQL(
+        "NULLIF(((replace({}.data, '\\u0000', '\\u0020')::json) -> 'metadata' -> {})::text,"
+        " 'null')"
+    ).format(sql.Identifier(alias), sql.Literal(field))
 
 
 def thread_index(conn: Connection) -> None:
@@ -537,9 +540,10 @@ def thread_index(conn: Connection) -> None:
 def load_around(conn: Connection, op: LoadAround) -> list[Message]:
     """Run ``op``: each id's thread walked both ways, in one query.
 
-    A turn's thread is ``data::jsonb -> 'metadata' ->> thread`` (the message's stored
-    JSON); each walk reads ``before`` (``after``) turns of the same thread, by the thread
-    index for :data:`THREAD_FIELD` (else by the key's primary key, parsing each turn).
+    A turn's thread is the JSON text of ``metadata[thread]`` in the message's stored JSON
+    (``null`` and missing alike: no thread); each walk reads ``before`` (``after``) turns
+    of the same thread, by the thread index for :data:`THREAD_FIELD` (else by the key's
+    primary key, parsing each turn).
     """
     if not op.ids:
         return []

@@ -73,3 +73,15 @@ def test_load_around_is_the_rankers_neighbourhood(
     ids = [f"m{i}" for i in picks]  # ids past the key's end are unknown: ignored
     got = [m.message_id for m in backend.load_around(key, ids, before, after)]
     assert got == _reference(messages, ids, before, after)
+
+
+def test_nul_characters_neither_fail_an_append_nor_split_a_thread(backend: MemoryStore) -> None:
+    """The thread index reads every stored message: a NUL in a text or a thread is fine."""
+    key = ("around", f"k{next(_keys)}", "main")
+    messages = [
+        Message.user("a\x00b", message_id="n0", metadata={"thread": "x\x00"}),
+        Message.user("other", message_id="n1", metadata={"thread": "y"}),
+        Message.user("c\\u0000d", message_id="n2", metadata={"thread": "x\x00"}),
+    ]
+    backend.append_messages(key, messages)
+    assert backend.load_around(key, ["n2"], 1, 0) == [messages[0], messages[2]]
