@@ -149,18 +149,25 @@ _WAITED = {
 """The errors of a wait bounded by :func:`_bound_waits`, and what waited."""
 
 
-def _bound_waits(conn: Connection, deadline: float) -> None:
+_WAIT_BOUNDS = (
+    "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)"
+)
+_WAIT_BOUNDS_XID = _WAIT_BOUNDS + ", pg_current_xact_id()::text"
+
+
+def _bound_waits(conn: Connection, deadline: float, *, xid: bool = False) -> str | None:
     """Bound every lock wait and statement of this transaction by the batch's deadline.
 
     Without it a statement blocked behind another session's lock waits as long as that
     lock is held, whatever ``retry_timeout`` says. ``set_config(..., true)`` is local to
-    the transaction (the pooled connection keeps no setting).
+    the transaction (the pooled connection keeps no setting). ``xid``: also return the
+    transaction's id (in the same round trip; a write needs it to check a lost COMMIT).
     """
     ms = max(int((deadline - time.monotonic()) * 1000), 100)
-    conn.execute(  # a lock wait is named as such: it times out before the statement does
-        "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)",
-        (str(ms), str(ms + 250)),
-    )
+    row = conn.execute(  # a lock wait is named as such: it times out before the statement does
+        _WAIT_BOUNDS_XID if xid else _WAIT_BOUNDS, (str(ms), str(ms + 250))
+    ).fetchone()
+    return str(row[2]) if xid and row and row[2] is not None else None
 _KEY_WHERE = "namespace = %s AND agent = %s AND branch = %s"
 _KEY_ID = f"(SELECT id FROM marsys_keys WHERE {_KEY_WHERE})"  # noqa: S608 (SQL from constants; values bound)
 
@@ -644,9 +651,7 @@ class PostgresStore(MemoryStore):
             try:
                 if prepared.writes:
                     conn.execute("BEGIN", prepare=False)
-                    _bound_waits(conn, deadline)
-                    row = conn.execute("SELECT pg_current_xact_id()::text").fetchone()
-                    xid = str(row[0]) if row else None
+                    xid = _bound_waits(conn, deadline, xid=True)
                     prepared.lock_keys(conn)
                 elif not single:
                     conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", prepare=False)
