@@ -33,7 +33,7 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -674,42 +674,52 @@ def _validate_search(op: SearchVectors | SearchText) -> None:
     _check_keys_filter(op.keys, op.namespace)
 
 
-def _as_query_vector(vector: Any) -> npt.NDArray[np.float32]:
-    """The caller's query vector as a private 1-D float32 copy."""
+_T = TypeVar("_T")
+
+
+def _frozen_array(value: Any, field: str, shape: str) -> npt.NDArray[np.float32]:
+    """The caller's ``field`` as a private read-only C-contiguous float32 copy.
+
+    Ops are immutable, so they hold their own copy; ``shape`` ("1-D", "2-D") words the error.
+    """
     try:
-        array = np.array(vector, dtype=np.float32, order="C", copy=True)
+        array = np.array(value, dtype=np.float32, order="C", copy=True)
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"vector must be a numeric 1-D array: {exc}") from exc
+        raise TypeError(f"{field} must be a numeric {shape} array: {exc}") from exc
     array.flags.writeable = False
     return array
 
 
-def _search_keys(keys: Iterable[Key] | None) -> tuple[Key, ...] | None:
-    if keys is None:
-        return None
-    if isinstance(keys, str | bytes):
-        raise TypeError(f"keys must be an iterable of keys, not a single {type(keys).__name__}")
-    return tuple(keys)
+def _as_query_vector(vector: Any) -> npt.NDArray[np.float32]:
+    """The caller's query vector as a private 1-D float32 copy."""
+    return _frozen_array(vector, "vector", "1-D")
 
 
 def _as_vectors(vectors: Any) -> npt.NDArray[np.float32]:
-    """The caller's vectors as a private C-contiguous float32 copy (ops are immutable)."""
-    try:
-        array = np.array(vectors, dtype=np.float32, order="C", copy=True)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"vectors must be a numeric 2-D array: {exc}") from exc
-    array.flags.writeable = False
-    return array
+    """The caller's vectors as a private C-contiguous float32 copy."""
+    return _frozen_array(vectors, "vectors", "2-D")
+
+
+def _tuple_of(values: Iterable[_T] | None, field: str, what: str) -> tuple[_T, ...] | None:
+    """``values`` as a tuple (``None`` stays ``None``).
+
+    A lone string is refused, naming ``field``: it would be read as an iterable of characters.
+    """
+    if values is None:
+        return None
+    if isinstance(values, str | bytes):
+        raise TypeError(
+            f"{field} must be an iterable of {what}, not a single {type(values).__name__}"
+        )
+    return tuple(values)
+
+
+def _search_keys(keys: Iterable[Key] | None) -> tuple[Key, ...] | None:
+    return _tuple_of(keys, "keys", "keys")
 
 
 def _ids(ids: Iterable[str] | None) -> tuple[str, ...] | None:
-    if ids is None:
-        return None
-    if isinstance(ids, str | bytes):
-        raise TypeError(
-            f"ids must be an iterable of message ids, not a single {type(ids).__name__}"
-        )
-    return tuple(ids)
+    return _tuple_of(ids, "ids", "message ids")
 
 
 class MemoryStore(Closing, abc.ABC):
