@@ -65,9 +65,10 @@ def build_demo_memory(turns: int = 40) -> ConversationMemory:
     mem.add(Message.user("Goal: plan a 10-day trip under 4000 EUR.", pinned=True))
     for i in range(turns):
         city = _CITIES[i % len(_CITIES)]
-        mem.add(Message.user(f"What is the weather like in {city} in week {i % 52 + 1}?"))
+        week = i % 52 + 1  # the week asked about is the week the tool is called with
+        mem.add(Message.user(f"What is the weather like in {city} in week {week}?"))
         if i % 2 == 0:
-            call = ToolCall(id=f"call_{i}", name="weather", arguments={"city": city, "week": i})
+            call = ToolCall(id=f"call_{i}", name="weather", arguments={"city": city, "week": week})
             mem.add(Message.assistant(None, tool_calls=[call]))
             mem.add(
                 Message.tool(

@@ -2,6 +2,7 @@
 
 Commands::
 
+    marsys-mem --version                  the installed version
     marsys-mem demo                       run the bundled research-team workflow, print its report
     marsys-mem demo --windows             one conversation, three context strategies, one budget
     marsys-mem run WORKFLOW [--json] [--store DIR] [--mqtt HOST:PORT] [--strict]
@@ -41,6 +42,7 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
+from marsys_mem import __version__
 from marsys_mem.cli.demo import windows_demo, workflow_demo
 from marsys_mem.cli.inspect import InvalidRow, find_store, inspect_store, search_store
 from marsys_mem.cli.output import Output, progress_bar, safe_text, status_spinner
@@ -361,6 +363,9 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 ok, 1 runtime failure or an unmet expectation, 2 bad input.",
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__}", help="print the version"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     def mqtt_arg(p: argparse.ArgumentParser) -> None:

@@ -36,8 +36,8 @@ Example:
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import threading
 import time
 from collections import deque
@@ -313,18 +313,43 @@ def echo_chat(request: Request) -> Reply:
     return Reply(body=chat_completion(f"You said: {last}", model=model))
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Serve :func:`echo_chat` on loopback until interrupted (``[port]``, default 8765)."""
-    args = sys.argv[1:] if argv is None else argv
-    port = int(args[0]) if args else 8765
-    with ScriptedServer(echo_chat, port=port) as srv:
+def main(argv: list[str] | None = None) -> int:
+    """Serve :func:`echo_chat` on loopback until interrupted (``[port]``, default 8765).
+
+    ``--help`` says how; a bad port is a usage error (exit code 2), as argparse makes it.
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m marsys_mem.testing.llm_server",
+        description=(
+            "A scripted OpenAI-compatible chat server on loopback that answers every Chat "
+            "Completions request with 'You said: <the last user message>' (no model, no "
+            "network). It prints the OPENAI_BASE_URL to use, and serves until interrupted."
+        ),
+    )
+    parser.add_argument(
+        "port",
+        nargs="?",
+        type=_port,
+        default=8765,
+        help="the loopback port to listen on (default 8765; 0 picks a free one)",
+    )
+    args = parser.parse_args(argv)
+    with ScriptedServer(echo_chat, port=args.port) as srv:
         print(f"export OPENAI_BASE_URL={srv.url}/v1 OPENAI_API_KEY=unused", flush=True)
         try:
             while True:
                 time.sleep(3600)
         except KeyboardInterrupt:
             pass
+    return 0
+
+
+def _port(value: str) -> int:
+    """A port number 0-65535 (argparse type)."""
+    if not value.isdigit() or int(value) > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {value!r}")
+    return int(value)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
