@@ -14,11 +14,9 @@ import json
 import os
 from typing import Any, overload
 
-import anthropic
-from anthropic.types import Message as AnthropicMessage
 from pydantic import ValidationError
 
-from marsys_mem.exceptions import LLMError
+from marsys_mem.exceptions import LLMError, MissingDependencyError
 from marsys_mem.llm.base import (
     LLMSettings,
     Prompt,
@@ -34,6 +32,14 @@ from marsys_mem.llm.base import (
     unreadable_response,
 )
 from marsys_mem.model.messages import Message, to_llm_format
+
+try:
+    import anthropic
+    from anthropic.types import Message as AnthropicMessage
+except ModuleNotFoundError as exc:  # pragma: no cover - the extra is installed in CI
+    raise MissingDependencyError(
+        "AnthropicLLM needs the anthropic SDK: pip install 'marsys-mem[anthropic]'"
+    ) from exc
 
 __all__ = ["AnthropicLLM"]
 

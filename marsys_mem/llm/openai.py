@@ -16,11 +16,9 @@ import json
 import os
 from typing import Any, overload
 
-import openai
-from openai.types.chat import ChatCompletion
 from pydantic import ValidationError
 
-from marsys_mem.exceptions import LLMError
+from marsys_mem.exceptions import LLMError, MissingDependencyError
 from marsys_mem.llm.base import (
     LLMSettings,
     Prompt,
@@ -38,6 +36,14 @@ from marsys_mem.llm.base import (
     unreadable_response,
 )
 from marsys_mem.model.messages import Message, to_llm_format
+
+try:
+    import openai
+    from openai.types.chat import ChatCompletion
+except ModuleNotFoundError as exc:  # pragma: no cover - the extra is installed in CI
+    raise MissingDependencyError(
+        "OpenAILLM needs the openai SDK: pip install 'marsys-mem[openai]'"
+    ) from exc
 
 __all__ = ["OpenAILLM"]
 
