@@ -115,8 +115,8 @@ def rank_facts(
     Example:
         >>> from marsys_mem.retrieval.embeddings import HashingEmbedder
         >>> facts = FactMemory(HashingEmbedder())
-        >>> _ = facts.add("User likes green tea", "u", confidence=0.5)
-        >>> _ = facts.add("User lives in Oslo", "u", confidence=0.9)
+        >>> _ = facts.add("User likes green tea", subject="u", confidence=0.5)
+        >>> _ = facts.add("User lives in Oslo", subject="u", confidence=0.9)
         >>> [f.text for f in rank_facts(facts, "u", None, k=5, min_score=0.3)]
         ['User lives in Oslo', 'User likes green tea']
         >>> [f.text for f in rank_facts(facts, "u", "green tea?", k=5, min_score=0.3)]

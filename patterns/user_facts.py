@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 import uuid
@@ -300,6 +301,27 @@ def _unit(name: str, value: object) -> float:
     return number
 
 
+def _one_subject(
+    subject: str | None, user_id: str | None, agent_id: str | None, *, required: bool = True
+) -> str | None:
+    """The subject given as ``subject``, ``user_id`` or ``agent_id`` (at most one).
+
+    ``None`` when none is given and none is ``required``; else ValueError.
+    """
+    given = {
+        name: value
+        for name, value in (("subject", subject), ("user_id", user_id), ("agent_id", agent_id))
+        if value is not None
+    }
+    if len(given) > 1 or (required and not given):
+        got = ", ".join(f"{k}={v!r}" for k, v in given.items()) or "none"
+        raise ValueError(
+            f"name whom the facts are about with {'exactly' if required else 'at most'} one "
+            f"of subject=, user_id= or agent_id= (got {got})"
+        )
+    return next(iter(given.values()), None)
+
+
 class FactMemory(Closing):
     """Durable facts about subjects: dedup by meaning, decay, contradictions kept as history.
 
@@ -327,12 +349,12 @@ class FactMemory(Closing):
         >>> from datetime import UTC, datetime, timedelta
         >>> now = [datetime(2025, 1, 1, tzinfo=UTC)]
         >>> facts = FactMemory(HashingEmbedder(), clock=lambda: now[0])
-        >>> facts.add("User lives in Paris", "alice", slot="home").action
+        >>> facts.add("User lives in Paris", subject="alice", slot="home").action
         'added'
-        >>> facts.add("User lives in Paris", "alice", slot="home").fact.confidence
+        >>> facts.add("User lives in Paris", subject="alice", slot="home").fact.confidence
         0.8
         >>> now[0] += timedelta(days=30)
-        >>> change = facts.add("User lives in Berlin", "alice", slot="home")
+        >>> change = facts.add("User lives in Berlin", subject="alice", slot="home")
         >>> change.action, [f.text for f in change.invalidated]
         ('superseded', ['User lives in Paris'])
         >>> [f.text for f in facts.facts("alice")]
@@ -669,21 +691,39 @@ class FactMemory(Closing):
     def add(
         self,
         fact: FactCandidate | str,
-        subject: str,
         *,
+        subject: str | None = None,
+        user_id: str | None = None,
+        agent_id: str | None = None,
         category: FactCategory = "other",
         confidence: float = 0.7,
         slot: str | None = None,
         source_ids: Iterable[str] = (),
     ) -> FactChange:
-        """Learn one fact about ``subject``: add it, reinforce its twin, or supersede.
+        """Learn one fact about a subject: add it, reinforce its twin, or supersede.
 
-        A str becomes a :class:`FactCandidate` with the keyword fields; a candidate keeps
-        its own (its ``subject``, if set, must equal ``subject``).
+        Whom the fact is about is a keyword, so that the fact and its subject cannot be
+        swapped: ``subject=``, or mem0's spelling ``user_id=`` / ``agent_id=`` (the same
+        subject names; give exactly one). A str becomes a :class:`FactCandidate` with the
+        keyword fields; a candidate keeps its own (its ``subject``, if set, must equal the
+        one given).
+
+        Example:
+            >>> facts = FactMemory(HashingEmbedder())
+            >>> facts.add("User lives in Paris", user_id="alice").fact.subject
+            'alice'
+            >>> facts.add("alice", "I live in Paris")  # mem0's order is refused, not stored
+            Traceback (most recent call last):
+            TypeError: FactMemory.add() takes 2 positional arguments but 3 were given
+            >>> len(facts)
+            1
 
         Raises:
-            ValueError: a bad field (the message names it; nothing changed).
+            ValueError: a bad field, or not exactly one of ``subject`` / ``user_id`` /
+                ``agent_id`` (the message names it; nothing changed).
         """
+        who = _one_subject(subject, user_id, agent_id)
+        assert who is not None
         if isinstance(fact, str):
             try:
                 fact = FactCandidate(
@@ -695,7 +735,7 @@ class FactMemory(Closing):
                 )
             except ValidationError as exc:
                 raise ValueError(f"invalid fact: {exc}") from None
-        return self.add_many([fact], subject)[0]
+        return self.add_many([fact], who)[0]
 
     def add_many(
         self,
@@ -998,13 +1038,20 @@ class FactMemory(Closing):
         min_score: float | None = 0.60,
         *,
         subject: str | None = None,
+        user_id: str | None = None,
+        agent_id: str | None = None,
         include_invalid: bool = False,
     ) -> list[ScoredFact]:
         """The ``k`` facts that best match ``query``, best first (hybrid score, see module).
 
+        ``subject`` (or mem0's ``user_id`` / ``agent_id``, at most one): only that
+        subject's facts; none: every subject's.
+
         Raises:
-            ValueError: an empty query, ``k <= 0`` or a bad ``min_score`` / ``subject``.
+            ValueError: an empty query, ``k <= 0``, a bad ``min_score`` / ``subject``, or
+                more than one of ``subject`` / ``user_id`` / ``agent_id``.
         """
+        subject = _one_subject(subject, user_id, agent_id, required=False)
         self._check_open()
         check_query(query)
         k = positive_int("k", k)
@@ -1093,11 +1140,22 @@ class FactMemory(Closing):
         min_score: float | None = 0.60,
         *,
         subject: str | None = None,
+        user_id: str | None = None,
+        agent_id: str | None = None,
         include_invalid: bool = False,
     ) -> list[ScoredFact]:
         """Async twin of :meth:`search` (runs in a worker thread)."""
         return await asyncio.to_thread(
-            self.search, query, k, min_score, subject=subject, include_invalid=include_invalid
+            functools.partial(
+                self.search,
+                query,
+                k,
+                min_score,
+                subject=subject,
+                user_id=user_id,
+                agent_id=agent_id,
+                include_invalid=include_invalid,
+            )
         )
 
     # ------------------------------------------------------------------ lifecycle

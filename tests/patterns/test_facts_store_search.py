@@ -54,13 +54,13 @@ def test_facts_are_read_per_call_and_searched_in_the_database(
     store, _ = stores
     now = [datetime(2025, 1, 1, tzinfo=UTC)]
     facts = FactMemory(HashingEmbedder(64), store=store, clock=lambda: now[0])
-    assert facts.add("User lives in Paris", "alice", slot="home").action == "added"
-    assert facts.add("User lives in Paris", "alice", slot="home").action == "reinforced"
-    facts.add("User likes green tea", "alice", category="preference")
-    facts.add("User's name is Bob", "bob", slot="name")
+    assert facts.add("User lives in Paris", subject="alice", slot="home").action == "added"
+    assert facts.add("User lives in Paris", subject="alice", slot="home").action == "reinforced"
+    facts.add("User likes green tea", subject="alice", category="preference")
+    facts.add("User's name is Bob", subject="bob", slot="name")
     _holds_nothing(facts)
     now[0] += timedelta(days=30)
-    change = facts.add("User lives in Berlin", "alice", slot="home")
+    change = facts.add("User lives in Berlin", subject="alice", slot="home")
     assert change.action == "superseded"
     assert [f.text for f in change.invalidated] == ["User lives in Paris"]
     _holds_nothing(facts)
@@ -94,9 +94,9 @@ def test_a_second_host_sees_and_supersedes_the_first_hosts_facts_at_once(
     store_a, store_b = stores
     a = FactMemory(HashingEmbedder(64), store=store_a)
     b = FactMemory(HashingEmbedder(64), store=store_b)  # opened before a adds anything
-    paris = a.add("User lives in Paris", "alice", slot="home").fact
+    paris = a.add("User lives in Paris", subject="alice", slot="home").fact
     assert b.search("where does the user live", k=1, min_score=0.1)[0].fact.fact_id == paris.fact_id
-    change = b.add("User lives in Berlin", "alice", slot="home")
+    change = b.add("User lives in Berlin", subject="alice", slot="home")
     assert change.action == "superseded"
     assert [f.fact_id for f in change.invalidated] == [paris.fact_id]
     assert [f.text for f in a.facts("alice")] == ["User lives in Berlin"]
@@ -137,7 +137,7 @@ def test_facts_stored_before_the_store_searched_get_their_vectors(
     store, _ = stores
     store.supports_search = False  # as the store was before pgvector came (the old path)
     old = FactMemory(HashingEmbedder(64), store=store)
-    fid = old.add("User lives in Paris", "alice", slot="home").fact.fact_id
+    fid = old.add("User lives in Paris", subject="alice", slot="home").fact.fact_id
     assert not old.stateless
     store.supports_search = True
     key = subject_facts_key("default", "alice")

@@ -38,15 +38,15 @@ def mem(clock: Clock) -> FactMemory:
 
 
 def test_restatement_reinforces_instead_of_copying(mem: FactMemory) -> None:
-    first = mem.add("User likes green tea", "alice", confidence=0.5, source_ids=["m1"])
-    again = mem.add("User likes green tea", "alice", source_ids=["m2"])
+    first = mem.add("User likes green tea", subject="alice", confidence=0.5, source_ids=["m1"])
+    again = mem.add("User likes green tea", subject="alice", source_ids=["m2"])
     assert (first.action, again.action) == ("added", "reinforced")
     assert again.fact.fact_id == first.fact.fact_id
     assert again.fact.confidence == pytest.approx(0.6)
     assert again.fact.source_ids == ("m1", "m2")
     assert len(mem.facts("alice")) == 1
     for _ in range(10):
-        mem.add("User likes green tea", "alice")
+        mem.add("User likes green tea", subject="alice")
     assert mem.facts("alice")[0].confidence == 1.0  # capped
 
 
@@ -57,17 +57,17 @@ def test_dedup_threshold_is_a_strict_cosine_bound(clock: Clock) -> None:
     cos = float(v[0] @ v[1])
     assert 0.5 < cos < 0.99
     above = FactMemory(emb, clock=clock, dedup_threshold=cos - 0.01)
-    above.add(a, "u")
-    assert above.add(b, "u").action == "reinforced"
+    above.add(a, subject="u")
+    assert above.add(b, subject="u").action == "reinforced"
     at = FactMemory(emb, clock=clock, dedup_threshold=cos)  # "> threshold", not >=
-    at.add(a, "u")
-    assert at.add(b, "u").action == "added"
+    at.add(a, subject="u")
+    assert at.add(b, subject="u").action == "added"
     # subjects never dedup against each other
-    assert above.add(a, "bob").action == "added"
+    assert above.add(a, subject="bob").action == "added"
 
 
 def test_decay_once_per_period_and_reinforcement_resets(mem: FactMemory, clock: Clock) -> None:
-    fid = mem.add("User lives in Porto", "alice", confidence=0.8).fact.fact_id
+    fid = mem.add("User lives in Porto", subject="alice", confidence=0.8).fact.fact_id
     clock.advance(days=6)
     assert mem.maintain().decayed == ()
     clock.advance(days=1)  # 7 days without reinforcement
@@ -77,15 +77,15 @@ def test_decay_once_per_period_and_reinforcement_resets(mem: FactMemory, clock: 
     clock.advance(days=14)  # two more periods
     mem.maintain()
     assert mem.get(fid).confidence == pytest.approx(0.8 * 0.95**3)
-    mem.add("User lives in Porto", "alice")
+    mem.add("User lives in Porto", subject="alice")
     assert mem.get(fid).confidence == pytest.approx(0.8 * 0.95**3 + 0.1)
     clock.advance(days=6)
     assert mem.maintain().decayed == ()
 
 
 def test_prune_needs_low_confidence_and_age(mem: FactMemory, clock: Clock) -> None:
-    weak = mem.add("User maybe owns a boat", "alice", confidence=0.29).fact.fact_id
-    strong = mem.add("User's name is Alice", "alice", confidence=0.9).fact.fact_id
+    weak = mem.add("User maybe owns a boat", subject="alice", confidence=0.29).fact.fact_id
+    strong = mem.add("User's name is Alice", subject="alice", confidence=0.9).fact.fact_id
     clock.advance(days=30)
     assert mem.maintain().pruned == ()  # not older than 30 days yet
     clock.advance(days=1)
@@ -105,7 +105,7 @@ def test_decay_then_prune_with_custom_thresholds(clock: Clock) -> None:
         prune_below=0.2,
         prune_after=timedelta(days=2),
     )
-    fid = mem.add("User plays chess", "u", confidence=0.8).fact.fact_id
+    fid = mem.add("User plays chess", subject="u", confidence=0.8).fact.fact_id
     clock.advance(days=2)
     mem.maintain()
     assert mem.get(fid).confidence == pytest.approx(0.2)
@@ -114,9 +114,9 @@ def test_decay_then_prune_with_custom_thresholds(clock: Clock) -> None:
 
 
 def test_contradiction_invalidates_and_keeps_history(mem: FactMemory, clock: Clock) -> None:
-    paris = mem.add("User lives in Paris", "alice", slot="home").fact
+    paris = mem.add("User lives in Paris", subject="alice", slot="home").fact
     clock.advance(days=10)
-    change = mem.add("User lives in Berlin", "alice", slot="home")
+    change = mem.add("User lives in Berlin", subject="alice", slot="home")
     assert change.action == "superseded"
     berlin = change.fact
     (old,) = change.invalidated
@@ -134,7 +134,7 @@ def test_contradiction_invalidates_and_keeps_history(mem: FactMemory, clock: Clo
     assert mem.as_of(T0 - timedelta(days=1)) == []
     # a third value extends the chain
     clock.advance(days=10)
-    mem.add("User lives in Rome", "alice", slot="home")
+    mem.add("User lives in Rome", subject="alice", slot="home")
     assert [f.text for f in mem.history(paris.fact_id)] == [
         "User lives in Paris",
         "User lives in Berlin",
@@ -156,21 +156,22 @@ def test_contradiction_decided_by_a_custom_rule_over_cosine_candidates(clock: Cl
 
     old = "User likes very spicy Thai curry from the night market stalls in Bangkok"
     mem = FactMemory(HashingEmbedder(), clock=clock, contradicts=rule)
-    mem.add(old, "u")
-    mem.add("Completely unrelated statement about boats", "u")
-    change = mem.add(old + " no more", "u")  # cosine 0.93: without the rule, a reinforcement
+    mem.add(old, subject="u")
+    mem.add("Completely unrelated statement about boats", subject="u")
+    # cosine 0.93: without the rule, a reinforcement
+    change = mem.add(old + " no more", subject="u")
     assert change.action == "superseded"
     assert [f.text for f in change.invalidated] == [old]
     # only the cosine >= 0.80 candidate was asked, not the unrelated fact
     assert calls == [(old, old + " no more")]
-    assert mem.add(old + " no more", "u").action == "reinforced"
+    assert mem.add(old + " no more", subject="u").action == "reinforced"
 
 
 def test_forget_is_a_real_delete_and_unlinks_history(clock: Clock, tmp_path) -> None:  # type: ignore[no-untyped-def]
     store = SQLiteStore(tmp_path / "f.db")
     mem = FactMemory(HashingEmbedder(), store=store, clock=clock)
-    old = mem.add("User lives in Paris", "alice", slot="home").fact
-    new = mem.add("User lives in Oslo", "alice", slot="home").fact
+    old = mem.add("User lives in Paris", subject="alice", slot="home").fact
+    new = mem.add("User lives in Oslo", subject="alice", slot="home").fact
     assert mem.forget(old.fact_id) is True
     assert mem.forget(old.fact_id) is False
     assert mem.history(new.fact_id) == [mem.get(new.fact_id)]
@@ -186,11 +187,11 @@ def test_restart_persistence_sqlite(clock: Clock, tmp_path) -> None:  # type: ig
     path = tmp_path / "facts.db"
     store = SQLiteStore(path)
     mem = FactMemory(HashingEmbedder(), store=store, clock=clock, namespace="app")
-    mem.add("User lives in Paris", "alice", slot="home", source_ids=["m1"])
+    mem.add("User lives in Paris", subject="alice", slot="home", source_ids=["m1"])
     clock.advance(days=3)
-    mem.add("User lives in Berlin", "alice", slot="home")
-    mem.add("User likes jazz", "bob")
-    mem.add("User likes jazz", "bob")
+    mem.add("User lives in Berlin", subject="alice", slot="home")
+    mem.add("User likes jazz", subject="bob")
+    mem.add("User likes jazz", subject="bob")
     before = {f.fact_id: f for s in mem.subjects() for f in mem.facts(s, include_invalid=True)}
     store.close()
 
@@ -211,16 +212,16 @@ def test_restart_persistence_sqlite(clock: Clock, tmp_path) -> None:  # type: ig
 def test_retention_never_deletes_facts(clock: Clock) -> None:
     store = InMemoryStore()
     mem = FactMemory(HashingEmbedder(), store=store, clock=clock)
-    mem.add("User's name is Alice", "alice")
+    mem.add("User's name is Alice", subject="alice")
     deleted = store.enforce_retention(ttl=timedelta(seconds=1), now=T0 + timedelta(days=999))
     assert deleted == 0
     assert len(FactMemory(HashingEmbedder(), store=store)) == 1
 
 
 def test_search_scores_and_min_score(mem: FactMemory) -> None:
-    mem.add("User's sister Clara lives in Lisbon", "alice", category="relation")
-    mem.add("User works as a nurse", "alice", category="identity")
-    mem.add("User works as a pilot", "bob")
+    mem.add("User's sister Clara lives in Lisbon", subject="alice", category="relation")
+    mem.add("User works as a nurse", subject="alice", category="identity")
+    mem.add("User works as a pilot", subject="bob")
     hits = mem.search("Where does Clara live", k=5, min_score=0.0, subject="alice")
     assert hits[0].text == "User's sister Clara lives in Lisbon"
     assert hits[0].rank == 1
@@ -230,15 +231,38 @@ def test_search_scores_and_min_score(mem: FactMemory) -> None:
     assert {h.fact.subject for h in mem.search("works as", k=5, min_score=0.0)} == {"alice", "bob"}
 
 
+def test_the_subject_is_a_keyword_so_mem0s_argument_order_is_refused(mem: FactMemory) -> None:
+    # mem0 writes add(user, text) nowhere, but add(text, user_id=...); a user coming from
+    # an API with the subject first must get an error, not the fact "alice"
+    with pytest.raises(TypeError, match="positional"):
+        mem.add("alice", "I live in Paris")  # type: ignore[misc]
+    assert len(mem) == 0
+    with pytest.raises(ValueError, match="exactly one of subject=, user_id= or agent_id="):
+        mem.add("User lives in Paris")
+    with pytest.raises(ValueError, match="user_id='alice', agent_id='bot'"):
+        mem.add("User lives in Paris", user_id="alice", agent_id="bot")
+    assert len(mem) == 0
+    # mem0's spelling: user_id= / agent_id= name the subject, as subject= does
+    assert mem.add("User lives in Paris", user_id="alice", slot="home").fact.subject == "alice"
+    assert mem.add("Bot speaks French", agent_id="bot").fact.subject == "bot"
+    assert mem.add("User lives in Paris", subject="alice").action == "reinforced"
+    assert [f.text for f in mem.facts("alice")] == ["User lives in Paris"]
+    hits = mem.search("Where does the user live?", k=3, min_score=0.0, user_id="alice")
+    assert [h.fact.subject for h in hits] == ["alice"]
+    assert {h.fact.subject for h in mem.search("French", k=3, min_score=0.0)} >= {"bot"}
+    with pytest.raises(ValueError, match="at most one of subject="):
+        mem.search("Paris", subject="alice", user_id="alice")
+
+
 def test_boundary_validation_changes_nothing(mem: FactMemory) -> None:
     with pytest.raises(ValueError, match="confidence"):
-        mem.add("x", "alice", confidence=1.5)
+        mem.add("x", subject="alice", confidence=1.5)
     with pytest.raises(ValueError, match="text"):
-        mem.add("   ", "alice")
+        mem.add("   ", subject="alice")
     with pytest.raises(InvalidNameError, match="subject"):
-        mem.add("User is ok", "bad/name")
+        mem.add("User is ok", subject="bad/name")
     with pytest.raises(ValueError, match="subject"):
-        mem.add(FactCandidate(text="User is ok", subject="bob"), "alice")
+        mem.add(FactCandidate(text="User is ok", subject="bob"), subject="alice")
     with pytest.raises(TypeError, match="candidates\\[0\\]"):
         mem.add_many(["plain str"], "alice")  # type: ignore[list-item]
     with pytest.raises(ValueError, match="dedup_threshold"):
@@ -283,7 +307,7 @@ def test_confidence_stays_in_unit_interval(ops) -> None:  # type: ignore[no-unty
     mem = FactMemory(HashingEmbedder(64), clock=clock)
     for op in ops:
         if op[0] == "add":
-            mem.add(op[1], "u", confidence=op[2], slot=op[3])
+            mem.add(op[1], subject="u", confidence=op[2], slot=op[3])
         elif op[0] == "wait":
             clock.advance(days=op[1])
         else:
@@ -302,7 +326,7 @@ def test_no_agent_name_reaches_a_subjects_facts(tmp_path):
 
     store = SQLiteStore(tmp_path / "m.db")
     facts = FactMemory(HashingEmbedder(), store=store, namespace="team")
-    facts.add("User lives in Paris", "alice", slot="home")
+    facts.add("User lives in Paris", subject="alice", slot="home")
     # a conversation whose key once spelled the facts' key: ("team", "user-facts", "alice")
     store.append_messages(("team", "user-facts", "alice"), [Message.user("I am not a fact")])
     again = FactMemory(HashingEmbedder(), store=store, namespace="team")
