@@ -29,6 +29,11 @@ steps inside one ``MemoryManager.run``), ``end_run``, ``end_session``, ``ask``, 
 ``repeat`` (a block played ``times`` times, with ``{i}``, ``{n}`` and ``{item}``
 substituted in its strings).
 
+An ``ask`` checks two things: ``expect`` lists strings the answer must contain (the
+model's answer, or offline the best-matching evidence; no answer fails them all) and
+``expect_sent`` strings the context window sent for the question must contain (what
+memory brought back, whatever the answer).
+
 A real model: with an ``llm:`` section (in the workflow, or in its memory config)
 ``ask`` steps send the agent's context window to the model and record its answer::
 

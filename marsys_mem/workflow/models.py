@@ -370,12 +370,17 @@ class AskStep(_Model):
     that fails (HTTP error, rate limit, timeout, after the SDK's retries) is reported in
     the ask's ``error`` and the run goes on; the memory keeps the question.
 
-    ``expect``: strings that must appear in what the agent sends or in the answer
-    (checked case-insensitively).
+    ``expect``: strings that must appear in the answer (the model's, or offline the best
+    match), checked case-insensitively; with no answer (the call failed, or nothing in
+    memory matches) every one of them fails. ``expect_sent``: strings that must appear in
+    what the agent sends its LLM (the context window built for the question), whatever
+    the answer: that memory brought them back.
 
     Example:
-        >>> AskStep(agent="planner", question="Q4 growth?", expect="12%").expect
-        ['12%']
+        >>> step = AskStep(agent="planner", question="Q4 growth?", expect="12%",
+        ...                expect_sent=["revenue"])
+        >>> step.expect, step.expect_sent
+        (['12%'], ['revenue'])
     """
 
     kind: Literal["ask"] = "ask"
@@ -383,7 +388,23 @@ class AskStep(_Model):
     question: str = Field(min_length=1)
     branch: str | None = None
     expect: Annotated[list[str], BeforeValidator(_as_list), AlsoAccepts({"type": "string"})] = (
-        Field(default_factory=list)
+        Field(
+            default_factory=list,
+            description=(
+                "Strings the answer must contain (case-insensitive): the model's answer, or "
+                "offline the best-matching evidence. No answer (a failed call, nothing "
+                "matches) fails them all."
+            ),
+        )
+    )
+    expect_sent: Annotated[
+        list[str], BeforeValidator(_as_list), AlsoAccepts({"type": "string"})
+    ] = Field(
+        default_factory=list,
+        description=(
+            "Strings the context window sent for the question must contain "
+            "(case-insensitive), whatever the answer."
+        ),
     )
 
 

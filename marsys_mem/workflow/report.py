@@ -227,8 +227,10 @@ class AskReport(_Model):
     when the agent has an embedder): the best match, not a composed answer. With an
     ``llm:``, ``answer`` is the model's (``model``: ``provider:model``; ``duration_ms`` and
     ``usage`` of the call); ``error`` says why a call failed (the answer is then ``None``).
-    ``found`` / ``missing``: the ``expect`` strings present / absent in what the agent sent
-    or in the answer; ``ok`` is true when none is missing and no call failed.
+    ``found`` / ``missing``: the ``expect`` strings present / absent in the answer (all
+    missing when there is no answer); ``found_sent`` / ``missing_sent``: the
+    ``expect_sent`` strings present / absent in what the agent sent. ``ok`` is true when
+    none is missing and no call failed.
 
     Example:
         >>> AskReport(step="steps[3]", agent="a", branch="main", question="Q?",
@@ -252,6 +254,9 @@ class AskReport(_Model):
     expect: list[str] = Field(default_factory=list)
     found: list[str] = Field(default_factory=list)
     missing: list[str] = Field(default_factory=list)
+    expect_sent: list[str] = Field(default_factory=list)
+    found_sent: list[str] = Field(default_factory=list)
+    missing_sent: list[str] = Field(default_factory=list)
     model: str | None = Field(default=None, description="provider:model when a model answered.")
     duration_ms: float | None = None
     usage: dict[str, int] = Field(default_factory=dict)
@@ -615,7 +620,13 @@ def _text_lines(r: WorkflowReport, width: int) -> list[str]:
                 lines.append(f"      hit {h.rank}:  {h.score:.3f} {h.role}: {clip(h.text, 70)}")
             if a.expect:
                 marks = "  ".join(("✓ " if e in a.found else "✗ ") + repr(e) for e in a.expect)
-                lines.append(f"      expect: {marks}")
+                none = "" if a.answer is not None else "  (no answer)"
+                lines.append(f"      expect: {marks}{none}")
+            if a.expect_sent:
+                marks = "  ".join(
+                    ("✓ " if e in a.found_sent else "✗ ") + repr(e) for e in a.expect_sent
+                )
+                lines.append(f"      expect_sent: {marks}")
 
     if r.fact_checks:
         lines += ["", f"== Fact checks ({len(r.fact_checks)})"]

@@ -663,10 +663,13 @@ class WorkflowRunner:
             )
             if answer is None and hits:
                 answer, source = hits[0].message.text, f"retrieved {hits[0].message.role} message"
-        sent = "\n".join(m.text for m in win.messages)
-        haystack = (sent + "\n" + (answer or "")).casefold()
-        found = [e for e in s.expect if e.casefold() in haystack]
+        # expect: in the answer (none: all missing); expect_sent: in the window sent
+        said = answer.casefold() if answer is not None else None
+        found = [e for e in s.expect if said is not None and e.casefold() in said]
         missing = [e for e in s.expect if e not in found]
+        sent = "\n".join(m.text for m in win.messages).casefold()
+        found_sent = [e for e in s.expect_sent if e.casefold() in sent]
+        missing_sent = [e for e in s.expect_sent if e not in found_sent]
         blocks = {m.metadata.get("block"): m for m in win.messages if m.metadata.get("block")}
         line = self.workflow.locate(p.path).line
         self._asks.append(
@@ -695,8 +698,11 @@ class WorkflowRunner:
                 expect=list(s.expect),
                 found=found,
                 missing=missing,
+                expect_sent=list(s.expect_sent),
+                found_sent=found_sent,
+                missing_sent=missing_sent,
                 **call,
-                ok=not missing and call.get("error") is None,
+                ok=not missing and not missing_sent and call.get("error") is None,
             )
         )
 

@@ -208,7 +208,7 @@ def test_unknown_field_without_a_close_name_lists_the_allowed_fields(tmp_path):
     path = write(tmp_path, "agents: [a]\nsteps:\n  - ask: {agent: a, question: q, colour: red}\n")
     assert errors_of(path) == [
         f"{path}:3: steps[0].colour: unknown field; expected one of: agent, question, branch, "
-        "expect"
+        "expect, expect_sent"
     ]
 
 

@@ -522,7 +522,7 @@ def test_llm_extractor_learns_through_the_workflow_llm(tmp_path, server):
         steps:
           - say: {{agent: assistant, text: "Honestly the hives keep me busy every weekend."}}
           - facts: {{agent: assistant, expect: bees}}
-          - ask: {{agent: assistant, question: "What do I do on weekends?", expect: bees}}
+          - ask: {{agent: assistant, question: "What do I do on weekends?", expect_sent: bees}}
         """,
     )
     report = run_workflow(path, store_dir=tmp_path / "s")
