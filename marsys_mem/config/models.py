@@ -55,6 +55,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     SecretStr,
+    TypeAdapter,
     ValidationError,
     ValidationInfo,
     ValidatorFunctionWrapHandler,
@@ -145,6 +146,9 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
 def parse_duration(value: object) -> timedelta:
     """Parse ``30d``, ``12h``, ``1d12h``, ``90m``, ``45s``, ``2w``, seconds, or a timedelta.
 
+    ISO 8601 durations (``PT2S``, ``P30D``, ``P1DT12H``) are read too: that is how a
+    config dumped with ``model_dump_json()`` writes them, so it loads again.
+
     Raises:
         ValueError: anything else, a duration that is not positive, not finite, or longer
             than ``timedelta`` can hold (999,999,999 days).
@@ -155,6 +159,8 @@ def parse_duration(value: object) -> timedelta:
         raise ValueError(f"invalid duration {short_repr(value)}")
     elif isinstance(value, int | float):
         result = _from_seconds(value, value)
+    elif isinstance(value, str) and value.strip().upper().startswith(("P", "-P")):
+        result = _from_iso(value)
     elif isinstance(value, str):
         text = value.strip().lower().replace(" ", "")
         pos, seconds = 0, 0.0
@@ -179,6 +185,18 @@ def parse_duration(value: object) -> timedelta:
 
 
 _MAX_SECONDS = timedelta.max.total_seconds()
+_ISO_DURATION: TypeAdapter[timedelta] = TypeAdapter(timedelta)
+
+
+def _from_iso(value: str) -> timedelta:
+    """An ISO 8601 duration (``PT2S``, ``P30D``, ``P1DT12H``: what ``model_dump_json`` writes)."""
+    try:
+        return _ISO_DURATION.validate_python(value.strip().upper())
+    except ValidationError:
+        raise ValueError(
+            f"invalid duration {short_repr(value)}: an ISO 8601 duration is written like "
+            "PT2S, P30D or P1DT12H"
+        ) from None
 
 
 def _from_seconds(seconds: float, value: object) -> timedelta:
@@ -196,6 +214,12 @@ def _from_seconds(seconds: float, value: object) -> timedelta:
         raise ValueError(f"duration {short_repr(value)} is too long") from None
 
 
+_ISO_PATTERN = (
+    r"^\s*-?[Pp](?=[^Tt]*\d|.*[Tt]\d)(\d+(\.\d+)?[YyMmWwDd])*"
+    r"([Tt](\d+(\.\d+)?[HhMmSs])*)?\s*$"
+)
+"""An ISO 8601 duration in the JSON Schema (``PT2S``, ``P30D``, ``P1DT12H``)."""
+
 Duration = Annotated[
     timedelta,
     BeforeValidator(parse_duration),
@@ -203,12 +227,13 @@ Duration = Annotated[
         {
             "anyOf": [
                 {"type": "string", "pattern": r"^\s*(\d+(\.\d+)?\s*[smhdwSMHDW]\s*)+$"},
+                {"type": "string", "pattern": _ISO_PATTERN},
                 {"type": "number", "exclusiveMinimum": 0},
             ]
         }
     ),
 ]
-"""A positive duration, written ``30d``, ``12h``, ``1d12h`` or as seconds."""
+"""A positive duration, written ``30d``, ``12h``, ``1d12h``, as seconds or in ISO 8601."""
 
 
 def _enabled(value: object) -> object:
@@ -487,7 +512,9 @@ class StoreConfig(BaseModel):
             raise ValueError(f"path is only used by backend 'sqlite', not {self.backend!r}")
         if self.backend != "postgres":
             for name in ("dsn", "dsn_env", "pool", "connect_timeout"):
-                if name in self.model_fields_set:
+                # a default written out (as model_dump writes every field) is no setting
+                default = type(self).model_fields[name].default
+                if name in self.model_fields_set and getattr(self, name) != default:
                     raise ValueError(
                         f"{name} is only used by backend 'postgres', not {self.backend!r}"
                     )
