@@ -53,10 +53,13 @@ from marsys_mem.store.base import (
 __all__ = [
     "LENGTH_SAMPLE",
     "MAX_WORDS",
+    "RANK_ALL_BELOW",
+    "TEXT_BUDGET",
     "TEXT_WIDTH",
     "Found",
     "StoreSearch",
     "TextPages",
+    "informative",
     "may_match",
     "query_words",
     "text_pages",
@@ -162,26 +165,56 @@ def query_words(query: str) -> dict[str, str]:
 def text_pages(store: MemoryStore, query: str, depth: int, keys: Sequence[Key]) -> TextPages:
     """A store's keyword matches in ``keys`` and its query terms' document frequencies.
 
-    One batch: the query's best ``depth`` matches by the database's rank, each word's
-    match count (``CountMatches``, one query for all), the keys' message counts; so the
-    host scores the candidates with BM25 as the in-process path does (the database's
-    own rank weighs a common word as much as a rare one).
+    Two batches: each word's match count (``CountMatches``, one query for all) with the
+    keys' message counts, so the host scores the candidates with BM25 as the in-process
+    path does (the database's own rank weighs a common word as much as a rare one); then
+    the best ``depth`` matches by the database's rank of the query's informative words
+    (:func:`informative`: over a big store, the words that match few messages).
     """
     words = query_words(query)
     unasked = tuple(list(words)[MAX_WORDS:])
     words = dict(list(words.items())[:MAX_WORDS])
     scope = tuple(keys)
     asked = tuple(dict.fromkeys(words.values()))
-    ops: list[SearchText | CountMatches | CountMessages] = [SearchText(query, depth, scope)]
-    ops += [CountMatches(asked, scope)] if asked else []
+    ops: list[CountMatches | CountMessages] = [CountMatches(asked, scope)] if asked else []
     ops += [CountMessages(key) for key in scope]
     results = store.batch(ops)
-    page = results[0]
-    counted: dict[str, int] = results[1] if asked else {}
-    counts = results[2:] if asked else results[1:]
+    counted: dict[str, int] = results[0] if asked else {}
+    count = sum(results[1:] if asked else results)
     freq = {term: counted[word] for term, word in words.items()}
+    text = query if count < RANK_ALL_BELOW else " ".join(informative(words, freq))
+    page = store.batch([SearchText(text, depth, scope)])[0] if text.strip() else ()
     where = {h.message_id: h.key for h in page}
-    return TextPages(depth, [h.message_id for h in page], freq, sum(counts), where, unasked)
+    return TextPages(depth, [h.message_id for h in page], freq, count, where, unasked)
+
+
+def informative(words: dict[str, str], freq: dict[str, int]) -> list[str]:
+    """The words a keyword search over a big store asks the database to rank.
+
+    The rarest first while their matches add up to at most :data:`TEXT_BUDGET`, so the
+    database ranks a bounded number of rows whatever its size: a word in many messages has
+    a small idf, and the candidates it alone would add rank low in BM25 (their BM25 scores
+    still count every word). Under :data:`RANK_ALL_BELOW` messages the whole query is
+    asked for. ``words``: term to word (:func:`query_words`); ``freq``: term to match count.
+
+    Example:
+        >>> words = {"maya": "Maya", "park": "parked", "car": "car"}
+        >>> informative(words, {"maya": 900, "park": 4_000, "car": 30})
+        ['car', 'Maya', 'parked']
+        >>> informative(words, {"maya": 9_000, "park": 90_000, "car": 30})
+        ['car']
+    """
+    matched = sorted((freq.get(term, 0), i, word) for i, (term, word) in enumerate(words.items()))
+    chosen: list[str] = []
+    total = 0
+    for df, _, word in matched:
+        if df == 0:
+            continue
+        if total + df > TEXT_BUDGET:
+            break
+        chosen.append(word)
+        total += df
+    return chosen
 
 
 def may_match(terms: Sequence[str], text: str) -> bool:
@@ -207,6 +240,12 @@ MAX_WORDS = MAX_COUNT_WORDS
 
 TEXT_WIDTH = 3
 """How many more keyword matches than candidates a search reads (BM25 re-ranks them)."""
+
+TEXT_BUDGET = 5_000
+"""Over a big store, the most matches the database ranks for one keyword search."""
+
+RANK_ALL_BELOW = 20_000
+"""Under this many messages, a keyword search asks for every word of the query."""
 
 _WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
 

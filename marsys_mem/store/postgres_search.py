@@ -43,9 +43,12 @@ from marsys_mem.store.base import (
 from marsys_mem.store.vectors import from_bytes
 
 __all__ = [
+    "COUNT_CAP",
+    "COUNT_EXACT",
     "KEYWORD_CHARS",
     "TEXT_CONFIG",
     "THREAD_FIELD",
+    "TSV_STATISTICS",
     "SearchSetup",
     "count_matches",
     "key_filter",
@@ -60,6 +63,7 @@ __all__ = [
     "search_text",
     "search_vectors",
     "thread_index",
+    "tsv_statistics",
 ]
 
 log = logging.getLogger(__name__)
@@ -75,6 +79,17 @@ is 1 MB; RAGMemory indexes no longer text either)."""
 
 EXACT_BELOW = 20_000
 """Filtered searches over fewer candidate messages than this scan them exactly (no index)."""
+
+COUNT_EXACT = 1_000
+"""Over a big scope, a word the planner's statistics put in at least this many of its
+messages is not counted (see :func:`count_matches`)."""
+
+COUNT_CAP = 50_000
+"""The most matches of one word :func:`count_matches` counts (statistics missing or stale)."""
+
+TSV_STATISTICS = 1_000
+"""The ``tsv`` column's statistics target: ANALYZE keeps its 10,000 most common lexemes
+with their frequencies (100 by default keeps 1,000), so a word outside them is rare."""
 
 _CHUNK = 2_000
 
@@ -171,11 +186,12 @@ def open_search(conn: Connection, where: str, lock: int) -> SearchSetup | None:
     """
     schema = _extension_schema(conn)
     if schema is not None and _installed(conn):
-        if not _has_thread_index(conn):  # a store installed before the index existed
+        if not _has_thread_index(conn) or not _has_tsv_statistics(conn):  # an older store
             conn.execute("SELECT pg_advisory_lock(%s)", (lock,))
             try:
                 with conn.transaction():
                     thread_index(conn)
+                    tsv_statistics(conn)
             finally:
                 if not conn.closed:
                     conn.execute("SELECT pg_advisory_unlock(%s)", (lock,))
@@ -211,6 +227,25 @@ def _has_thread_index(conn: Connection) -> bool:
     return bool(row and row[0])
 
 
+def _has_tsv_statistics(conn: Connection) -> bool:
+    row = conn.execute(
+        "SELECT coalesce(attstattarget, -1) = %s FROM pg_attribute"
+        " WHERE attrelid = to_regclass('marsys_messages') AND attname = 'tsv'",
+        (TSV_STATISTICS,),
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def tsv_statistics(conn: Connection) -> None:
+    """Set the ``tsv`` column's statistics target (:data:`TSV_STATISTICS`), if not yet."""
+    if not _has_tsv_statistics(conn):
+        conn.execute(
+            sql.SQL("ALTER TABLE marsys_messages ALTER COLUMN tsv SET STATISTICS {}").format(
+                sql.Literal(TSV_STATISTICS)
+            )
+        )
+
+
 def _install(conn: Connection, setup: SearchSetup) -> None:
     """Add the columns, fill them from what is stored (once), then index them."""
     conn.execute(
@@ -220,6 +255,7 @@ def _install(conn: Connection, setup: SearchSetup) -> None:
     _fill_keywords(conn)
     _fill_embeddings(conn, setup)
     conn.execute("CREATE INDEX marsys_messages_tsv ON marsys_messages USING gin (tsv)")
+    tsv_statistics(conn)
     thread_index(conn)
     for model, dim in conn.execute("SELECT model, dim FROM marsys_vector_models").fetchall():
         model_index(conn, setup, str(model), int(dim))
@@ -335,9 +371,7 @@ def key_filter(
 
 
 def _hits(rows: list[tuple[Any, ...]]) -> tuple[SearchHit, ...]:
-    return tuple(
-        SearchHit((str(r[0]), str(r[1]), str(r[2])), str(r[3]), float(r[4])) for r in rows
-    )
+    return tuple(SearchHit((str(r[0]), str(r[1]), str(r[2])), str(r[3]), float(r[4])) for r in rows)
 
 
 def prepare_search(conn: Connection, op: SearchVectors) -> int | None:
@@ -405,9 +439,7 @@ def nearest(
     # the planner does not sort a big filter's rows when its statistics lag (a fresh store).
     order = sql.SQL("({}) + 0").format(distance) if exact else distance
     column = "v.key_id" if exact else "(v.key_id + 0)"
-    where = sql.SQL(
-        f" AND {column} = ANY(%(keys)s::bigint[])" if key_ids is not None else ""
-    )
+    where = sql.SQL(f" AND {column} = ANY(%(keys)s::bigint[])" if key_ids is not None else "")
     query = sql.SQL(
         "{x}WITH c AS MATERIALIZED (SELECT v.key_id, v.message_id, {d} AS d"
         " FROM marsys_vectors v WHERE v.model = %(model)s{w} ORDER BY {o} LIMIT %(k)s)"
@@ -443,29 +475,59 @@ def search_text(conn: Connection, op: SearchText) -> tuple[SearchHit, ...]:
 
 
 def count_matches(conn: Connection, op: CountMatches) -> dict[str, int]:
-    """Run ``op``: one GIN scan for any of the words, each match counted for its words.
+    """Run ``op``: each word's matches, counted exactly up to :data:`COUNT_EXACT`.
 
     A word matches as :func:`search_text` matches a one-word query (its lexemes ORed); a
-    word with no lexeme (a stop word) counts 0.
+    word with no lexeme (a stop word) counts 0. Over a scope of fewer than
+    :data:`EXACT_BELOW` messages every count is exact (one GIN scan for all the words).
+    Over a bigger one, a word the planner's statistics of the ``tsv`` column find in more
+    than :data:`COUNT_EXACT` of the scope's messages is not counted: its count is that
+    frequency times the scope's size (an estimate, which is all BM25's idf needs of a
+    common word); any other word is counted, stopping at :data:`COUNT_CAP`. So the cost is
+    bounded by the rare words' matches, whatever the store's size.
     """
     counts = dict.fromkeys(op.words, 0)
-    key_ids, _ = key_filter(conn, op.keys, op.namespace)
+    key_ids, scope = key_filter(conn, op.keys, op.namespace)
     if not op.words or (key_ids is not None and not key_ids):
         return counts
+    if key_ids is None:
+        row = conn.execute("SELECT coalesce(sum(n), 0) FROM marsys_keys").fetchone()
+        scope = int(row[0]) if row else 0
     where = " AND m.key_id = ANY(%(keys)s::bigint[])" if key_ids is not None else ""
     words = list(counts)
-    rows = conn.execute(
-        "WITH w AS MATERIALIZED (SELECT u.i, replace(plainto_tsquery(%(cfg)s::regconfig,"  # noqa: S608 (SQL from constants; values bound)
-        " u.word)::text, ' & ', ' | ')::tsquery AS q"
-        " FROM unnest(%(words)s::text[]) WITH ORDINALITY AS u(word, i)),"
-        " a AS (SELECT string_agg('(' || q::text || ')', ' | ')::tsquery AS q FROM w"
-        " WHERE numnode(q) > 0),"
-        " m AS MATERIALIZED (SELECT m.tsv FROM marsys_messages m"
-        f" WHERE m.tsv @@ (SELECT q FROM a){where})"
-        " SELECT w.i, count(*) FROM m JOIN w ON numnode(w.q) > 0 AND m.tsv @@ w.q"
-        " GROUP BY w.i",
-        {"cfg": TEXT_CONFIG, "words": words, "keys": key_ids},
-    ).fetchall()
+    params = {"cfg": TEXT_CONFIG, "words": words, "keys": key_ids}
+    if scope < EXACT_BELOW:
+        rows = conn.execute(
+            "WITH w AS MATERIALIZED (SELECT u.i, replace(plainto_tsquery(%(cfg)s::regconfig,"  # noqa: S608 (SQL from constants; values bound)
+            " u.word)::text, ' & ', ' | ')::tsquery AS q"
+            " FROM unnest(%(words)s::text[]) WITH ORDINALITY AS u(word, i)),"
+            " a AS (SELECT string_agg('(' || q::text || ')', ' | ')::tsquery AS q FROM w"
+            " WHERE numnode(q) > 0),"
+            " m AS MATERIALIZED (SELECT m.tsv FROM marsys_messages m"
+            f" WHERE m.tsv @@ (SELECT q FROM a){where})"
+            " SELECT w.i, count(*) FROM m JOIN w ON numnode(w.q) > 0 AND m.tsv @@ w.q"
+            " GROUP BY w.i",
+            params,
+        ).fetchall()
+    else:
+        rows = conn.execute(
+            "WITH w AS MATERIALIZED (SELECT u.i,"  # noqa: S608 (SQL from constants; values bound)
+            " replace(plainto_tsquery(%(cfg)s::regconfig, u.word)::text, ' & ', ' | ')::tsquery"
+            " AS q, tsvector_to_array(to_tsvector(%(cfg)s::regconfig, u.word)) AS lx"
+            " FROM unnest(%(words)s::text[]) WITH ORDINALITY AS u(word, i)),"
+            " st AS (SELECT s.most_common_elems::text::text[] AS e,"
+            " s.most_common_elem_freqs AS f FROM pg_stats s"
+            " JOIN pg_class c ON c.oid = to_regclass('marsys_messages')"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE s.schemaname = n.nspname AND s.tablename = 'marsys_messages'"
+            " AND s.attname = 'tsv'),"
+            " e AS (SELECT w.i, w.q, (SELECT max(st.f[array_position(st.e, x)]) * %(scope)s"
+            " FROM st, unnest(w.lx) AS x) AS est FROM w WHERE numnode(w.q) > 0)"
+            " SELECT e.i, CASE WHEN e.est >= %(exact)s THEN round(e.est)::bigint"
+            " ELSE (SELECT count(*) FROM (SELECT 1 FROM marsys_messages m"
+            f" WHERE m.tsv @@ e.q{where} LIMIT %(cap)s) AS x) END FROM e",
+            {**params, "scope": scope, "exact": COUNT_EXACT, "cap": COUNT_CAP},
+        ).fetchall()
     counts.update((words[int(r[0]) - 1], int(r[1])) for r in rows)
     return counts
 
@@ -496,7 +558,7 @@ def score_vectors(conn: Connection, setup: SearchSetup, op: ScoreVectors) -> tup
         " 1 - ((v.embedding::{t}) {op} %(q)s::{t}) AS s"
         " FROM marsys_keys k, unnest(%(ids)s::text[]) AS i(id) CROSS JOIN LATERAL"
         " (SELECT v.message_id, v.embedding FROM marsys_vectors v WHERE v.key_id = k.id"
-        ' AND v.message_id = (i.id COLLATE "C") AND v.model || \'\' = %(model)s LIMIT 1)'
+        " AND v.message_id = (i.id COLLATE \"C\") AND v.model || '' = %(model)s LIMIT 1)"
         " AS v"
         " WHERE k.namespace = %(ns)s AND k.agent = %(agent)s AND k.branch = %(branch)s"
         " ORDER BY s DESC, v.message_id"
@@ -522,8 +584,7 @@ def _thread_expr(alias: str, field: str) -> sql.Composable:
     # the value's JSON text as stored, JSON null as SQL NULL; a NUL escape (which no
     # PostgreSQL text holds) read as a space first, so that no stored message fails it
     return sql.SQL(
-        "NULLIF(((replace({}.data, '\\u0000', '\\u0020')::json) -> 'metadata' -> {})::text,"
-        " 'null')"
+        "NULLIF(((replace({}.data, '\\u0000', '\\u0020')::json) -> 'metadata' -> {})::text, 'null')"
     ).format(sql.Identifier(alias), sql.Literal(field))
 
 
@@ -531,8 +592,7 @@ def thread_index(conn: Connection) -> None:
     """The index of each key's messages by thread (:data:`THREAD_FIELD`), then position."""
     conn.execute(
         sql.SQL(
-            "CREATE INDEX IF NOT EXISTS marsys_messages_thread ON marsys_messages"
-            " (key_id, {}, seq)"
+            "CREATE INDEX IF NOT EXISTS marsys_messages_thread ON marsys_messages (key_id, {}, seq)"
         ).format(_thread_expr("marsys_messages", THREAD_FIELD))
     )
 

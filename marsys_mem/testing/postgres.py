@@ -246,8 +246,10 @@ def _quote_setting(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
-def _stop_at_exit(pg_ctl: str, data: str, account: tuple[int, int] | None, root: str) -> None:
-    """Finaliser: stop a server its owner forgot to close, and remove its folder."""
+def _stop_at_exit(
+    pg_ctl: str, data: str, account: tuple[int, int] | None, root: str | None
+) -> None:
+    """Finaliser: stop a server its owner forgot to close, and remove its folder (``root``)."""
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         subprocess.run(  # noqa: S603 (PostgreSQL's own pg_ctl, an argv list, no shell)
             [pg_ctl, "-D", data, "-m", "immediate", "-w", "stop"],
@@ -258,7 +260,8 @@ def _stop_at_exit(pg_ctl: str, data: str, account: tuple[int, int] | None, root:
             group=account[1] if account else None,
             extra_groups=[] if account else None,
         )
-    shutil.rmtree(root, ignore_errors=True)
+    if root is not None:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 class PostgresServer:
@@ -269,6 +272,10 @@ class PostgresServer:
         bin_dir: folder of the binaries; default :func:`find_postgres_bin`.
         base_dir: where the temporary folder is made (default: the system's temp folder).
             When running as root it must be traversable by the service account.
+        keep: a folder to keep the cluster in instead of a temporary one: created by the
+            first start, started as it is by later ones (its password is kept there too,
+            readable by its owner only); :meth:`close` stops the server and keeps it.
+            For data worth building once, such as a benchmark's million messages.
         startup_timeout: seconds ``pg_ctl`` waits for the server to accept connections.
 
     Attributes:
@@ -295,6 +302,7 @@ class PostgresServer:
         bin_dir: str | os.PathLike[str] | None = None,
         base_dir: str | os.PathLike[str] | None = None,
         startup_timeout: float = 60.0,
+        keep: str | os.PathLike[str] | None = None,
     ) -> None:
         found = Path(bin_dir) if bin_dir is not None else find_postgres_bin()
         if found is None:
@@ -313,10 +321,22 @@ class PostgresServer:
         self.user = _SUPERUSER
         self.password = secrets.token_urlsafe(18)
         self._account = _service_account()
-        self.root = Path(tempfile.mkdtemp(prefix="marsys-pg-", dir=base_dir))
         self._finalizer: weakref.finalize[..., PostgresServer] | None = None
         self._initialised = False
         self.running = False
+        self.kept = keep is not None
+        if keep is None:
+            self.root = Path(tempfile.mkdtemp(prefix="marsys-pg-", dir=base_dir))
+            return
+        self.root = Path(keep).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        saved = self.root / "password"
+        if (self.data_dir / "PG_VERSION").is_file() and saved.is_file():
+            self.password = saved.read_text().strip()
+            copies = sorted((self.root / "pginstall").glob(f"*/*/{self.bin_dir.name}"))
+            self.bin_dir = copies[0] if copies else self.bin_dir
+            self._initialised = True
+            self._watch()
 
     # ------------------------------------------------------------------ paths
     @property
@@ -427,14 +447,22 @@ class PostgresServer:
             pwfile.unlink(missing_ok=True)
         if done.returncode != 0:
             raise PostgresServerError(f"initdb failed ({done.returncode}): {done.stderr[-2000:]}")
+        if self.kept:
+            saved = self.root / "password"
+            saved.write_text(self.password + "\n")
+            saved.chmod(0o600)
         self._initialised = True
+        self._watch()
+
+    def _watch(self) -> None:
+        """Stop the server when this object goes (and remove its folder unless kept)."""
         self._finalizer = weakref.finalize(
             self,
             _stop_at_exit,
             str(self.bin_dir / "pg_ctl"),
             str(self.data_dir),
             self._account,
-            str(self.root),
+            None if self.kept else str(self.root),
         )
 
     def _configure(self, port: int) -> None:
@@ -533,13 +561,23 @@ class PostgresServer:
         self.running = False
 
     def close(self) -> None:
-        """Stop the server and remove its folder. Idempotent."""
+        """Stop the server and remove its folder (a ``keep`` folder stays). Idempotent."""
+        if self.kept:
+            self.stop()
         if self._finalizer is not None:
-            self._finalizer()  # immediate stop + rmtree, once
+            self._finalizer()  # immediate stop (+ rmtree), once
             self._finalizer = None
-        else:
+        elif not self.kept:
             shutil.rmtree(self.root, ignore_errors=True)
         self.running = False
+
+    def has_database(self, name: str) -> bool:
+        """Whether ``name`` exists (a ``keep`` cluster's databases outlive this object)."""
+        import psycopg  # noqa: PLC0415 (optional dependency: postgres)
+
+        with psycopg.connect(self.dsn(), autocommit=True, connect_timeout=10) as conn:
+            row = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
+            return row.fetchone() is not None
 
     def _postmaster_pid(self) -> int | None:
         try:

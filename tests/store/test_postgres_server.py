@@ -1,6 +1,8 @@
 """marsys_mem.testing.postgres: the throwaway server the PostgreSQL tests (and others) use."""
 
 import os
+import shutil
+import tempfile
 
 import psycopg
 import pytest
@@ -47,3 +49,27 @@ def test_missing_binaries_skip_locally_and_fail_in_ci(monkeypatch: pytest.Monkey
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="setting name"):
         PostgresServer(bin_dir=require_postgres(), settings={"fsync = off; x": "1"})
+
+
+def test_a_kept_cluster_outlives_its_server_object() -> None:
+    bin_dir = require_postgres()
+    parent = tempfile.mkdtemp(prefix="marsys-kept-")  # the system's temp: the account reaches it
+    os.chmod(parent, 0o711)
+    folder = os.path.join(parent, "cluster")
+    with PostgresServer(bin_dir=bin_dir, settings={"fsync": "off"}, keep=folder) as server:
+        assert not server.has_database("kept")
+        dsn = server.create_database("kept")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE t (x int)")
+            conn.execute("INSERT INTO t VALUES (1)")
+        password = server.password
+    assert os.path.isdir(os.path.join(folder, "data"))  # stopped, kept
+    assert oct(os.stat(os.path.join(folder, "password")).st_mode & 0o777) == "0o600"
+    again = PostgresServer(bin_dir=bin_dir, keep=folder)
+    with again:
+        assert again.password == password
+        assert again.has_database("kept")
+        with psycopg.connect(again.dsn("kept"), autocommit=True) as conn:
+            assert conn.execute("SELECT count(*) FROM t").fetchone() == (1,)
+    assert os.path.isdir(os.path.join(folder, "data"))
+    shutil.rmtree(parent)
