@@ -1,0 +1,609 @@
+"""REALTALK as the dev set: evidence recall of RAGMemory on real two-person chats, and ingest speed.
+
+REALTALK (Lee et al. 2025) holds 10 real messaging chats between two people over 21 days
+(8,944 turns, 728 questions whose evidence turns are annotated). The repository has no
+licence file, so its data is not part of this project: get the folder yourself and pass it::
+
+    git clone https://github.com/danny911kr/REALTALK
+    python benchmarks/bench_realtalk.py REALTALK/data
+    python benchmarks/bench_realtalk.py REALTALK/data --steps all     # the step table
+    python benchmarks/bench_realtalk.py REALTALK/data --chats 6 --no-search   # ingest only
+
+Only ``DATA_DIR/Chat_*.json`` is read (not ``locomo/`` nor ``raw/``). Needs the
+``embeddings`` extra.
+
+Each chat is its own haystack: one default ``RAGMemory`` per chat, every turn added in the
+order the chat produced it as one message (the speaker as ``Message.name``, its date as
+``timestamp``, its ``dia_id`` as ``message_id``; no thread). Each question is asked with
+``search(question, k=10)`` in each mode (``dense``, ``bm25``, ``hybrid``). Chats 1-5 are the
+**tune** split, chats 6-10 the **report** split (2-3x longer chats): choose on the first,
+quote the second.
+
+Evidence ids are written loosely in the data (``D5:12;D5:16``, ``D 2:18``, ``D5:3.``,
+``D12:3-D12:5``): they are split, normalised, and same-day ranges expanded; ids naming no
+turn are counted and dropped, and questions left without evidence are skipped (2 of 728).
+A turn's session is the ``session_N`` list it is in (a ``D`` number is not always the
+session number).
+
+Scores per question, averaged (by question kind: 1 multi-hop, 2 temporal, 3 commonsense):
+
+- ``R@k``: the share of its evidence turns among the top ``k`` hits (the headline: R@10).
+- ``S@k``: the share of its evidence sessions among the sessions of the top ``k`` hits (high
+  even at random: a chat has only 16-25 sessions).
+- ``All@10``: 1 when every evidence turn is in the top 10; ``AllS@10``: when every evidence
+  session is.
+- ``MRR``: reciprocal rank of the first evidence turn in the top 10 (0 past it).
+
+Timing, in the same run: ``ingest`` is the default ``RAGMemory`` (its default embedder, loaded
+beforehand, caches emptied) taking every turn of a chat with ``add``, one call per turn, until
+``flush`` returns; beside it the raw embedders on the same texts in arrival order, in one call
+(ONNX Runtime and PyTorch: the fastest is the peer), and fed 64 at a time (how a naive batcher
+does it). Runs are interleaved and repeated (``--repeat``); medians are quoted. Search
+latency is end to end (query embedding included, its cache emptied per mode) with
+``torch.set_num_threads(1)`` and one faiss thread, beside the query's forward pass alone.
+
+The step table (``--steps``): each :class:`Step` is a change (RAGMemory options, or how turns
+become messages), applied on top of the steps kept before it; the table shows what each
+adds on both splits. Add a row for each change to the ranking. It embeds every text once
+(through an in-memory vector cache) and builds each step's memories with ``background=False``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import re
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+try:
+    import faiss
+    import torch
+
+    from marsys_mem.retrieval.embeddings import SentenceTransformerEmbedder, embeddings_available
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    sys.exit(
+        f"This benchmark needs the embeddings extra ({exc}): pip install 'marsys-mem[embeddings]'"
+    )
+
+from marsys_mem import Message
+from marsys_mem.patterns import RAGMemory
+
+MODES = ("dense", "bm25", "hybrid")
+KINDS = {1: "multi-hop", 2: "temporal", 3: "commonsense"}
+TUNE, REPORT = tuple(range(1, 6)), tuple(range(6, 11))
+
+
+# ---------------------------------------------------------------------- data
+@dataclass(frozen=True)
+class Turn:
+    """One chat message."""
+
+    id: str  # dia_id, e.g. "D3:12"
+    session: int
+    speaker: str
+    text: str
+    timestamp: datetime
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question and its evidence turns (ids of turns that exist)."""
+
+    text: str
+    kind: int
+    evidence: tuple[str, ...]
+    sessions: frozenset[int]
+
+
+@dataclass
+class Chat:
+    """One chat: its turns in order and its questions."""
+
+    number: int
+    name: str
+    speakers: tuple[str, ...]
+    turns: list[Turn]
+    questions: list[Question]
+    unresolved: list[str] = field(default_factory=list)  # evidence ids naming no turn
+    skipped: int = 0  # questions without evidence
+
+    @property
+    def texts(self) -> list[str]:
+        """The turns' texts in arrival order."""
+        return [t.text for t in self.turns]
+
+
+_RANGE = re.compile(r"D\s*(\d+)\s*:\s*(\d+)\s*-\s*D?\s*(\d+)\s*:\s*(\d+)")
+_ID = re.compile(r"D\s*(\d+)\s*[:;]\s*(\d+)")
+
+
+def parse_evidence(items: Iterable[str]) -> list[str]:
+    """Normalised evidence ids: split, ``D 2:18`` -> ``D2:18``, same-day ranges expanded.
+
+    Example:
+        >>> parse_evidence(["D5:12;D5:16", "D 2:18", "D5:3.", "D12:3-D12:5", "D17;39"])
+        ['D5:12', 'D5:16', 'D2:18', 'D5:3', 'D12:3', 'D12:4', 'D12:5', 'D17:39']
+    """
+    out: list[str] = []
+    for item in items:
+        for part in re.split(r"[;,]\s*(?=D)|\s+(?=D)", item.strip()):
+            rng = _RANGE.search(part)
+            if rng is not None and rng.group(1) == rng.group(3):
+                day, lo, hi = int(rng.group(1)), int(rng.group(2)), int(rng.group(4))
+                out.extend(f"D{day}:{n}" for n in range(lo, hi + 1))
+                continue
+            out.extend(f"D{int(d)}:{int(n)}" for d, n in _ID.findall(part))
+    return list(dict.fromkeys(out))
+
+
+def load_chat(path: Path) -> Chat:
+    """Read one ``Chat_<n>_<a>_<b>.json``."""
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    number = int(path.stem.split("_")[1])
+    sessions = sorted(
+        (int(k.split("_")[1]) for k in raw if re.fullmatch(r"session_\d+", k)),
+    )
+    turns = [
+        Turn(
+            id=t["dia_id"],
+            session=s,
+            speaker=t["speaker"],
+            text=t["clean_text"],
+            timestamp=datetime.strptime(t["date_time"], "%d.%m.%Y, %H:%M:%S").replace(tzinfo=UTC),
+        )
+        for s in sessions
+        for t in raw[f"session_{s}"]
+    ]
+    session_of = {t.id: t.session for t in turns}
+    chat = Chat(number, path.stem, tuple(raw["name"].values()), turns, [])
+    for qa in raw["qa"]:
+        ids = parse_evidence(qa.get("evidence", []))
+        known = [i for i in ids if i in session_of]
+        chat.unresolved.extend(i for i in ids if i not in session_of)
+        if not known:
+            chat.skipped += 1
+            continue
+        chat.questions.append(
+            Question(
+                qa["question"],
+                int(qa["category"]),
+                tuple(known),
+                frozenset(session_of[i] for i in known),
+            )
+        )
+    return chat
+
+
+def load_chats(folder: Path, numbers: Sequence[int]) -> list[Chat]:
+    """The chats with these numbers from ``folder/Chat_*.json``."""
+    found = {int(p.stem.split("_")[1]): p for p in folder.glob("Chat_*.json")}
+    missing = [n for n in numbers if n not in found]
+    if missing:
+        sys.exit(f"{folder} lacks Chat_{missing[0]}_*.json (see the module docs for the data)")
+    return [load_chat(found[n]) for n in numbers]
+
+
+def to_messages(chat: Chat) -> list[Message]:
+    """Each turn one message: speaker as ``name``, its date, ``dia_id`` as its id."""
+    return [
+        Message.user(t.text, message_id=t.id, name=t.speaker, timestamp=t.timestamp)
+        for t in chat.turns
+    ]
+
+
+# ---------------------------------------------------------------------- scoring
+class Scores:
+    """Per-question scores of one mode (and search latencies)."""
+
+    COLUMNS = ("R@5", "R@10", "S@5", "S@10", "All@10", "AllS@10", "MRR")
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, tuple[float, ...]]] = []
+        self.ms: list[float] = []
+
+    def add(self, q: Question, ranked: Sequence[str], session_of: Mapping[str, int]) -> None:
+        """Score one question's ranked hit ids."""
+        ev = set(q.evidence)
+
+        def turns(k: int) -> float:
+            return len(ev.intersection(ranked[:k])) / len(ev)
+
+        def sessions(k: int) -> set[int]:
+            return {session_of[m] for m in ranked[:k] if m in session_of}
+
+        rr = next((1.0 / (i + 1) for i, m in enumerate(ranked[:10]) if m in ev), 0.0)
+        s5, s10 = sessions(5), sessions(10)
+        n_s = len(q.sessions)
+        self.rows.append(
+            (
+                q.kind,
+                (
+                    turns(5),
+                    turns(10),
+                    len(q.sessions & s5) / n_s,
+                    len(q.sessions & s10) / n_s,
+                    float(ev.issubset(ranked[:10])),
+                    float(q.sessions.issubset(s10)),
+                    rr,
+                ),
+            )
+        )
+
+    def extend(self, other: Scores) -> None:
+        """Add another chat's scores."""
+        self.rows.extend(other.rows)
+        self.ms.extend(other.ms)
+
+    def mean(self, column: str, kind: int | None = None) -> float:
+        """Mean of one column over the questions (of ``kind``)."""
+        i = self.COLUMNS.index(column)
+        values = [r[i] for k, r in self.rows if kind is None or k == kind]
+        return sum(values) / len(values) if values else float("nan")
+
+    def count(self, kind: int | None = None) -> int:
+        """How many questions (of ``kind``)."""
+        return sum(1 for k, _ in self.rows if kind is None or k == kind)
+
+
+def evaluate(
+    mem: RAGMemory, chat: Chat, mode: str, *, reset: Callable[[str], None] | None = None
+) -> Scores:
+    """Ask every question of ``chat`` in ``mode``; ``reset(question)`` runs before each."""
+    session_of = {t.id: t.session for t in chat.turns}
+    scores = Scores()
+    for q in chat.questions:
+        if reset is not None:
+            reset(q.text)
+        start = time.perf_counter()
+        hits = mem.search(q.text, k=10, mode=mode)  # type: ignore[arg-type]
+        scores.ms.append((time.perf_counter() - start) * 1000)
+        scores.add(q, [h.id for h in hits], session_of)
+    return scores
+
+
+# ---------------------------------------------------------------------- the step table
+@dataclass(frozen=True)
+class Step:
+    """One change to measure: RAGMemory options, or how turns become messages.
+
+    ``kept=False``: tried and dropped; its row is shown, later rows do not include it.
+    """
+
+    name: str
+    what: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    messages: Callable[[Chat], list[Message]] | None = None
+    kept: bool = True
+
+
+def _threads_per_session(chat: Chat) -> list[Message]:
+    return [
+        m.model_copy(update={"metadata": {"thread": f"s{t.session}"}})
+        for m, t in zip(to_messages(chat), chat.turns, strict=True)
+    ]
+
+
+STEPS: tuple[Step, ...] = (
+    Step("defaults", "RAGMemory() as it ships: each turn a message with speaker and date"),
+    Step(
+        "thread per session",
+        "metadata['thread'] per session, as the README suggests for dialogues",
+        messages=_threads_per_session,
+        kept=False,
+    ),
+    Step(
+        "no thread weight",
+        "thread per session with thread_weight=0 (the weight crowds the top 10 into few sessions)",
+        options={"thread_weight": 0.0},
+        messages=_threads_per_session,
+        kept=False,
+    ),
+)
+"""The changes, in order; a new change to the ranking adds a row here."""
+
+
+class CachedEmbedder:
+    """The real embedder behind a cache by text, kept on disk (every text embedded once).
+
+    :meth:`forget` drops a text, so its next embedding runs the model (a timed query).
+    """
+
+    def __init__(self, model: SentenceTransformerEmbedder, cache_dir: Path | None) -> None:
+        self.model = model
+        self.dim = model.dim
+        self.name = model.name
+        self.table: dict[str, np.ndarray] = {}
+        self.path = None
+        if cache_dir is not None:
+            tag = hashlib.blake2b(model.name.encode(), digest_size=6).hexdigest()
+            self.path = cache_dir / f"realtalk-vectors-{tag}.npz"
+            if self.path.exists():
+                data = np.load(self.path)
+                self.table.update(zip(data["texts"].tolist(), data["vectors"], strict=True))
+        self.saved = len(self.table)
+
+    def save(self) -> None:
+        """Write the cache to disk (when it grew)."""
+        if self.path is None or len(self.table) == self.saved:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        texts = list(self.table)
+        tmp = self.path.with_suffix(".tmp.npz")
+        np.savez(tmp, texts=np.array(texts), vectors=np.stack([self.table[t] for t in texts]))
+        tmp.replace(self.path)
+        self.saved = len(self.table)
+
+    def forget(self, text: str) -> None:
+        """Drop one text from the cache."""
+        self.table.pop(text, None)
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Vectors of ``texts`` (the model embeds the ones not cached)."""
+        todo = [t for t in dict.fromkeys(texts) if t not in self.table]
+        if todo:
+            self.table.update(zip(todo, self.model.embed(todo), strict=True))
+        return np.stack([self.table[t] for t in texts]).astype(np.float32)
+
+    async def aembed(self, texts: Sequence[str]) -> np.ndarray:
+        """Async twin of :meth:`embed`."""
+        return self.embed(texts)
+
+
+def run_steps(
+    chats: Sequence[Chat], names: Sequence[str], emb: CachedEmbedder
+) -> list[tuple[Step, dict[str, Scores]]]:
+    """Hybrid scores per split for each selected step (cumulative over kept steps)."""
+    selected = STEPS if names == ["all"] else [s for s in STEPS if s.name in names]
+    unknown = set(names) - {s.name for s in STEPS} - {"all"}
+    if unknown:
+        sys.exit(f"unknown steps {sorted(unknown)}; known: {[s.name for s in STEPS]}")
+    for chat in chats:
+        emb.embed(chat.texts + [q.text for q in chat.questions])
+    emb.save()
+    rows = []
+    options: dict[str, Any] = {}
+    messages: Callable[[Chat], list[Message]] = to_messages
+    for step in STEPS:
+        step_options = {**options, **step.options}
+        step_messages = step.messages or messages
+        if step in selected:
+            by_split = {"tune": Scores(), "report": Scores()}
+            for chat in chats:
+                mem = RAGMemory(emb, background=False, **step_options)  # type: ignore[arg-type]
+                mem.add_many(step_messages(chat))
+                split = "tune" if chat.number in TUNE else "report"
+                by_split[split].extend(evaluate(mem, chat, "hybrid"))
+                mem.close()
+            rows.append((step, by_split))
+            print(f"  step {step.name!r} done", file=sys.stderr)
+        if step.kept:
+            options, messages = step_options, step_messages
+    return rows
+
+
+def step_table(rows: Sequence[tuple[Step, dict[str, Scores]]]) -> None:
+    print("\n## Step table (hybrid, each row adds its change to the kept rows above it)\n")
+    print(
+        "| step | kept | tune R@10 | report R@10 | Δ report | report multi-hop AllS@10 | "
+        "report S@10 | report MRR | what |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+    base = None
+    for step, s in rows:
+        rep = s["report"].mean("R@10")
+        base = rep if base is None else base
+        print(
+            f"| {step.name} | {'yes' if step.kept else 'no'} | {s['tune'].mean('R@10'):.3f} | "
+            f"{rep:.3f} | {rep - base:+.3f} | {s['report'].mean('AllS@10', 1):.3f} | "
+            f"{s['report'].mean('S@10'):.3f} | {s['report'].mean('MRR'):.3f} | {step.what} |"
+        )
+
+
+# ---------------------------------------------------------------------- ingest
+@dataclass
+class Ingest:
+    """Turns/s of each contender, per repeat, over the selected chats."""
+
+    seconds: dict[str, list[float]] = field(default_factory=dict)
+    turns: int = 0
+
+    def add(self, name: str, repeat: int, seconds: float) -> None:
+        """Count ``seconds`` of ``name`` in run ``repeat``."""
+        runs = self.seconds.setdefault(name, [])
+        while len(runs) <= repeat:
+            runs.append(0.0)
+        runs[repeat] += seconds
+
+    def rate(self, name: str) -> float:
+        """Turns/s of ``name``: the median over repeats."""
+        return self.turns / statistics.median(self.seconds[name])
+
+
+def ingest_memory(chat: Chat, emb: SentenceTransformerEmbedder) -> tuple[RAGMemory, float]:
+    """A default RAGMemory fed the chat turn by turn; seconds until ``flush`` returned."""
+    emb.cache_clear()
+    mem = RAGMemory(emb)
+    messages = to_messages(chat)
+    start = time.perf_counter()
+    for m in messages:
+        mem.add(m)
+    mem.flush()
+    return mem, time.perf_counter() - start
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+# ---------------------------------------------------------------------- main
+def chat_numbers(spec: str) -> list[int]:
+    """``"1-5,8"`` -> ``[1, 2, 3, 4, 5, 8]``."""
+    out: list[int] = []
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return sorted(set(out))
+
+
+def recall_tables(results: dict[tuple[str, str], Scores]) -> None:
+    for split, chats in (("tune", TUNE), ("report", REPORT)):
+        if not any(k[0] == split for k in results):
+            continue
+        print(f"\n## {split} split (chats {chats[0]}-{chats[-1]})\n")
+        print("| mode | n | " + " | ".join(Scores.COLUMNS) + " |")
+        print("|---|---:|" + "---:|" * len(Scores.COLUMNS))
+        for mode in MODES:
+            s = results.get((split, mode))
+            if s is not None:
+                cells = " | ".join(f"{s.mean(c):.3f}" for c in Scores.COLUMNS)
+                print(f"| {mode} | {s.count()} | {cells} |")
+        print("\nBy question kind:\n")
+        print("| mode | kind | n | R@10 | S@10 | All@10 | AllS@10 | MRR |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|")
+        for mode in MODES:
+            s = results.get((split, mode))
+            if s is None:
+                continue
+            for kind, label in KINDS.items():
+                cells = " | ".join(
+                    f"{s.mean(c, kind):.3f}" for c in ("R@10", "S@10", "All@10", "AllS@10", "MRR")
+                )
+                print(f"| {mode} | {label} | {s.count(kind)} | {cells} |")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else "")
+    parser.add_argument("data_dir", type=Path, help="REALTALK's data folder (Chat_*.json)")
+    parser.add_argument("--chats", default="1-10", help="chat numbers, e.g. 1-5 or 6,8")
+    parser.add_argument("--repeat", type=int, default=1, help="ingest runs per contender")
+    parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch raw peer")
+    parser.add_argument("--no-search", action="store_true", help="ingest timings only")
+    parser.add_argument("--no-ingest", action="store_true", help="recall (and latency) only")
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "marsys-mem-bench",
+        help="vectors by text for the step table and --no-ingest runs",
+    )
+    parser.add_argument(
+        "--steps", default="", help="comma-separated step names, or 'all': the step table"
+    )
+    args = parser.parse_args(argv)
+    if not embeddings_available():
+        sys.exit("the embeddings extra is not installed: pip install 'marsys-mem[embeddings]'")
+    chats = load_chats(args.data_dir, chat_numbers(args.chats))
+
+    emb = SentenceTransformerEmbedder()  # what RAGMemory() uses by default
+    emb.load()
+    print("# REALTALK: RAGMemory evidence recall and ingest\n")
+    print(
+        f"python {platform.python_version()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"faiss {faiss.__version__}, model {emb.name} (backend {emb.active_backend})"
+    )
+    n_q = sum(len(c.questions) for c in chats)
+    print(
+        f"{len(chats)} chats, {sum(len(c.turns) for c in chats):,} turns, {n_q} questions "
+        f"({sum(c.skipped for c in chats)} skipped without evidence; "
+        f"{sum(len(c.unresolved) for c in chats)} evidence ids name no turn: "
+        f"{sorted({u for c in chats for u in c.unresolved})[:8]})"
+    )
+
+    memories: dict[int, RAGMemory] = {}
+    if not args.no_ingest:
+        ingest = Ingest(turns=sum(len(c.turns) for c in chats))
+        peers: dict[str, SentenceTransformerEmbedder] = {
+            "onnx": SentenceTransformerEmbedder(backend="onnx", cache_size=0)
+        }
+        if not args.no_torch:
+            peers["torch"] = SentenceTransformerEmbedder(backend="torch", cache_size=0)
+        for peer in peers.values():
+            peer.load()
+        onnx = peers["onnx"]
+        for repeat in range(args.repeat):
+            for chat in chats:
+                texts = chat.texts
+                for name, peer in peers.items():
+                    ingest.add(f"raw {name}", repeat, timed(lambda p=peer, t=texts: p.embed(t)))
+                ingest.add(
+                    "raw onnx, 64 at a time",
+                    repeat,
+                    timed(
+                        lambda t=texts: [onnx.embed(t[i : i + 64]) for i in range(0, len(t), 64)]
+                    ),
+                )
+                mem, seconds = ingest_memory(chat, emb)
+                ingest.add("RAGMemory()", repeat, seconds)
+                old = memories.pop(chat.number, None)
+                if old is not None:
+                    old.close()
+                memories[chat.number] = mem
+            print(f"  ingest repeat {repeat + 1} done", file=sys.stderr)
+        fastest = max((n for n in ingest.seconds if n.startswith("raw ")), key=ingest.rate)
+        print(f"\n## Ingest ({ingest.turns:,} turns in arrival order, medians of {args.repeat})\n")
+        print("| contender | turns/s | vs fastest raw |")
+        print("|---|---:|---:|")
+        for name in ingest.seconds:
+            rate = ingest.rate(name)
+            print(f"| {name} | {rate:.0f} | {rate / ingest.rate(fastest):.2f} |")
+
+    if args.no_search:
+        for mem in memories.values():
+            mem.close()
+        return 0
+
+    torch.set_num_threads(1)
+    faiss.omp_set_num_threads(1)
+    results: dict[tuple[str, str], Scores] = {}
+    forward: list[float] = []
+    raw = SentenceTransformerEmbedder(cache_size=0, query_cache_size=0)
+    raw.load()
+    cached = CachedEmbedder(raw, args.cache_dir)
+    for chat in chats:
+        mem = memories.pop(chat.number, None)
+        reset: Callable[[str], None] = lambda _: emb.cache_clear()  # noqa: E731
+        if mem is None:  # --no-ingest: the same vectors, from the cache
+            mem = RAGMemory(cached)  # type: ignore[arg-type]
+            mem.add_many(to_messages(chat))
+            mem.flush()
+            cached.save()
+            reset = cached.forget
+        split = "tune" if chat.number in TUNE else "report"
+        for mode in MODES:
+            s = evaluate(mem, chat, mode, reset=reset)
+            results.setdefault((split, mode), Scores()).extend(s)
+        for q in chat.questions:
+            forward.append(timed(lambda q=q: raw.embed_query(q.text)) * 1000)
+        mem.close()
+    recall_tables(results)
+    print("\n## Search latency (ms, end to end with the query's embedding; 1 thread)\n")
+    fwd = statistics.median(forward)
+    print(f"query forward pass alone: p50 {fwd:.1f}\n")
+    print("| mode | p50 | p95 | p50 / forward pass |")
+    print("|---|---:|---:|---:|")
+    for mode in MODES:
+        ms = [x for (_, m), s in results.items() if m == mode for x in s.ms]
+        p50, p95 = statistics.median(ms), float(np.percentile(ms, 95))
+        print(f"| {mode} | {p50:.1f} | {p95:.1f} | {p50 / fwd:.2f} |")
+
+    if args.steps:
+        step_table(run_steps(chats, args.steps.split(","), cached))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
