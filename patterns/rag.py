@@ -1,95 +1,12 @@
 """RAGMemory: retrieval over messages, dense (embeddings) + BM25 keywords, fused.
 
-Writes are fast and never wait for a model: :meth:`RAGMemory.add` indexes the text for
-BM25 at once and hands it to a background :class:`~marsys_mem.retrieval.ingest.EmbeddingQueue`
-that embeds in batches; :meth:`RAGMemory.search` first waits for what is still pending, so
-a search always sees every message added before it.
+Writes never wait for a model (embedding runs batched in the background), and a search
+sees every message added before it. With a store, the store is the source of truth: the
+vector index is a cache, rebuilt or repaired from it, and a removed message is never
+returned. Without the ``embeddings`` extra, search is BM25 only (one notice).
 
-Ranking (``mode``):
-
-* ``"dense"``: cosine similarity of the embeddings (a FAISS index). ``score`` is the cosine.
-* ``"bm25"``: Okapi BM25 over an inverted index. ``score`` is the BM25 score.
-* ``"hybrid"`` (default): each retriever proposes ``candidates`` messages, and the
-  conversation around them is brought in:
-
-  - *Context* (``context_turns``, ``context_weight``, ``reply_weight``): the hits and the
-    turns after them in their thread (``metadata[thread_key]``) are candidates, and each
-    candidate is scored, on each side, by its own score plus what its previous turns
-    (weighted ``context_weight``, its square, ...) and its next turn (``reply_weight``)
-    score above the candidates' mean. A reply such as "Yes! That's the one I told you
-    about" is found through the turn it answers; a turn among unrelated chatter gains
-    nothing from it. ``context_turns=0``: no neighbours and no reply.
-  - *Thread relevance* (``thread_weight``): on the keyword side each candidate gains a
-    share of what all candidates of its thread score above the candidates' mean, so the
-    conversation a query is about outranks look-alike lines of other conversations.
-  - *Fusion* (``fusion``) of the two sides: ``"zscore"`` (default), the weighted mean of
-    both sides' standard scores over the candidates (how many deviations a candidate
-    stands out by), rescaled to 1.0 for the best candidate and 0.0 for the weakest; a
-    message that alone holds a rare query word (an order number, an id) stands out on the
-    keyword side by many deviations and stays on top even when its cosine is weak;
-    ``"minmax"``, the weighted mean of both scores min-max normalised over the candidates
-    (which buries such a match under the dense side's spread); ``"convex"``,
-    ``(dense_weight * cosine + bm25_weight * bm25 / best_bm25) / (dense_weight +
-    bm25_weight)``; ``"rrf"``, weighted reciprocal rank fusion ``sum(weight / (rrf_k +
-    rank))``, divided by its maximum. Hybrid scores are between 0.0 and 1.0.
-  - *Time* (``time_weight``, ``when_weight``): a query naming a period ("in July 2023")
-    prefers messages sent then; a "when did ..." query prefers turns that say when.
-  - *Sessions* (``diversity``, off by default): spread the top hits over sessions.
-
-  Every hybrid hit carries the message's own ``dense_score`` (cosine) and ``bm25_score``
-  (0.0 when no query word matches); ``dense_score`` is ``None`` only for a message not
-  embedded yet. BM25 indexes the speaker's name with the text (``index_names``). The
-  defaults were tuned on the train questions of ``benchmarks/bench_recall.py`` (long
-  multi-session dialogues); on its test questions at 10k messages hybrid puts
-  0.92 of the evidence turns in the top 10 (dense alone 0.45, BM25 alone 0.68; the 0.x
-  hybrid 0.47), at 100k 0.85 (dense 0.32, BM25 0.66). ``context_turns=0`` with
-  ``thread_weight=0``, ``fusion="rrf"``, ``dense_weight=1.5``, ``candidates=50``, no time
-  weights and ``index_names=False`` is the 0.x ranking. For a store of independent notes
-  (no conversation around them) ``context_turns=0, dense_weight=1.5`` ranks better.
-
-Speed: a hybrid search hands its keyword side (BM25 hits, their thread slots, every
-document's keyword score, the query's time cues) to a helper thread
-(:class:`~marsys_mem.retrieval.ahead.WorkAhead`) just before the model embeds the query:
-ONNX Runtime and PyTorch let go of the GIL for the forward pass, so that work is done by
-the time the vector is (it is redone if the memory changed in between). From 4,096 vectors
-the dense side scans 4-bit product-quantizer codes of the vectors (made in the
-background; :mod:`marsys_mem.retrieval.codes`): a sixteenth of the bytes to read, through
-faiss's SIMD fast-scan kernel. A hybrid search takes the ``candidates`` best by the codes'
-estimates as its dense hits (an approximate search, see
-:meth:`~marsys_mem.retrieval.index.QueryScores.candidates`) and reads the exact cosines of
-its candidates and their neighbours in one pass; ``mode="dense"`` scores four times its
-``k`` exactly (see :meth:`~marsys_mem.retrieval.index.FaissIndex.best_labels`). The score
-fusions need no ranking of either side: candidates of equal fused score keep their order
-(dense hits first, each followed by the turns around it, then the keyword hits').
-
-Persistence: with a ``store`` the store is the source of truth. Every add and remove is
-written through to it under ``key`` before memory changes, and a new ``RAGMemory`` loads
-the key's messages back. With ``index_path`` the vector index is saved there (atomically,
-with a checksum) by :meth:`~RAGMemory.flush` and :meth:`~RAGMemory.close` (a memory never
-closed: at interpreter exit, with the vectors done by then; see :mod:`marsys_mem.retrieval.ingest`);
-on open it is loaded and checked against the store: a missing or corrupt file is rebuilt
-by re-embedding the messages, a stale one (messages added or removed by another process)
-is repaired by embedding only what it lacks and dropping what the store no longer has.
-Search results are always checked against the live messages, so a removed message is never returned.
-
-Shared vectors: when the store keeps vectors (``store.supports_vectors``: the in-memory and
-SQLite stores do), each embedding is written once to the store beside its message, and the
-memory catches up from the store when it opens and before each search: messages and
-vectors other processes wrote since are taken as they are, and only messages nobody has
-embedded yet are embedded (see :mod:`marsys_mem.patterns.shared_vectors`). Several
-``RAGMemory`` objects on one store and key, in one process or many, find each other's
-messages and never embed the same message twice (except when two of them reach a new
-message before its writer has stored its vector).
-
-Search in the store: when the store searches by itself (``store.supports_search``:
-PostgreSQL with pgvector), the memory holds nothing (:attr:`RAGMemory.stateless`): ``add``
-embeds before it returns and writes each message with its vector in one transaction, and
-a search asks the store for its dense and keyword candidates and ranks them here with the
-same ranker (see :mod:`marsys_mem.patterns.store_search`). A host opens at once whatever
-the store holds, and sees every other host's writes and deletions as they commit.
-
-Without the ``embeddings`` extra, ``RAGMemory()`` falls back to BM25 only and logs one
-notice (logger ``marsys_mem.patterns.rag``).
+Guide (ranking modes and options, speed, persistence, shared vectors, search in the
+store): ``docs/guides/patterns.md#rag-search-in-depth``.
 """
 
 from __future__ import annotations
