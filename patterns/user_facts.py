@@ -1,45 +1,12 @@
 """FactMemory: durable facts about a subject (a user, an agent or a team), learned over time.
 
-A fact is one short statement ("User's name is Alice", "User likes green tea") with a
-category, a confidence in ``[0, 1]``, the ids of the messages it came from, its embedding
-and its validity (``valid_from`` / ``invalid_at``, as Zep/Graphiti keep them). The life of
-a fact, every threshold configurable and time taken from an injectable ``clock``:
+A fact is one short statement with a category, a confidence in ``[0, 1]``, the ids of the
+messages it came from and its validity. Restatements reinforce a fact instead of copying
+it; a contradiction invalidates the old fact but keeps it queryable (``history``,
+``as_of``); ``forget`` deletes for real. With a store every change is written through
+before memory changes, in one store transaction.
 
-* **dedup by meaning**: a new fact whose cosine to a valid fact of the same subject is
-  above ``dedup_threshold`` (0.85), or with the same text, reinforces it (confidence
-  ``+reinforce_step`` (0.1), capped at 1.0) instead of adding a copy;
-* **contradictions are invalidated, not deleted**: valid facts with cosine >=
-  ``contradiction_threshold`` (0.80), or with the same ``slot`` (the attribute a fact sets,
-  such as ``name`` or ``home``), are candidates; the ``contradicts`` rule decides (the
-  default, :func:`slot_rule`: same slot, different statement). The old fact's
-  ``invalid_at`` is set and it stays queryable: :meth:`FactMemory.history` and
-  :meth:`FactMemory.as_of` answer "what did we believe then";
-* **decay and pruning** (:meth:`FactMemory.maintain`): a valid fact not reinforced for
-  ``decay_after`` (7 days) loses confidence x ``decay_factor`` (0.95) per full period
-  (idempotent: calling twice in one period decays once); facts under ``prune_below``
-  (0.3) and older than ``prune_after`` (30 days) are deleted;
-* :meth:`FactMemory.forget` deletes a fact for real (privacy requests).
-
-Storage: with a ``store`` every change is written through before memory changes, and a new
-``FactMemory`` on the same store loads the facts back. A fact is stored as one pinned
-system :class:`~marsys_mem.model.messages.Message` (``message_id`` = ``fact_id``, the
-fields in ``structured_data``) under the internal key
-:func:`~marsys_mem.store.keys.subject_facts_key` ``(namespace, "#user-facts", subject)``,
-which no agent name can spell (so no conversation ever shares it); pinned system messages
-are exempt from a store's ``ttl`` retention. An update is one store transaction (delete the
-old record, append the new one).
-
-Search is hybrid, like :class:`~marsys_mem.patterns.rag.RAGMemory`: the cosine of the
-embeddings, raised by BM25 keyword matches: ``score = cosine + bm25_weight * (1 - cosine)
-* bm25 / best_bm25``, so a fact found by meaning alone keeps its cosine and one that also
-shares the query's words scores closer to 1.0.
-
-On a store that searches (``store.supports_search``: PostgreSQL with pgvector) the memory
-holds no facts between calls (:attr:`FactMemory.stateless`): each fact's vector is stored
-with it, a call reads the facts it needs (one subject's, or all for :meth:`maintain`,
-:meth:`subjects` and ``len``) and lets them go, and a search takes its candidates from the
-database (dense and keyword, see :mod:`marsys_mem.patterns.store_search`) and scores them
-as above. Every host sees every other host's facts the moment they commit.
+Guide (the life of a fact, storage, search): ``docs/guides/facts.md#the-life-of-a-fact``.
 """
 
 from __future__ import annotations
