@@ -1,60 +1,12 @@
 """Coordinator: shared facts pushed to running agents, per branch scope, exactly once, in order.
 
-``await coord.share(agent, text, branch=..., scope=...)`` wraps the fact in a
-:class:`FactEnvelope` (the fact, the sending coordinator, its sequence number, the
-namespace), delivers it at once to the local agents in scope and publishes it on the
-branch's topic. Every coordinator of the namespace (one per process or agent group)
-receives it and delivers it into the :class:`~marsys_mem.patterns.shared.SharedMemoryPool`
-inbox of every agent whose branch is in scope (see :class:`BranchGraph` for the scopes), so
-it shows up in that agent's ``pool.context_for(inbox_key(agent, branch))``.
+``await coord.share(agent, text, branch=..., scope=...)`` delivers a fact at once to the
+local agents in scope and publishes it to every coordinator of the namespace, which
+delivers it into the inbox of each agent whose branch is in scope. Each agent gets each
+fact exactly once, in each sender's order; nothing acknowledged is lost when a broker
+crashes; what strangers publish cannot grow a coordinator's state without bound.
 
-Guarantees:
-
-* **Exactly once per agent.** Envelopes are deduplicated by ``(sender, seq)`` and facts by
-  id in each inbox, so a transport that delivers twice changes nothing.
-* **Per-sender order.** Envelopes that arrive early are buffered until the missing ones
-  arrive; a gap that stays open ``gap_timeout`` seconds is skipped (counted in
-  ``stats["gaps"]``), and the skipped envelopes are still delivered if they turn up later.
-  A coordinator's first envelope from a sender starts that sender's sequence.
-* **Nothing acknowledged lost, even by a crashing broker.** A broker killed mid-stream
-  loses what it had acknowledged but not yet saved or forwarded. Each coordinator keeps
-  its last ``max_outbox`` envelopes and publishes its high-water mark (last ``seq`` sent)
-  on the namespace's control topic every ``heartbeat`` seconds while it shares (backing
-  off to 30 s when idle); a receiver that sees a gap, or a mark past what it received,
-  asks the sender for the missing envelopes every ``resend_after`` seconds until they
-  arrive (see :mod:`~marsys_mem.coordination.repair`).
-* **Restarts.** Every coordinator start draws a new ``epoch``; sequences are per
-  ``(sender_id, epoch)``, so a coordinator restarted with the same ``sender_id`` is heard
-  again (its new ``seq`` 1 is not a duplicate of the old one).
-* **Bounded.** What strangers publish cannot grow this process without bound: route
-  caches do not grow with unknown branch names; buffered envelopes, senders tracked and
-  remembered ``seq`` ranges have limits, and what is dropped to keep them is counted
-  (``stats["evicted"]``, ``stats["forgotten"]``).
-* **Late joiners.** Each coordinator keeps a bounded log of the envelopes of its namespace;
-  agents added to the graph later (:meth:`Coordinator.join`, forks, new branches) receive
-  the facts already in their scope.
-* **Slow callbacks are bounded.** Async ``on_fact`` callbacks run in at most
-  ``max_callback_tasks`` tasks per subscription, with at most ``max_callback_queue``
-  deliveries waiting; past that the oldest waiting one is dropped (the fact itself is in
-  the inbox all the same) and counted (``stats["callbacks_dropped"]``; see
-  :mod:`~marsys_mem.coordination.callbacks`).
-* **Robust.** Payloads from the wire that are oversized or malformed (not a valid
-  envelope, wrong namespace, topic and envelope disagree) are dropped, counted in
-  :attr:`Coordinator.stats` and logged; the coordinator keeps working.
-* **Namespaces** isolate teams on one broker: a coordinator only subscribes to and
-  accepts its own namespace.
-
-Inbox keys: an agent on branch ``main`` uses its plain name; on any other branch
-``"agent@branch"`` (:func:`inbox_key`), so the same agent on two branches keeps two
-isolated inboxes.
-
-Merges (:meth:`Coordinator.merge`) re-share the child's facts on the target branch (scope
-``branch``), resolving facts on the same ``metadata["topic"]`` by the ``conflict`` rule:
-``newest`` (the later ``created_at`` wins), ``confidence`` (the higher confidence wins,
-ties to the newer) or ``keep_both`` (both stay, each with its provenance: source agent and
-branch, and ``metadata["merged_from"]``). By ``strategy`` it also brings a summary of the
-child's new messages (``summary``) or the messages themselves (``messages``) into the
-target's memories.
+Guide (guarantees, inbox keys, merges): ``docs/guides/coordination.md#how-a-fact-travels``.
 """
 
 from __future__ import annotations
