@@ -1,37 +1,11 @@
 """Authenticated, fresh envelopes: an HMAC-SHA256 over every payload and its signing time.
 
-Without signing, a transport trusts whatever the broker hands it: any client that can
-publish on a namespace's topics can forge another coordinator's ``sender`` id and ``seq``
-(and so silence that sender's real facts). With a shared secret per namespace, every
-payload a transport publishes is sealed and every payload it receives is checked, on the
-raw bytes, before anything parses it; unsigned or badly signed payloads are dropped and
-counted (``Coordinator.stats["unsigned"]`` / ``["bad_signature"]``).
+With a shared secret per namespace, every payload a transport publishes is sealed
+(``mm2.<key id>.<time>.<nonce>.<MAC>.<body>``, the MAC over the topic too) and every payload
+it receives is checked on the raw bytes before anything parses it; unsigned, forged, stale
+or replayed payloads are dropped and counted. Signing does not encrypt (use TLS).
 
-Wire format (version 2)::
-
-    mm2.<key id>.<time>.<nonce>.<MAC>.<body>
-
-``mm2`` names the format (HMAC-SHA256, signed time); ``<key id>`` (1-32 of
-``A-Z a-z 0-9 _ -``) says which key signed, so keys can be rotated
-(:class:`EnvelopeSigner` verifies with the active key and any ``previous`` ones);
-``<time>`` is when it was signed (milliseconds since 1970, decimal); ``<nonce>`` is 12
-random bytes (16 base64url characters); ``<MAC>`` is the unpadded base64url HMAC-SHA256 of
-``mm2``, the key id, the time, the nonce, the topic and the body, joined by NUL bytes (43
-characters); ``<body>`` is the payload as it was (the JSON envelope). The MAC covers the
-topic, so a signed payload replayed onto another branch or namespace does not verify.
-
-Freshness (:class:`ReplayWindow`, checked by :class:`SignedWire` after the MAC): a payload
-signed more than ``max_age`` seconds ago, more than ``max_skew`` seconds in the future, or
-before the receiver's broker session began (less ``max_skew``) is dropped as ``stale``;
-one whose nonce was already seen within the window is dropped as ``replayed``. So a
-captured payload cannot be replayed to a receiver later, nor twice to the same one.
-
-Version 1 (``mm1.<key id>.<MAC>.<body>``, no time) is refused as a bad signature: every
-coordinator of a namespace must be upgraded together.
-
-What it does not do: it does not hide anything (use TLS), and every holder of a
-namespace's key can sign as any sender of that namespace. Keep the key per namespace, and
-confine each namespace's broker user to its own topics (``examples/mosquitto/``).
+Guide (wire format, freshness, limits): ``docs/guides/coordination.md#signed-envelopes-the-wire-format``.
 
 Example:
     >>> signer = EnvelopeSigner("a-namespace-secret-of-32-bytes!!", key_id="k1")
