@@ -1,43 +1,12 @@
 """Per-sender ordering: release sequenced items once each, in each sender's order, and repair gaps.
 
-A transport may deliver out of order (a reconnect replays what was not acknowledged), more
-than once (QoS 1), and, when a broker crashes, not at all (what it had acknowledged but
-not yet saved or forwarded is gone). :class:`SenderOrdering` turns that into exactly-once,
-in-order delivery per sender, with bounded memory, without waiting forever, and with the
-help of the sender for what the broker lost:
+:class:`SenderOrdering` turns a transport that may reorder, repeat or (when a broker
+crashes) lose items into exactly-once, in-order delivery per sender: early items are
+buffered, missing ranges are asked of the sender, a gap open past ``gap_timeout`` is
+skipped (its items still released if they come), and memory stays bounded whatever
+arrives.
 
-* An item whose ``seq`` is the next one expected from its sender is released at once,
-  followed by any buffered items that now follow on.
-* An early item is buffered: a gap is open. While it is open, the ``request`` callback
-  asks the sender for the missing ``seq`` ranges (the sender keeps what it sent): after
-  ``resend_after`` seconds, then again at growing intervals (doubling, up to a quarter of
-  ``gap_timeout``) while no progress is made, so a receiver far behind does not flood the
-  sender. A gap that stays open ``gap_timeout`` seconds (or a buffer past ``max_pending``
-  items) is skipped: the buffered items are released, the items of the gap are still
-  released if they turn up later (``gaps`` counts the skips), and they are asked for
-  during one more ``gap_timeout``.
-* The end of a stream leaves no later item to reveal a loss: :meth:`SenderOrdering.announce`
-  takes a sender's *high-water mark* (the last ``seq`` it sent, published now and then);
-  a mark past what arrived opens a gap like an early item does.
-* A ``seq`` already released is a duplicate: dropped and counted in ``duplicates``.
-* The first item (or mark) seen from a sender starts its sequence; items numbered before
-  it (sent before this receiver started listening) are released once each as they come.
-  A mark lower than that start shows what was sent while this receiver was listening:
-  those are asked for too.
-
-A *sender* is any hashable key: the coordinator uses ``(sender id, epoch)``, so a
-restarted sender (a new epoch) starts a new sequence.
-
-Memory is bounded whatever arrives: at most ``max_senders`` senders (the least recently
-heard from is forgotten first, its buffer released; counted in ``evicted``), at most
-``max_pending`` buffered items per sender and ``max_buffered`` in all, and the ``seq``
-numbers remembered below the current position (skipped gaps, items from before the
-start) are kept as ranges, at most ``max_remembered`` ranges in all (beyond that the
-oldest are forgotten and counted in ``forgotten``: a late item in a forgotten skipped
-range is then taken for a duplicate).
-
-Timers need a running event loop; everything else is plain synchronous code, called from
-the loop that receives the items.
+Guide: ``docs/guides/coordination.md#ordering-and-gap-repair``.
 """
 
 from __future__ import annotations
