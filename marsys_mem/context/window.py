@@ -1,50 +1,14 @@
 """Bounded context windows: what an agent sends to its LLM.
 
-:func:`build_context` picks, from a conversation history, the messages that fit a
-:class:`ContextPolicy`. Three strategies:
+:func:`build_context` picks the messages of a history that fit a :class:`ContextPolicy`,
+by ``sliding_window`` (a view), ``trim_oldest`` (the rest is deleted) or ``summarize``
+(the rest becomes one summary, extended incrementally). Every strategy keeps system and
+pinned messages, keeps a tool call with its results, never starts on an orphan tool
+result, starts on a user turn by default, and fits the policy's limits or raises
+:class:`~marsys_mem.exceptions.ContextOverflowError`; with an indexed history a window
+costs O(window), not O(history).
 
-* ``sliding_window``: a view. The history stays whole; only the newest messages that fit
-  are sent.
-* ``trim_oldest``: the same window, but the messages that fall out are deleted from the
-  memory (``ConversationMemory.context`` does the deleting).
-* ``summarize``: what falls out of the window is replaced by one system message holding a
-  summary. The summariser (any ``list[Message] -> str`` callable, sync or async) is called
-  only for messages not summarised before: the previous summary comes first in its input,
-  as a system message with ``metadata["summary"] = True``. In the window, the summary is a
-  memory block (:mod:`marsys_mem.context.blocks`): each line the summariser wrote is one
-  quoted item under a header saying it is recalled data, so a summary cannot pose as
-  instructions or as another role, whatever it repeats.
-
-Invariants, for every strategy:
-
-1. System and pinned messages are always kept (a pinned message keeps its tool-call group).
-2. An assistant message with ``tool_calls`` and its tool results are kept or dropped together.
-3. Tool results whose call is not in the window (orphans) are never sent, so the window never
-   starts with one.
-4. ``window.tokens <= max_tokens`` and ``len(window) <= max_messages`` by the policy's
-   counter; both limits may be set and the stricter wins. If the messages that must be kept
-   (protected ones, the newest turn, the summary reserve) do not fit,
-   :class:`~marsys_mem.exceptions.ContextOverflowError` says by how much.
-5. With ``start_on="user"`` (the default), after the system messages and the summary the
-   window starts on a user turn (:func:`~marsys_mem.model.messages.is_user_turn`: a user
-   message with content, or an agent call), as Anthropic requires: the older messages that
-   fitted before it are dropped too (``summarize`` folds them into the summary). "The newest
-   turn" is then the newest user turn and everything after it. If the first pinned message
-   is not a user turn, the latest user turn before it is kept with it. A history with no
-   user turn (where the window could start) is windowed as with ``start_on="any"``: Anthropic
-   refuses such a window, but an empty one helps nobody either. No user turn is invented.
-
-Cost: counts are cached per message, and the window is found walking back from the newest
-message, so with an indexed history (``ConversationMemory``) a call costs O(window), not
-O(history). A plain list is indexed on each call (O(history)). Two cases walk further, and
-only they: an overflow error counts back to the newest user turn, and a history with no user
-turn at all (whose newest turn does not fit alone) is read back to its start.
-
-The seam with a memory that caches: :func:`build_window` / :func:`abuild_window` take a
-:class:`HistoryIndex` (a memory's indexed history), the previous :class:`SummaryState` and
-the history's token total, and return a :class:`WindowBuild`: the window, the summary state
-to cache, and the positions the window kept (what ``trim_oldest`` deletes the rest by).
-:func:`build_context` is the pure, one-shot front of the same builder.
+Guide: ``docs/guides/context-windows.md#the-rules-every-strategy-keeps``.
 """
 
 from __future__ import annotations
