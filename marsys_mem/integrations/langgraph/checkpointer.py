@@ -1,54 +1,13 @@
 """A LangGraph checkpointer over a marsys-mem store that stores each message once.
 
-LangGraph's own savers write the whole value of every changed channel at every
-checkpoint; for the ``messages`` channel of a chat agent that is the whole conversation,
-so storage grows with the square of its length and so does the cost of each turn.
-:class:`MarsysCheckpointer` keeps, per thread, one append-only **message log** (every
-message stored once, as a marsys-mem :class:`~marsys_mem.model.messages.Message` with the
-exact LangChain message beside it) and stores a ``messages`` value as *ranges of log
-positions*: appending one message to a conversation of 2,000 costs one message and a few
-bytes, not 2,000 messages.
+:class:`MarsysCheckpointer` keeps one append-only message log per thread and stores a
+``messages`` value as ranges of log positions, so a turn costs what it adds, not the
+whole conversation. Every ``put`` and ``put_writes`` is one atomic store batch, and
+several writers of one thread never lose a turn silently: a run that continues from a
+checkpoint another writer has extended raises
+:class:`~marsys_mem.exceptions.ConflictError` and stores nothing.
 
-Layout in the :class:`~marsys_mem.store.base.MemoryStore` (``namespace`` defaults to
-``"langgraph"``); ``<thread>`` is the thread id escaped into a name
-(:func:`thread_name`):
-
-* ``(namespace, <thread>, "messages")``: the message log, one stored message per
-  LangChain message (``metadata["seq"]`` its position, ``metadata["lc"]`` the message as
-  the checkpointer's serde wrote it);
-* ``(namespace, <thread>, "checkpoints")``: system messages whose ``structured_data`` is a
-  record: one per checkpoint (the checkpoint, its metadata and the channel values it
-  changed), one per task's pending writes for a checkpoint, one for the thread. Values
-  that are plain JSON are stored as such, others as base64 of ``serde.dumps_typed``.
-  Record ids are the checkpoint id (time-ordered) behind a short prefix, so the
-  store's index grows at its end. Pruning a checkpoint whose values later checkpoints
-  still read moves those values to records of their own. Every ``put`` and
-  ``put_writes`` is one store batch: all of it is written or none;
-* ``(namespace, <thread>, "head")``: one message, rewritten by every write (the freshness
-  check below).
-
-The checkpointer caches each thread it has read (decoded messages included), so a turn
-costs what it adds, not what the thread holds. Before each operation it compares the
-newest record of the thread with its cache and reloads the thread when another process
-wrote to it.
-
-**Several writers of one thread** (processes, threads, checkpointers on one store) never
-lose a turn silently. Every write is one store batch that begins with
-:class:`~marsys_mem.store.base.ExpectLast` on the thread's head: if another writer wrote
-the thread since it was read, nothing is written, the thread is read again and the write
-decided again. A run continues from the checkpoint :meth:`MarsysCheckpointer.get_tuple`
-handed it as the latest (and from each one it then writes); when another writer has
-stored a newer checkpoint in between, storing the run's next one would drop that
-writer's turn, so :meth:`~MarsysCheckpointer.put` raises
-:class:`~marsys_mem.exceptions.ConflictError` naming the thread, and stores nothing.
-Run it again (with the same message ids, ``add_messages`` replaces rather than repeats):
-it starts from the latest state. A run from a checkpoint named by id (time travel) forks
-the thread instead, whoever wrote since. (LangGraph's own savers keep the newest
-checkpoint and silently drop the other writer's turn.)
-
-Messages are treated as immutable, as LangGraph's reducers treat them: a message object
-that is changed in place after a checkpoint is not stored again (replace it, by id, as
-``add_messages`` does).
+Guide: ``docs/guides/integrations.md#how-the-checkpointer-stores-a-thread``.
 """
 
 from __future__ import annotations
