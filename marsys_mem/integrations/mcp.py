@@ -1,47 +1,13 @@
 """An MCP server over a :class:`~marsys_mem.MemoryManager`: ``marsys-mem mcp --config FILE``.
 
-Any MCP client (Claude Desktop, Cursor, IDE agents, the ``mcp`` client library) gets the
-memory of the agents a retention-policy file describes, on the official ``mcp`` Python SDK
-(``pip install 'marsys-mem[mcp]'``), over stdio or streamable HTTP.
+Any MCP client gets the memory of the agents a retention-policy file describes, over
+stdio or streamable HTTP (``pip install -e '.[mcp]'``). Tools: ``remember``, ``recall``,
+``context``, ``forget``, ``share_fact``, ``list_agents``. Every input is validated
+strictly (a bad one is a one-line tool error naming the field, and changes nothing); over
+HTTP each bearer token reaches only its own agents, and off loopback the server refuses to
+start without tokens.
 
-Tools (every input is validated strictly by pydantic, :mod:`.mcp_strict`: an unknown
-argument or a value of the wrong type, ``"yes"`` for a boolean, is a tool error,
-``isError``, of one line that names the field and the value, and changes nothing):
-
-* ``remember``: add a message (``role`` + ``content``) to an agent's memory, or a fact
-  (``kind="fact"``) through the manager's shared pool, delivered to every agent in use.
-* ``recall``: search an agent's messages, hybrid (dense + BM25) with scores: the agent's
-  RAG pattern if its policy enables one, else a :class:`RAGMemory` over its messages
-  (with the policy's ``patterns.embedder``; ``none`` is BM25 only).
-* ``context``: the window the agent would send to its LLM under its policy (OpenAI
-  format), with the shared facts and retrieved snippets the manager composes.
-* ``forget``: delete messages by id, or all of an agent's messages on a branch (from the
-  store too, for persistent agents, and from its RAG, episodic and hierarchical memory).
-* ``share_fact``: share a fact from an agent through a :class:`Coordinator` (in process,
-  :class:`InProcessTransport`) over a :class:`BranchGraph`, scoped to the ``branch``,
-  ``subtree``, ``lineage`` or ``global``. Agents join the graph when a tool first names
-  them; a branch other than ``main`` is forked from ``main`` when first named.
-* ``list_agents``: the configured agents, those in use and those the store holds.
-
-Resources: ``memory://agents`` (what ``list_agents`` returns) and
-``memory://agents/{agent}/messages`` (an agent's messages on ``main``, JSON).
-
-Over HTTP (``marsys-mem mcp --transport http``) clients authenticate with bearer tokens
-(:mod:`.mcp_auth`), each limited to the agents its token names: it cannot read, change or
-forget any other agent, and ``list_agents`` shows it its own; its facts may reach only its
-own agents (``share_fact`` on a branch of its own; not ``kind="fact"``, which reaches
-every agent), and ``subject`` (recall across every agent's threads) needs ``*``. Off
-loopback the server refuses to start without tokens, and it checks every request's Host
-and Origin against the allowed ones (:mod:`.mcp_http`). Over stdio the client is the
-local user who spawned the server, with every agent.
-
-Persistent agents live in the policy file's store (SQLite) and survive a restart of the
-server. So do shared facts (``share_fact``, ``remember`` with ``kind="fact"``) when the
-store is durable (not ``backend: memory``): each is recorded under the store's ``#facts``
-key of its branch (:func:`~marsys_mem.store.keys.facts_key`, as a workflow run records
-its facts; ``marsys-mem search`` finds them), and a new server shares the recorded facts
-again through its coordinator when it starts, so each reaches the agents in its scope as
-they join.
+Guide: ``docs/guides/integrations.md#tools-resources-and-access``.
 
 Example:
     >>> server = MemoryServer(MemoryManager())
