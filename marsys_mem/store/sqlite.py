@@ -1,75 +1,14 @@
 """SQLite store: one file, shared safely by threads and processes.
 
 :class:`SQLiteStore` uses the standard library's :mod:`sqlite3` only. Each batch is one
-transaction (``BEGIN IMMEDIATE`` when it writes, a plain ``BEGIN`` snapshot when it only
-reads) that commits or rolls back whole, so a failed batch leaves the file unchanged. The
-database runs in WAL mode with ``synchronous=FULL`` by default (every commit is on disk
-when ``append_messages`` returns; ``NORMAL`` trades the last commits on power loss, never
-on a process crash, for speed) and a busy timeout, so several processes can write to one
-file: they take turns, and each waits up to ``busy_timeout`` seconds for the others.
+transaction that commits or rolls back whole; WAL mode with ``synchronous=FULL`` by
+default (an append is on disk when it returns) and a busy timeout let several processes
+write one file. ``max_messages`` is enforced inside the write transaction, a message's
+vectors are deleted with it by a trigger, cursors follow commit order, and a file that is
+not a marsys-mem database is refused and left untouched. SQL is parameterised; nothing is
+pickled.
 
-Schema (version 4)::
-
-    messages(seq INTEGER PRIMARY KEY AUTOINCREMENT,       -- per-key order = seq order
-             namespace, agent, branch, message_id,        -- UNIQUE (key, message_id)
-             ts INTEGER,                                  -- timestamp, microseconds since 1970 UTC
-             protected INTEGER,                           -- system / pinned / preserve
-             data TEXT)                                   -- Message.model_dump_json()
-    key_counts(namespace, agent, branch, n)               -- rows per key (see below)
-    runs(run_id PRIMARY KEY, parent_id, namespace, agent, started_at INTEGER, data TEXT)
-    vector_models(model PRIMARY KEY, dim INTEGER)         -- a model's one dimension
-    vectors(vseq INTEGER PRIMARY KEY AUTOINCREMENT,       -- the vector cursor
-            msg_seq,                                      -- messages.seq; UNIQUE (msg_seq, model)
-            namespace, agent, branch, message_id,         -- the message's key and id
-            model, data BLOB)                             -- float32 little-endian
-    schema_version(version INTEGER PRIMARY KEY, applied_at TEXT)   -- one row per migration
-
-``ts`` is an integer number of microseconds rather than a float: exact for every
-timestamp a message can carry, so ``since`` / ``before`` / ``ttl`` comparisons agree with
-the in-memory store to the microsecond.
-
-Bounds: ``max_messages`` is applied by counting the key's rows *inside* the write
-transaction (``BEGIN IMMEDIATE`` holds the file's write lock), from ``key_counts``, which
-every append adds to and a trigger on ``messages`` subtracts every deleted row from, in
-the same transaction. So a bound holds across any number of processes sharing the file,
-at every committed state, and checking it costs O(1) rather than a count over the key's
-rows. :meth:`SQLiteStore.integrity_check` verifies the counts.
-
-Vectors (:mod:`marsys_mem.store.vectors`): a trigger on ``messages`` deletes a message's
-vectors with it, whatever deletes it, in the same transaction. Cursors are ``seq`` (messages)
-and ``vseq`` (vectors): ``AUTOINCREMENT`` never reuses a value, and writers take turns on the
-file's write lock, so commit order is cursor order and "everything after cursor c" misses
-nothing another process commits later. Rewriting a vector (``INSERT OR REPLACE``) gives it
-a new ``vseq``.
-
-Which files open: a path where nothing exists gets a new store, created under a temporary
-name and linked into place complete (concurrent creators race safely: one link wins,
-the others open the winner's file). A path that exists must be a marsys-mem database:
-its ``PRAGMA application_id`` is :data:`APPLICATION_ID` (files written before version 3
-are recognised by their tables and stamped when migrated). Anything else (an empty file,
-a file that is not SQLite, another application's SQLite database, a folder) raises
-:class:`~marsys_mem.exceptions.StoreError` and is left untouched.
-
-Schema: :data:`SCHEMA` is the current schema, in one place; a new store is made from it.
-Migrations: :data:`MIGRATIONS` lists one function per schema version, applied in order
-inside one ``BEGIN IMMEDIATE`` transaction when a file with an older version is opened.
-A file written by a newer version of marsys-mem is refused with
-:class:`~marsys_mem.exceptions.StoreError`. History: version 1 created the tables;
-version 2 added ``protected`` (backfilled from the stored JSON) for retention; version 3
-added ``key_counts`` (backfilled) and stamped the ``application_id``; version 4 added
-``vector_models`` and ``vectors`` (empty: nothing was embedded into a store before);
-version 5 added ownership (``key_copies``, ``sources``, the ``deletions`` log and their
-triggers; :mod:`marsys_mem.store.owners`), nothing backfilled: a pattern's copies are
-linked when it next writes, and checked against their messages when it next reads.
-``inspect`` never migrates (it opens stores read-only): a store of an older version is
-read as it is, the tables a later version added standing in empty (temporary, in the
-connection only; ``key_counts`` as a view counting the rows). :func:`migrate_file`
-(``marsys-mem migrate``) upgrades a file on a copy and swaps it into place, or changes
-nothing.
-
-All SQL is parameterised; the only values formatted into statements are PRAGMA settings
-checked against a fixed set. Nothing is pickled: messages and run snapshots are stored as
-their pydantic JSON.
+Guide (schema, bounds, migrations): ``docs/guides/retention-and-stores.md#the-sqlite-store-in-detail``.
 """
 
 from __future__ import annotations
