@@ -1,49 +1,13 @@
 """Embeddings stored next to their messages, and the cursors that let readers catch up.
 
-A store that :attr:`~marsys_mem.store.base.MemoryStore.supports_vectors` keeps, for any
-stored message, one vector per embedding model: keyed by ``(key, message_id, model)``,
-``float32``, and deleted together with its message (by ``delete_messages``, by retention,
-by deleting the key), in the same transaction. A model name has one dimension in a store
-for ever: the first vector stored under it fixes it.
+A store that ``supports_vectors`` keeps one ``float32`` vector per message and embedding
+model, deleted with its message in the same transaction; a model has one dimension in a
+store for ever. Cursors only grow and follow commit order, so ``load_vectors(...,
+after=cursor)`` and ``load_messages_after`` return exactly what was written since. This
+module holds the result types and the one byte format (:func:`to_bytes` /
+:func:`from_bytes`) every backend stores a vector in.
 
-Two cursors make incremental catch-up cheap across processes and hosts:
-
-* :class:`VectorPage` ``cursor``: a store-wide position in the order vectors were written
-  (a later write, or a rewrite of a message's vector, is after every earlier one).
-  ``load_vectors(key, model, after=page.cursor)`` returns exactly what was written since.
-* :class:`MessagePage` ``cursor``: the same for a key's appended messages
-  (``load_messages_after``); its ``count`` (the key's current number of messages) tells a
-  reader whether messages it holds were deleted meanwhile.
-
-A cursor is an ``int`` >= 0; ``0`` means "from the beginning". Cursors only grow, are never
-reused, and are only meaningful to the store that returned them.
-
-This module holds the result types and the byte format backends store a vector in
-(:func:`to_bytes` / :func:`from_bytes`: ``float32`` little-endian, no header), the one
-every backend uses, so a vector written by one backend reads back bit-identical.
-
-Implementing it in a backend (``supports_vectors = True``; arguments arrive validated by
-:meth:`~marsys_mem.store.base.MemoryStore.batch`; the conformance capability
-``Capability.VECTORS`` checks all of this):
-
-* ``PutVectors(key, model, message_ids, vectors)``: in the batch's transaction, fix the
-  model's dimension on its first vector (a ``vector_models(model, dim)`` row) and refuse
-  another one with ``ValueError``; refuse any id not stored under ``key`` with
-  :class:`~marsys_mem.exceptions.MessageNotFoundError`, writing nothing; upsert one row
-  per ``(key, message_id, model)`` whose cursor is taken anew (a rewrite is "written
-  now"); result: the count.
-* ``LoadVectors(key | None, model, after, limit)``: rows with cursor ``> after`` in cursor
-  order (at most ``limit``), as a :class:`VectorPage` whose cursor is the last row's (or
-  ``after``); an unknown model gives an empty page.
-* ``LoadAfter(key, after)``: the key's messages with message cursor ``> after``, in
-  order, the last one's cursor (or ``after``) and the key's current count.
-* Deleting a message (by ids, ``before``, a whole key, retention) deletes its vectors in
-  the same transaction (a trigger, or ``ON DELETE CASCADE``).
-* Cursors must never let a reader skip a row committed later: commit order must be
-  cursor order. SQLite gets it from its single writer; PostgreSQL does not from a bare
-  sequence (a transaction can commit a lower value after a higher one was read), so take
-  the cursor under a lock held to commit (e.g. ``pg_advisory_xact_lock`` for vector writes;
-  per key for message appends, which are read per key).
+Guide (the contract for a backend): ``docs/guides/retention-and-stores.md#vectors-in-a-store-for-backend-authors``.
 
 Example:
     >>> import numpy as np
