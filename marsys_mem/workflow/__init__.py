@@ -1,76 +1,12 @@
 """Workflow definitions: agents, their memory, the branch topology and a script of steps.
 
 A workflow file (YAML or JSON; or a :class:`Workflow` built in Python) describes a
-multi-agent experiment and :func:`run_workflow` plays it against real memory (a SQLite
-store, the in-process or MQTT transport, the packaged embedder when installed) and returns
-a :class:`~marsys_mem.workflow.report.WorkflowReport`::
+multi-agent experiment; :func:`run_workflow` plays it against real memory and returns a
+:class:`~marsys_mem.workflow.report.WorkflowReport`. Everything is validated before anything
+is written, every error of a file reported at once with its file, line and field; a file is
+not trusted with secrets (:mod:`marsys_mem.workflow.trust`).
 
-    version: 1
-    name: research_team
-    memory:                       # an inline retention config, or {config: policy.yaml}
-      defaults: {context: {max_tokens: 2000}}
-    agents:
-      - {name: planner, system: "You plan research and answer the user."}
-      - researcher
-    branches:
-      - {name: main, agents: [planner, researcher]}
-    steps:
-      - say: {agent: planner, text: "Find Q4 revenue growth."}
-      - fork: {parent: main, child: r1, agents: [researcher]}
-      - tool: {agent: researcher, name: search, arguments: {q: "Q4"}, result: "+12%"}
-      - share: {agent: researcher, fact: "Q4 revenue grew 12%", scope: lineage}
-      - merge: {child: r1, into: main}
-      - ask: {agent: planner, question: "How much did revenue grow?", expect: ["12%"]}
-
-Steps are written ``- KIND: {fields}`` or ``- {kind: KIND, fields...}``; the kinds:
-``say``, ``tool``, ``call_agent``, ``share``, ``fork``, ``merge``, ``run`` (a block of
-steps inside one ``MemoryManager.run``), ``end_run``, ``end_session``, ``ask``, ``facts``
-(what the fact memory knows about a subject: state, search and check facts) and
-``repeat`` (a block played ``times`` times, with ``{i}``, ``{n}`` and ``{item}``
-substituted in its strings).
-
-An ``ask`` checks two things: ``expect`` lists strings the answer must contain (the
-model's answer, or offline the best-matching evidence; no answer fails them all) and
-``expect_sent`` strings the context window sent for the question must contain (what
-memory brought back, whatever the answer).
-
-A real model: with an ``llm:`` section (in the workflow, or in its memory config)
-``ask`` steps send the agent's context window to the model and record its answer::
-
-    llm:
-      provider: openai              # openai | anthropic | azure
-      model: llama3.2
-      base_url: http://localhost:11434/v1   # any OpenAI-compatible server
-      api_key_env: OPENAI_API_KEY   # the NAME of the variable holding the key
-      timeout: 30
-
-The SDK extra and the key's environment variable are checked with the rest of the file,
-before anything runs. A file is not trusted with secrets (:mod:`marsys_mem.workflow.trust`):
-it may name only the provider's standard key variable, and send a key only to the
-provider's own API, unless the user allows more (``--allow-env NAME``,
-``--allow-base-url URL``, ``MARSYS_MEM_ALLOW_ENV``, ``MARSYS_MEM_ALLOW_BASE_URL``); a store
-path outside the file's folder is a warning (an error with ``strict``). A
-:class:`Workflow` built in Python is trusted code.
-
-Branches: a step's ``branch`` defaults to the agent's branch when the agent is on one
-active branch (inside a ``run`` block: the block's branch); otherwise the step must say.
-
-Runs: every agent is always in a run. Steps outside a ``run`` block belong to the agent's
-current run, which ends at ``end_run``, ``end_session`` or the end of the workflow; a
-``run`` block is a run of its own. Ending a run clears ``single_run`` memory and flushes
-persistent memory, as :meth:`MemoryManager.run <marsys_mem.MemoryManager.run>` does.
-
-Everything is validated before anything is written: field types, unknown fields, unknown
-agents or branches, forks of unknown parents, duplicate branch names, merges that would
-form a cycle, a missing config file, ``memory.agents`` entries that name no agent of the
-workflow. Every error of a file is reported at once, one per line, each naming the file,
-the line and the field, with the closest known name where there is one::
-
-    workflow.yaml:6: memory.defaults.context.stratgy: unknown field (did you mean 'strategy'?)
-    workflow.yaml:14: steps[3].agent: unknown agent 'resercher' (did you mean 'researcher'?)
-
-:func:`check_file` also returns warnings: settings that are valid but probably not meant
-(``persistent`` retention with the in-memory store keeps nothing after the process).
+Guides: ``docs/guides/workflows.md`` and ``docs/reference/workflow-file.md`` (every field).
 """
 
 from __future__ import annotations
