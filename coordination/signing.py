@@ -5,7 +5,8 @@ With a shared secret per namespace, every payload a transport publishes is seale
 it receives is checked on the raw bytes before anything parses it; unsigned, forged, stale
 or replayed payloads are dropped and counted. Signing does not encrypt (use TLS).
 
-Guide (wire format, freshness, limits): ``docs/guides/coordination.md#signed-envelopes-the-wire-format``.
+Guide (wire format, freshness, limits):
+``docs/guides/coordination.md#signed-envelopes-the-wire-format``.
 
 Example:
     >>> signer = EnvelopeSigner("a-namespace-secret-of-32-bytes!!", key_id="k1")
