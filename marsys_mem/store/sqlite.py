@@ -8,7 +8,8 @@ vectors are deleted with it by a trigger, cursors follow commit order, and a fil
 not a marsys-mem database is refused and left untouched. SQL is parameterised; nothing is
 pickled.
 
-Guide (schema, bounds, migrations): ``docs/guides/retention-and-stores.md#the-sqlite-store-in-detail``.
+Guide (schema, bounds, migrations):
+``docs/guides/retention-and-stores.md#the-sqlite-store-in-detail``.
 """
 
 from __future__ import annotations
