@@ -7,7 +7,8 @@ after=cursor)`` and ``load_messages_after`` return exactly what was written sinc
 module holds the result types and the one byte format (:func:`to_bytes` /
 :func:`from_bytes`) every backend stores a vector in.
 
-Guide (the contract for a backend): ``docs/guides/retention-and-stores.md#vectors-in-a-store-for-backend-authors``.
+Guide (the contract for a backend):
+``docs/guides/retention-and-stores.md#vectors-in-a-store-for-backend-authors``.
 
 Example:
     >>> import numpy as np
