@@ -1,10 +1,13 @@
-"""Every ```python block of README.md runs as written, pasted into a file.
+"""Every ```python block of README.md and of the docs runs as written, twice, pasted into a file.
 
-Each block runs in a fresh interpreter, in a temp folder holding a copy of the repo's
-``examples/`` (so relative paths such as ``examples/policies/team.yaml`` work and nothing
-is written into the checkout), with ``MARSYS_MEM_HOME`` (the default store folder) inside
-that temp folder. A block that must not run is preceded by ``<!-- not-run: reason -->``;
-those stay rare (see ``MAX_NOT_RUN``). A failure names the block's line in README.md.
+Each block gets a fresh temp folder holding a copy of the repo's ``examples/`` (so relative
+paths such as ``examples/policies/team.yaml`` work and nothing is written into the
+checkout), with ``MARSYS_MEM_HOME`` (the default store folder) inside it, and runs there in
+a fresh interpreter twice: the second run finds whatever the first left (files, stores),
+as a reader who runs a block again would, and must exit 0 and print the same output, so a
+block that is not idempotent (a store that grows, an id that collides) fails. A block
+that must not run is preceded by ``<!-- not-run: reason -->``; those stay rare (see
+``MAX_NOT_RUN``). A failure names the block's file and line.
 
 Blocks that talk to a model (the LLM adapters' chat loop, ``examples/llm/chat_loop.py``)
 reach a scripted OpenAI-compatible server on loopback
@@ -30,9 +33,18 @@ from marsys_mem.testing.llm_server import ScriptedServer, echo_chat
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+# the docs' own pages (docs/notebooks links the notebooks folder, which has no blocks)
+DOCS = sorted(p for p in (ROOT / "docs").rglob("*.md") if "notebooks" not in p.parts)
 MAX_NOT_RUN = 3
+RUNS = 2
 TIMEOUT_S = 300
 
+# what may differ between two runs of an idempotent block: ids, clock times, durations
+_VOLATILE = (
+    (re.compile(r"\b[0-9a-f]{32}\b|\b[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}\b"), "<id>"),
+    (re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:[+-]\d\d:\d\d|Z)?"), "<time>"),
+    (re.compile(r"\d[\d,]*(?:\.\d+)?\s?(?:µs|us|ms|s)\b"), "<duration>"),
+)
 _FENCE = re.compile(r"^```(\S*)\s*$")
 _NOT_RUN = re.compile(r"^<!--\s*not-run:\s*(?P<reason>.*?)\s*-->\s*$")
 
@@ -42,9 +54,14 @@ class Block:
     line: int  # 1-based line of the opening fence
     code: str
     not_run: str | None  # the reason, when marked not-run
+    file: str = "README.md"  # relative to the repository root
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}"
 
 
-def python_blocks(text: str) -> list[Block]:
+def python_blocks(text: str, file: str = "README.md") -> list[Block]:
     """The ```python blocks of ``text``, each with its line and its not-run marker."""
     lines = text.splitlines()
     blocks: list[Block] = []
@@ -59,7 +76,7 @@ def python_blocks(text: str) -> list[Block]:
         while end < len(lines) and lines[end].rstrip() != "```":
             end += 1
         if end == len(lines):
-            raise AssertionError(f"README.md:{start + 1}: code block never closed")
+            raise AssertionError(f"{file}:{start + 1}: code block never closed")
         if lang == "python":
             prev = start - 1
             while prev >= 0 and not lines[prev].strip():
@@ -67,27 +84,35 @@ def python_blocks(text: str) -> list[Block]:
             marker = _NOT_RUN.match(lines[prev]) if prev >= 0 else None
             reason = marker.group("reason") if marker else None
             code = "\n".join(lines[start + 1 : end]) + "\n"
-            blocks.append(Block(line=start + 1, code=code, not_run=reason))
+            blocks.append(Block(line=start + 1, code=code, not_run=reason, file=file))
         i = end + 1
     return blocks
 
 
-BLOCKS = python_blocks(README.read_text(encoding="utf-8"))
+BLOCKS = [
+    block
+    for path in (README, *DOCS)
+    for block in python_blocks(
+        path.read_text(encoding="utf-8"), path.relative_to(ROOT).as_posix()
+    )
+]
 
 
-def test_the_readme_has_python_blocks_and_few_are_not_run():
-    assert len(BLOCKS) >= 5
+def test_the_readme_and_the_docs_have_python_blocks_and_few_are_not_run():
+    assert len([b for b in BLOCKS if b.file == "README.md"]) >= 2
+    assert len(BLOCKS) >= 20
+    assert {b.file for b in BLOCKS} >= {"README.md", "docs/getting-started.md"}
     skipped = [b for b in BLOCKS if b.not_run is not None]
     for b in skipped:
-        assert b.not_run, f"README.md:{b.line}: a not-run marker needs a reason"
-    assert len(skipped) <= MAX_NOT_RUN, [f"README.md:{b.line}" for b in skipped]
+        assert b.not_run, f"{b.where}: a not-run marker needs a reason"
+    assert len(skipped) <= MAX_NOT_RUN, [b.where for b in skipped]
 
 
 def test_the_block_parser_finds_lines_and_markers():
     text = "x\n```python\na = 1\n```\n\n<!-- not-run: needs a key -->\n```python\nb\n```\n"
-    assert python_blocks(text) == [
-        Block(line=2, code="a = 1\n", not_run=None),
-        Block(line=7, code="b\n", not_run="needs a key"),
+    assert python_blocks(text, "docs/x.md") == [
+        Block(line=2, code="a = 1\n", not_run=None, file="docs/x.md"),
+        Block(line=7, code="b\n", not_run="needs a key", file="docs/x.md"),
     ]
 
 
@@ -110,18 +135,10 @@ def _env(tmp_path: Path, server: ScriptedServer) -> dict[str, str]:
     }
 
 
-@pytest.mark.parametrize(
-    "block",
-    [b for b in BLOCKS if b.not_run is None],
-    ids=lambda b: f"README.md:{b.line}",
-)
-def test_readme_block_runs(block: Block, tmp_path: Path, llm_server: ScriptedServer):
-    examples = tmp_path / "examples"
-    shutil.copytree(ROOT / "examples", examples)
-    before = sorted(examples.rglob("*"))
-    script = tmp_path / f"readme_line_{block.line}.py"
+def _run(block: Block, tmp_path: Path, env: dict[str, str], attempt: int) -> str:
+    """Run ``block`` as a file in ``tmp_path``; its output, or a failure naming the block."""
+    script = tmp_path / f"block_line_{block.line}.py"
     script.write_text(block.code, encoding="utf-8")
-    env = _env(tmp_path, llm_server)
     try:
         proc = subprocess.run(
             [sys.executable, script.name],
@@ -133,18 +150,51 @@ def test_readme_block_runs(block: Block, tmp_path: Path, llm_server: ScriptedSer
             check=False,
         )
     except subprocess.TimeoutExpired:
-        pytest.fail(f"README.md:{block.line}: the block ran past {TIMEOUT_S} s")
+        pytest.fail(f"{block.where}: run {attempt} ran past {TIMEOUT_S} s")
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-25:])
         pytest.fail(
-            f"README.md:{block.line}: the python block exits {proc.returncode} when run "
-            f"as a file:\n{tail}",
+            f"{block.where}: the python block exits {proc.returncode} on run {attempt} "
+            f"of {RUNS} (run as a file in a fresh folder"
+            f"{', after a first run there' if attempt > 1 else ''}):\n{tail}",
             pytrace=False,
         )
+    return stable(proc.stdout)
+
+
+def stable(output: str) -> str:
+    """``output`` with ids, clock times and durations masked (they differ run to run)."""
+    for pattern, mask in _VOLATILE:
+        output = pattern.sub(mask, output)
+    return output
+
+
+def test_stable_masks_ids_times_and_durations_only():
+    out = "id 82f17c7bfaae4ed094e5e10f27b29f1d at 2026-11-27T13:45:20.936+00:00 took 4.6 s, 12 ms"
+    assert stable(out) == "id <id> at <time> took <duration>, <duration>"
+    assert stable("8 messages, 401 tokens, score 0.81") == "8 messages, 401 tokens, score 0.81"
+
+
+@pytest.mark.parametrize(
+    "block",
+    [b for b in BLOCKS if b.not_run is None],
+    ids=lambda b: b.where,
+)
+def test_block_runs_twice_alike(block: Block, tmp_path: Path, llm_server: ScriptedServer):
+    examples = tmp_path / "examples"
+    shutil.copytree(ROOT / "examples", examples)
+    before = sorted(examples.rglob("*"))
+    env = _env(tmp_path, llm_server)
+    outputs = [_run(block, tmp_path, env, attempt) for attempt in range(1, RUNS + 1)]
+    assert outputs[1] == outputs[0], (
+        f"{block.where}: the block prints something else when run again in the same "
+        f"folder (not idempotent):\n--- first run\n{outputs[0][-2000:]}"
+        f"\n--- second run\n{outputs[1][-2000:]}"
+    )
     # nothing lands in examples/ (stores go to MARSYS_MEM_HOME or a folder the block names)
     after = sorted(examples.rglob("*"))
     assert after == before, (
-        f"README.md:{block.line}: wrote into examples/: "
+        f"{block.where}: wrote into examples/: "
         f"{[str(p.relative_to(tmp_path)) for p in after if p not in before]}"
     )
 
