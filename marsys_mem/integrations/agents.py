@@ -19,9 +19,12 @@ as a message of its role with no content that holds only the item; a malformed
 ``function_call``: where the newest ``N`` items would split a pair, it reaches back to the
 call (so it may return more than ``N`` items), and with it the ``reasoning`` item just before
 it. An output whose call is gone from the memory altogether (evicted by retention) is left
-out. With ``policy=ContextPolicy(...)`` it returns the agent's context window under that
-policy instead of the whole history: ``strategy="summarize"`` compacts older turns into one
-summary (a system message), extended incrementally.
+out, and so is a ``function_call`` whose output is not in the memory (``pop_item`` removed
+it), with the ``reasoning`` item that led to it: a listing never holds half a pair. With
+``policy=ContextPolicy(...)`` it returns the agent's context window under that policy
+instead of the whole history: ``strategy="summarize"`` compacts older turns into one
+summary (a system message), extended incrementally. ``close()`` ends the use of a session
+(the SDK's sessions have one); the items stay in the manager's memory.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from pydantic import JsonValue, TypeAdapter, ValidationError
 
 from marsys_mem.context.policy import ContextPolicy, Summarizer
 from marsys_mem.conversation import ConversationMemory
-from marsys_mem.exceptions import MessageFormatError, MissingDependencyError
+from marsys_mem.exceptions import MessageFormatError, MissingDependencyError, StoreError
 from marsys_mem.manager import MemoryManager
 from marsys_mem.model.messages import Message, to_llm_format
 from marsys_mem.model.names import validate_name
@@ -102,8 +105,9 @@ def _to_items(messages: Sequence[Message]) -> list[TResponseInputItem]:
 def _paired(messages: Sequence[Message], start: int) -> list[Message]:
     """``messages[start:]`` reaching back to the calls its tool results answer.
 
-    Results whose call is not in ``messages`` at all are left out; a ``reasoning`` item
-    right before the first message (a call it led to) comes along.
+    Results whose call is not in ``messages`` at all are left out, and so are calls with
+    no result after them (with a ``reasoning`` item right before such a call); a
+    ``reasoning`` item right before the first message (a call it led to) comes along.
     """
     start = max(0, min(start, len(messages)))
     wanted = {m.tool_call_id for m in messages[start:] if m.tool_call_id is not None}
@@ -118,8 +122,21 @@ def _paired(messages: Sequence[Message], start: int) -> list[Message]:
     if start > 0 and _item_type(messages[start - 1]) == "reasoning":
         start -= 1
     window = messages[start:]
-    calls = {c.id for m in window for c in m.tool_calls}
-    return [m for m in window if m.tool_call_id is None or m.tool_call_id in calls]
+    # a call whose output is not in the memory (popped, or not added yet) is left out with
+    # the reasoning item that led to it, as the Responses API rejects both
+    answered = {m.tool_call_id for m in window if m.tool_call_id is not None}
+    unanswered = {
+        i for i, m in enumerate(window) if any(c.id not in answered for c in m.tool_calls)
+    }
+    calls = {c.id for i, m in enumerate(window) if i not in unanswered for c in m.tool_calls}
+    kept: list[Message] = []
+    for i, m in enumerate(window):
+        if i in unanswered:
+            if kept and _item_type(kept[-1]) == "reasoning":
+                kept.pop()
+        elif m.tool_call_id is None or m.tool_call_id in calls:
+            kept.append(m)
+    return kept
 
 
 class MarsysSession:
@@ -139,6 +156,11 @@ class MarsysSession:
             policy (``strategy="summarize"`` compacts older turns into a summary).
         summarizer: the summariser for ``summarize`` (default: the memory's, offline).
         session_settings: the SDK's settings (``limit`` when ``get_items`` gets none).
+        strict_tools: refuse items that reuse a ``call_id`` already in the session, or a
+            ``function_call_output`` that answers no call in it (``DuplicateToolCallError``,
+            ``OrphanToolResultError``); ``False`` stores them as the SDK's own sessions do
+            (scripted runs, servers that number their call ids): listings still pair each
+            output with its call.
 
     Raises:
         InvalidNameError: ``session_id`` or ``agent`` is not a valid name (nothing changes).
@@ -156,6 +178,7 @@ class MarsysSession:
         ['function_call', 'function_call_output']
         >>> manager.memory("assistant", branch="user-42")[-1].tool_call_id
         'c1'
+        >>> session.close()  # the SDK's sessions have one; the manager stays open
         >>> manager.close()
     """
 
@@ -170,6 +193,7 @@ class MarsysSession:
         policy: ContextPolicy | None = None,
         summarizer: Summarizer | None = None,
         session_settings: SessionSettings | None = None,
+        strict_tools: bool = True,
     ) -> None:
         if not isinstance(manager, MemoryManager):
             raise TypeError(f"manager must be a MemoryManager, got {type(manager).__name__}")
@@ -181,11 +205,32 @@ class MarsysSession:
         self.policy = policy
         self.summarizer = summarizer
         self.session_settings = session_settings
+        self.strict_tools = bool(strict_tools)
+        self._closed = False
 
     @property
     def memory(self) -> ConversationMemory:
-        """The agent's memory on this session's branch (from the manager, on every use)."""
+        """The agent's memory on this session's branch (from the manager, on every use).
+
+        Raises:
+            StoreError: the session is closed.
+        """
+        self._check_open()
         return self.manager.memory(self.agent, branch=self.session_id)
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._closed
+
+    def close(self) -> None:
+        """End the use of this session (idempotent); its methods then raise ``StoreError``.
+
+        The items stay in the manager's memory, under its retention policy, and the
+        manager stays open: it belongs to the caller (``manager.close()`` flushes and
+        closes it). A new ``MarsysSession`` with the same id reads them again.
+        """
+        self._closed = True
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
         """The history, oldest first: all of it, the newest ``limit`` items, or the window.
@@ -196,7 +241,9 @@ class MarsysSession:
 
         Raises:
             ValueError: ``limit`` is not ``None`` or an int >= 0.
+            StoreError: the session is closed.
         """
+        self._check_open()
         limit = resolve_session_limit(_check_limit(limit), self.session_settings)
         memory = self.memory
         if self.policy is not None:
@@ -234,7 +281,9 @@ class MarsysSession:
             DuplicateToolCallError: a ``call_id`` used twice.
             MessageFormatError: an item that is not valid JSON (NaN) or a malformed
                 ``function_call`` / ``function_call_output``; the error names the item.
+            StoreError: the session is closed.
         """
+        self._check_open()
         try:
             checked = _ITEMS.validate_python(items)
         except ValidationError as exc:
@@ -256,10 +305,23 @@ class MarsysSession:
                 )
                 raise MessageFormatError(f"items[{i}] ({kind!r}): {reason}") from exc
         if messages:
-            await asyncio.to_thread(self.memory.add_many, messages)
+            await asyncio.to_thread(self._add, messages)
+
+    def _add(self, messages: list[Message]) -> None:
+        memory = self.memory
+        if self.strict_tools:
+            memory.add_many(messages)
+            return
+        with memory.lock:  # this session's rule, for this append only
+            strict, memory.strict_tools = memory.strict_tools, False
+            try:
+                memory.add_many(messages)
+            finally:
+                memory.strict_tools = strict
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Remove the newest item and return it (``None`` when the session is empty)."""
+        self._check_open()
 
         def pop() -> Message | None:
             memory = self.memory
@@ -275,12 +337,19 @@ class MarsysSession:
 
     async def clear_session(self) -> None:
         """Delete every item of this session: memory, store and patterns (``forget``)."""
+        self._check_open()
         await asyncio.to_thread(
             functools.partial(self.manager.forget, self.agent, self.session_id, everything=True)
         )
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"MarsysSession {self.session_id!r} is closed")
+
     def __repr__(self) -> str:
         mode = "history" if self.policy is None else f"window:{self.policy.strategy}"
+        if self._closed:
+            mode += ", closed"
         return f"MarsysSession({self.session_id!r}, agent={self.agent!r}, {mode})"
 
 

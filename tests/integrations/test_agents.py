@@ -39,7 +39,13 @@ from openai.types.responses import (
 from marsys_mem import ContextPolicy, MemoryManager, Message
 from marsys_mem.config import MemoryConfig
 from marsys_mem.context.blocks import parse_block
-from marsys_mem.exceptions import InvalidNameError, MessageFormatError, OrphanToolResultError
+from marsys_mem.exceptions import (
+    DuplicateToolCallError,
+    InvalidNameError,
+    MessageFormatError,
+    OrphanToolResultError,
+    StoreError,
+)
 from marsys_mem.integrations.agents import ITEM_KEY, MarsysSession
 from marsys_mem.testing.provider_rules import responses_violations
 
@@ -519,3 +525,110 @@ def test_manager_forget_checks_its_arguments(manager: MemoryManager):
     with pytest.raises(ValueError, match="one string"):
         manager.forget("assistant", message_ids=mid)
     assert [m.text for m in manager.memory("assistant")] == ["keep me"]  # nothing removed
+
+
+# ---------------------------------------------------------------------- half pairs, close
+async def test_a_popped_output_leaves_no_orphan_call_in_any_listing(manager: MemoryManager):
+    model = ScriptedModel(
+        [reasoning(), call("c1", "Tokyo")],
+        [say("72F in Tokyo.")],
+        [say("Anything else?", "msg_2")],
+    )
+    session = MarsysSession("user-1", manager)
+    await Runner.run(agent_with(model), "Weather in Tokyo?", session=session)
+    assert kinds(await session.get_items())[-1] == ("message", "72F in Tokyo.")
+    assert (await session.pop_item() or {}).get("type", "message") == "message"
+    assert (await session.pop_item() or {}).get("type") == "function_call_output"
+    # the call is still stored, but no listing returns it without its output (nor the
+    # reasoning item that led to it: the Responses API rejects both)
+    stored = [m.metadata[ITEM_KEY].get("type") for m in session.memory.read()]
+    assert stored == [None, "reasoning", "function_call"]
+    assert await session.get_items(limit=1) == []
+    assert kinds(await session.get_items()) == [("message", "Weather in Tokyo?")]
+    for limit in range(4):
+        items = await session.get_items(limit=limit)
+        assert not responses_violations(items), items
+    # and the next run through the SDK sends none of it
+    await Runner.run(agent_with(model), "Thanks", session=session)
+    sent = model.inputs[-1]
+    assert kinds(sent) == [("message", "Weather in Tokyo?"), ("message", "Thanks")]
+    assert not responses_violations(sent)
+    # a window (policy) follows the same rule
+    windowed = MarsysSession("user-1", manager, policy=ContextPolicy(max_tokens=4000))
+    assert ("function_call", "c1") not in kinds(await windowed.get_items())
+
+
+async def test_a_parallel_call_without_output_is_left_out(manager: MemoryManager):
+    session = MarsysSession("user-1", manager)
+    await session.add_items(
+        [
+            {"role": "user", "content": "Tokyo and Paris?"},
+            call("a", "Tokyo").model_dump(mode="json", exclude_unset=True),
+            call("b", "Paris").model_dump(mode="json", exclude_unset=True),
+            {"type": "function_call_output", "call_id": "a", "output": "72F"},
+            {"type": "function_call_output", "call_id": "b", "output": "64F"},
+        ]
+    )
+    await session.pop_item()  # b's output
+    assert kinds(await session.get_items()) == [
+        ("message", "Tokyo and Paris?"),
+        ("function_call", "a"),
+        ("function_call_output", "a"),
+    ]
+    assert kinds(await session.get_items(limit=1)) == [  # a's output reaches back to a's call
+        ("function_call", "a"),
+        ("function_call_output", "a"),
+    ]
+
+
+async def test_strict_tools_false_lets_a_scripted_block_run_twice(tmp_path: Path):
+    # the README's offline block: the same call id "c1" in a persistent session, twice
+    config = persistent_config(tmp_path / "agents.db", max_stored_messages=10000)
+    turn: list[Any] = [
+        {"role": "user", "content": "Where did I park?"},
+        {"type": "function_call", "call_id": "c1", "name": "notes", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "level 4"},
+        {"role": "assistant", "content": "On level 4."},
+    ]
+    for run in range(2):
+        with MemoryManager(config) as manager:
+            session = MarsysSession("user-42", manager, strict_tools=False)
+            await session.add_items(turn)
+            assert kinds(await session.get_items(limit=2)) == [
+                ("function_call", "c1"),
+                ("function_call_output", "c1"),
+                ("message", "On level 4."),
+            ]
+            items = await session.get_items()
+            assert len(items) == 4 * (run + 1)
+            assert_pairs_whole(items)
+            assert not responses_violations(items)
+    with MemoryManager(config) as manager:  # the default refuses a reused call id
+        strict = MarsysSession("user-42", manager)
+        with pytest.raises(DuplicateToolCallError, match="'c1'"):
+            await strict.add_items(turn)
+        assert len(await strict.get_items()) == 8  # nothing of it was added
+        assert strict.memory.strict_tools  # the memory's own rule is left as it was
+
+
+async def test_close_is_idempotent_and_leaves_the_items_and_the_manager(manager: MemoryManager):
+    session = MarsysSession("user-1", manager)
+    await session.add_items([{"role": "user", "content": "hello"}])
+    assert not session.closed
+    session.close()
+    session.close()
+    assert session.closed
+    assert "closed" in repr(session)
+    for use in (
+        session.get_items(),
+        session.add_items([{"role": "user", "content": "x"}]),
+        session.pop_item(),
+        session.clear_session(),
+    ):
+        with pytest.raises(StoreError, match="'user-1' is closed"):
+            await use
+    with pytest.raises(RuntimeError):  # what the SDK's own sessions raise once closed
+        _ = session.memory
+    assert await MarsysSession("user-1", manager).get_items() == [
+        {"role": "user", "content": "hello"}
+    ]
