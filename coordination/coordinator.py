@@ -803,7 +803,9 @@ class Coordinator(AsyncClosing):
 
         Each agent that is also on ``parent`` starts from a copy-on-write fork of its
         parent-branch memory (``ConversationMemory.fork``): what it adds on ``child`` is
-        invisible to ``parent`` and to siblings. The child's agents receive the facts
+        invisible to ``parent`` and to siblings. A persistent agent whose memory on
+        ``child`` the store already holds (a restarted process, a workflow rerun) resumes
+        that memory instead of forking again. The child's agents receive the facts
         already in their scope.
         """
         self.graph.info(parent)  # raises UnknownBranchError
@@ -814,8 +816,14 @@ class Coordinator(AsyncClosing):
             parents = {a: self.manager.memory(a, parent) for a in members if a in on_parent}
         info = self.graph.fork(parent, child, agents=members)
         if self.manager is not None:
+            manager = self.manager
             for agent, memory in parents.items():
-                attach_memory(self.manager, agent, child, memory.fork(agent=agent))
+                if manager.policy(agent).is_persistent and manager.store.count_messages(
+                    manager.key(agent, child)
+                ):
+                    manager.memory(agent, child)  # the stored branch, resumed
+                else:
+                    attach_memory(manager, agent, child, memory.fork(agent=agent))
         return info
 
     # ------------------------------------------------------------------ merging

@@ -8,7 +8,9 @@ child's conversation work over, which is done here:
   out: they are instructions, not findings) are summarised into one system message
   (``name="merge_summary"``, ``metadata["merged_from"]``) appended to the memory of every
   agent of the target branch: a memory block (:func:`~marsys_mem.context.blocks.render_lines`),
-  each line of the summary one quoted item under a header saying it is recalled data.
+  each line of the summary one quoted item under a header saying it is recalled data. Its
+  id is derived from the branches and the summary, so the same merge again (a workflow
+  rerun on a persistent store) adds nothing an agent already holds.
 * ``messages``: each child agent's new messages are appended to the same agent's memory
   on the target branch (messages it already has are skipped); an agent that is not on
   the target branch joins it.
@@ -16,6 +18,7 @@ child's conversation work over, which is done here:
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -72,14 +75,19 @@ async def merge_memories(
                 raise TypeError(f"the summarizer returned {type(result).__name__}, not str")
             summary = result.strip()
         if summary:
+            text = render_lines(f"Merged from branch {child}:", summary)
+            digest = hashlib.sha256("\x1f".join((child, into, text)).encode()).hexdigest()
             note = Message.system(
-                render_lines(f"Merged from branch {child}:", summary),
+                text,
                 name="merge_summary",
                 metadata={"merged_from": child},
+                message_id=f"merge_{digest[:32]}",
             )
             for agent in graph.agents(into):
-                manager.memory(agent, into).add(note)
-                count += 1
+                target = manager.memory(agent, into)
+                if note.message_id not in target:
+                    target.add(note)
+                    count += 1
         return count, summary
     for agent, msgs in new.items():
         target = manager.memory(agent, into)

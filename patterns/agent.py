@@ -376,10 +376,13 @@ class AgentPatterns:
         )
         return self.rag.remove([messages[i].message_id for i in drop]) if drop else 0
 
-    def start_episode(self, metadata: dict[str, Any]) -> None:
-        """Begin an episode (one per run) if episodic memory is enabled."""
+    def start_episode(self, metadata: dict[str, Any], *, episode_id: str | None = None) -> None:
+        """Begin an episode (one per run) if episodic memory is enabled.
+
+        ``episode_id``: reopen the episode of that id if there is one (a replayed run).
+        """
         if self.episodic is not None:
-            self.episodic.start_episode(metadata)
+            self.episodic.start_episode(metadata, episode_id=episode_id)
 
     def end_episode(self) -> None:
         """End the current episode, if any."""

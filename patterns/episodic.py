@@ -344,28 +344,45 @@ class EpisodicMemory(Closing):
         if self._closed:
             raise StoreError("EpisodicMemory is closed")
 
-    def start_episode(self, metadata: Mapping[str, Any] | None = None) -> Episode:
+    def start_episode(
+        self, metadata: Mapping[str, Any] | None = None, *, episode_id: str | None = None
+    ) -> Episode:
         """End the current episode (if any) and start a new one with ``metadata``.
 
+        ``episode_id``: the new episode's id (default: a random one). An episode of that
+        id that exists already is reopened (its messages kept, ``metadata`` replacing its
+        own) rather than started again: a run replayed under the same id (a workflow
+        rerun) leaves one episode, not one more each time.
+
         Raises:
-            ValueError, TypeError: metadata that is not a JSON object (nothing changed).
+            ValueError, TypeError: metadata that is not a JSON object, or an empty
+                ``episode_id`` (nothing changed).
         """
         self._check_open()
         meta = _check_metadata(metadata)
+        if episode_id is not None and (not isinstance(episode_id, str) or not episode_id):
+            raise ValueError(f"episode_id must be a non-empty string, got {episode_id!r}")
         with self._lock:
             now = _utcnow()
-            new = _State(uuid.uuid4().hex, meta, now)
+            known = self._episodes.get(episode_id) if episode_id is not None else None
+            if known is not None:
+                new = replace(known, metadata=meta, ended_at=None)
+            else:
+                new = _State(episode_id or uuid.uuid4().hex, meta, now)
             changed = [new]
             ended: _State | None = None
-            if self._current is not None:
+            if self._current is not None and self._current != new.id:
                 ended = replace(self._episodes[self._current], ended_at=now)
                 changed.insert(0, ended)
             self._save(changed)  # both snapshots in one transaction
             if ended is not None:
                 self._episodes[ended.id].ended_at = now
-            self._episodes[new.id] = new
+            if known is not None:
+                known.metadata, known.ended_at = meta, None
+            else:
+                self._episodes[new.id] = new
             self._current = new.id
-            return new.episode()
+            return self._episodes[new.id].episode()
 
     def end_episode(self) -> Episode | None:
         """End the current episode; returns it (``None`` if no episode was open)."""

@@ -5,7 +5,7 @@ Commands::
     marsys-mem --version                  the installed version
     marsys-mem demo                       run the bundled research-team workflow, print its report
     marsys-mem demo --windows             one conversation, three context strategies, one budget
-    marsys-mem run WORKFLOW [--json] [--store DIR] [--mqtt HOST:PORT] [--strict]
+    marsys-mem run WORKFLOW [--json] [--store DIR] [--mqtt HOST:PORT] [--strict] [--append]
                    [--allow-env NAME] [--allow-base-url URL]
     marsys-mem validate FILE [--strict] [--allow-env NAME] [--allow-base-url URL]
     marsys-mem schema [--workflow]        JSON Schema of the config (or workflow) format
@@ -89,6 +89,7 @@ def _run_and_print(
     progress: bool,
     trust: FileTrust | None = None,
     strict: bool = False,
+    append: bool = False,
 ) -> int:
     wf = load_workflow(workflow)  # validate before anything is written
     logger = logging.getLogger("marsys_mem.workflow")
@@ -97,7 +98,13 @@ def _run_and_print(
     try:
         with progress_bar(f"running {wf.name}", progress and not as_json) as callback:
             report = run_workflow(
-                wf, store_dir=store, mqtt=mqtt, progress=callback, trust=trust, strict=strict
+                wf,
+                store_dir=store,
+                mqtt=mqtt,
+                progress=callback,
+                trust=trust,
+                strict=strict,
+                append=append,
             )
     finally:
         logger.removeHandler(handler)
@@ -125,6 +132,7 @@ def cmd_run(out: Output, args: argparse.Namespace) -> int:
         progress=not args.quiet,
         trust=_trust(args),
         strict=args.strict,
+        append=args.append,
     )
 
 
@@ -408,6 +416,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument(
         "--strict", action="store_true", help="warnings are errors (exit 2, nothing runs)"
+    )
+    p.add_argument(
+        "--append",
+        action="store_true",
+        help="a new run: append its messages to what earlier runs left in the store "
+        "(default: a rerun on the same store appends nothing it already holds)",
     )
     trust_args(p)
     p.set_defaults(handler=cmd_run)

@@ -763,6 +763,10 @@ class MemoryManager(Closing):
     ) -> _RunScope:
         """A run of ``agent``: ``with manager.run("a") as run:`` (or ``async with``).
 
+        ``run_id``: the run's id (default: a random one); a run of an id saved before
+        replaces that snapshot, and reopens its episode (episodic memory), so a replayed
+        run (a workflow rerun) is stored once.
+
         Without ``parent_id`` the run writes to the agent's memory on ``branch``. With
         ``parent_id`` it gets its own memory holding the parent chain's history, so runs
         forked from the same parent never see each other. When the run ends its snapshot
@@ -788,10 +792,12 @@ class MemoryManager(Closing):
         else:
             memory = self.memory(agent, branch)
             patterns = self._patterns.get((agent, branch))
+            # a run given its id (a replayed run) reopens its episode instead of a new one
+            episode_id = None if run_id is None else f"episode_{run_id}"
             if patterns is not None and run_id is None:
                 run_id = "run_" + uuid.uuid4().hex
             if patterns is not None:
-                patterns.start_episode({"run_id": run_id, "agent": agent})
+                patterns.start_episode({"run_id": run_id, "agent": agent}, episode_id=episode_id)
         ctx = RunContext(
             agent=agent,
             memory=memory,

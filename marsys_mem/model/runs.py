@@ -203,6 +203,26 @@ class RunContext(Generic[MemoryT]):
             self._inputs.append(mid)
         return mid
 
+    def record(self, message: Message, *, is_input: bool | None = None) -> str:
+        """Count ``message``, which the memory already holds, as one of this run's.
+
+        Nothing is written to the memory: a replayed step (a workflow rerun on the same
+        store finds the message it would add) still belongs to the run's snapshot.
+        ``is_input`` as for :meth:`add`. Returns the message's id.
+
+        Example:
+            >>> run = RunContext(agent="a", memory=[])
+            >>> run.record(Message.user("hi", message_id="m1"))
+            'm1'
+            >>> [m.message_id for m in run.snapshot().messages], run.memory
+            (['m1'], [])
+        """
+        output = not is_input if is_input is not None else message.role in _OUTPUT_ROLES
+        self._messages.append(message)
+        if not output:
+            self._inputs.append(message.message_id)
+        return message.message_id
+
     def input(self, message: Message | Mapping[str, Any]) -> str:
         """Add an input message (a request, a tool result)."""
         return self.add(message, is_input=True)

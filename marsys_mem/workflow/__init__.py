@@ -242,6 +242,7 @@ async def arun_workflow(
     progress: ProgressCallback | None = None,
     trust: FileTrust | None = None,
     strict: bool = False,
+    append: bool = False,
 ) -> WorkflowReport:
     """Async twin of :func:`run_workflow`."""
     prepared = _prepare_any(workflow)
@@ -259,7 +260,7 @@ async def arun_workflow(
         log.warning("%s", warning)
     settings = parse_mqtt(mqtt) if mqtt is not None else None
     runner = WorkflowRunner(
-        prepared, store_dir=store_dir, mqtt=settings, progress=progress, trust=trust
+        prepared, store_dir=store_dir, mqtt=settings, progress=progress, trust=trust, append=append
     )
     return await runner.run()
 
@@ -272,16 +273,24 @@ def run_workflow(
     progress: ProgressCallback | None = None,
     trust: FileTrust | None = None,
     strict: bool = False,
+    append: bool = False,
 ) -> WorkflowReport:
     """Validate and run a workflow; return its report.
+
+    A rerun on the same store is idempotent: the messages, runs and stated facts of its
+    steps have ids derived from the workflow and the step, and what the store already
+    holds is kept, not appended again (a persistent agent ends with the same messages
+    after one run or five). ``append=True`` makes the run a new one, appended.
 
     Args:
         workflow: a workflow file (YAML or JSON) or a :class:`Workflow`.
         store_dir: folder of the SQLite store (``memory.db``). Default: the store the
             memory config names, else the user's data folder
             (:func:`~marsys_mem.config.models.default_store_path`, ``$MARSYS_MEM_HOME``),
-            in a namespace named after the workflow (its ``name``, else the file's stem);
-            never next to the workflow file.
+            in a namespace named after the workflow (its ``name``, else the file's stem;
+            an unnamed :class:`Workflow` built in Python: one derived from its content,
+            see :func:`~marsys_mem.workflow.runner.workflow_namespace`); never next to
+            the workflow file.
         mqtt: ``HOST:PORT`` or :class:`MqttSettings`: share facts through this broker
             instead of the workflow's transport.
         progress: ``progress(done, total, label)`` after each step.
@@ -291,6 +300,8 @@ def run_workflow(
             (a :class:`Workflow` built in Python is trusted code).
         strict: the workflow's warnings (a store path outside the file's folder, ...)
             are errors: nothing runs.
+        append: a new run on the store, its messages appended to what earlier runs of
+            the workflow left (default: a rerun appends nothing the store holds).
 
     Works inside a running event loop too (Jupyter): the workflow then runs on a
     worker thread.
@@ -301,7 +312,13 @@ def run_workflow(
         MarsysMemError: running it failed (a store or transport error).
     """
     coro = arun_workflow(
-        workflow, store_dir=store_dir, mqtt=mqtt, progress=progress, trust=trust, strict=strict
+        workflow,
+        store_dir=store_dir,
+        mqtt=mqtt,
+        progress=progress,
+        trust=trust,
+        strict=strict,
+        append=append,
     )
     try:
         asyncio.get_running_loop()

@@ -440,6 +440,13 @@ class WorkflowReport(_Model):
     llm: str | None = Field(default=None, description="provider:model ask steps called.")
     timings: Timings
     notices: list[str] = Field(default_factory=list)
+    replayed: int = Field(
+        default=0,
+        description=(
+            "Messages the steps would write that the store already held from an earlier run "
+            "of this workflow: kept, not appended again (a rerun is idempotent)."
+        ),
+    )
     ok: bool = Field(
         default=True,
         description="Every ask and facts step found what it expected; no model call failed.",
@@ -517,6 +524,11 @@ def _text_lines(r: WorkflowReport, width: int) -> list[str]:
         f" in {_seconds(t.total_s)} (setup {_seconds(t.setup_s)}, steps {_seconds(t.steps_s)},"
         f" report {_seconds(t.finish_s)})",
     ]
+    if r.replayed:
+        lines.append(
+            f"   rerun      {r.replayed} message{'s' if r.replayed != 1 else ''} already in the "
+            "store from an earlier run: kept, not appended again (--append: a new run)"
+        )
     for notice in r.notices:
         lines.append(f"   note       {notice}")
 

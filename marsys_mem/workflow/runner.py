@@ -8,6 +8,15 @@ With an ``llm:`` (the workflow's, else its memory config's) it also owns the mod
 (:func:`~marsys_mem.llm.factory.make_llm`): ``ask`` steps call it, and the manager's fact
 extraction (``extractor: llm``) uses it; it is closed when the run ends.
 
+Reruns are idempotent: every message a step writes has an id derived from the store
+namespace, the workflow's name, the step (its place in the file, its repeat iteration and
+its fields) and the agent, and every run an id derived from the agent, its branch and how
+many runs it had before; a message the agent's memory already holds (a persistent agent
+rerun on the same store) is not appended again, it counts as the run's own, and a run's
+snapshot replaces the earlier one of the same id. Facts stated by a ``facts`` step carry
+such an id as their source and are not restated either. ``append=True`` (``marsys-mem run
+--append``) mixes a fresh tag into every id: the rerun is a new run, appended.
+
 Facts shared during the run are also written to a SQLite store under the reserved agent
 name ``#facts`` (one key per branch, one system message per fact with the fact's JSON in
 ``metadata["fact"]``), so ``marsys-mem inspect`` can show them later. They are a record:
@@ -17,6 +26,7 @@ the facts agents receive live in the manager's shared pool, in process.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import re
@@ -134,16 +144,28 @@ def _store_config(prepared: PreparedWorkflow, store_dir: str | Path | None) -> M
 def workflow_namespace(workflow: Workflow) -> str:
     """The store namespace of a workflow run whose workflow names no store.
 
-    The workflow's ``name`` when its file sets one, else the file's stem (``workflow`` for
-    one built in Python without a name); characters a name may not hold become ``_``.
+    The workflow's ``name`` when it sets one, else the file's stem; characters a name may
+    not hold become ``_``. A :class:`Workflow` built in Python without a name gets a
+    namespace derived from its content (``workflow-`` and 12 hex digits of a hash of its
+    fields): the same workflow reruns in the same namespace (idempotent), and unrelated
+    unnamed workflows never share one, so their messages and facts never mix.
 
     Example:
         >>> workflow_namespace(Workflow.model_validate({"name": "team/a", "agents": ["a"]}))
         'team_a'
+        >>> a, b = (Workflow.model_validate({"agents": [x]}) for x in ("a", "b"))
+        >>> workflow_namespace(a) == workflow_namespace(a.model_copy()) != workflow_namespace(b)
+        True
+        >>> workflow_namespace(a).startswith("workflow-")
+        True
     """
     name = workflow.name
-    if "name" not in workflow.model_fields_set and workflow.source is not None:
-        name = workflow.source.stem
+    if "name" not in workflow.model_fields_set:
+        if workflow.source is not None:
+            name = workflow.source.stem
+        else:
+            digest = hashlib.sha256(workflow.model_dump_json().encode()).hexdigest()
+            return f"workflow-{digest[:12]}"
     name = _NOT_IN_NAME.sub("_", name)[:MAX_NAME_LENGTH]
     return name if is_name(name) else "workflow"
 
@@ -178,6 +200,8 @@ class WorkflowRunner:
         progress: ``progress(done, total, label)`` after each step.
         trust: what the user allows a file's ``llm:`` (default: the user-level
             :meth:`~marsys_mem.llm.trust.FileTrust.from_env`).
+        append: a new run whatever the store holds (fresh message and run ids);
+            default: a rerun on the same store appends nothing it already holds.
 
     Example:
         >>> from marsys_mem.workflow import Workflow, prepare_workflow
@@ -197,9 +221,14 @@ class WorkflowRunner:
         mqtt: MqttSettings | None = None,
         progress: ProgressCallback | None = None,
         trust: FileTrust | None = None,
+        append: bool = False,
     ) -> None:
         self.prepared = prepared
         self.trust = trust
+        self.append = append
+        self._tag = uuid.uuid4().hex if append else ""  # mixed into every stable id
+        self._runs_started: dict[tuple[str, str], int] = {}
+        self._replayed = 0
         self.workflow = prepared.workflow
         self.config = _store_config(prepared, store_dir)
         transport = self.workflow.transport
@@ -291,6 +320,28 @@ class WorkflowRunner:
             return "inprocess"
         return f"mqtt://{m.host}:{m.port} (namespace {self.namespace})"
 
+    # ------------------------------------------------------------------ stable ids
+    def _stable_id(self, prefix: str, *parts: str) -> str:
+        """An id derived from the namespace, the workflow, the run's tag and ``parts``.
+
+        The same on every rerun of the same workflow on the same store (unless
+        ``append``), so what a step wrote is recognised instead of appended again.
+        """
+        text = "\x1f".join((self.namespace, self.workflow.name, self._tag, *parts))
+        return f"{prefix}_{hashlib.sha256(text.encode()).hexdigest()[:32]}"
+
+    def _step_id(self, p: PlannedStep, agent: str, branch: str, part: str) -> str:
+        """The id of one message a step writes: its place, iteration, fields and agent."""
+        fields = p.step.model_dump_json()
+        where = format_path(p.path) + (f"#{p.iteration}" if p.iteration else "")
+        return self._stable_id("wf", where, fields, agent, branch, part)
+
+    def _new_run_id(self, agent: str, branch: str) -> str:
+        """The id of the agent's next run on ``branch`` (its count so far, made stable)."""
+        count = self._runs_started.get((agent, branch), 0) + 1
+        self._runs_started[(agent, branch)] = count
+        return self._stable_id("run", agent, branch, str(count))
+
     @property
     def _manager(self) -> MemoryManager:
         assert self.manager is not None
@@ -343,16 +394,27 @@ class WorkflowRunner:
         found = self._implicit.get((agent, branch))
         if found is None:
             self._mem(agent, branch)
-            scope = self._manager.run(agent, branch=branch)
+            run_id = self._new_run_id(agent, branch)
+            scope = self._manager.run(agent, branch=branch, run_id=run_id)
             found = (scope, scope.__enter__())
             self._implicit[(agent, branch)] = found
         return found[1]
 
     def _add(self, agent: str, branch: str, *messages: Message) -> None:
-        self._mem(agent, branch)
+        """Add ``messages`` through the agent's run; one its memory holds is not added again.
+
+        A rerun on the same store finds a persistent agent's messages there (their ids are
+        stable): each counts as this run's message, and nothing is appended.
+        """
+        mem = self._mem(agent, branch)
         run = self._run_for(agent, branch)
         for message in messages:
-            run.add(message)
+            held = mem.get(message.message_id)
+            if held is None:
+                run.add(message)
+            else:
+                run.record(held)
+                self._replayed += 1
 
     def _end_run(self, agent: str, branch: str, error: BaseException | None = None) -> None:
         found = self._implicit.pop((agent, branch), None)
@@ -523,38 +585,62 @@ class WorkflowRunner:
                 "assistant": Message.assistant,
                 "system": Message.system,
             }[s.role]
+            branch = p.branches["agent"]
             extra: dict[str, Any] = {"pinned": s.pinned} if s.pinned else {}
             if s.name:
                 extra["name"] = s.name
-            self._add(s.agent, p.branches["agent"], factory(s.text, **extra))
+            extra["message_id"] = self._step_id(p, s.agent, branch, "said")
+            self._add(s.agent, branch, factory(s.text, **extra))
         elif kind == "tool":
-            call = ToolCall(
-                id=s.call_id or f"call_{uuid.uuid4().hex[:16]}", name=s.name, arguments=s.arguments
-            )
+            branch = p.branches["agent"]
+            call_id = s.call_id or "call_" + self._step_id(p, s.agent, branch, "call")[3:27]
+            call = ToolCall(id=call_id, name=s.name, arguments=s.arguments)
             result = (
                 s.result if isinstance(s.result, str) else json.dumps(s.result, ensure_ascii=False)
             )
             self._add(
                 s.agent,
-                p.branches["agent"],
-                Message.assistant(s.text, tool_calls=[call]),
-                Message.tool(result, tool_call_id=call.id, name=s.name),
+                branch,
+                Message.assistant(
+                    s.text,
+                    tool_calls=[call],
+                    message_id=self._step_id(p, s.agent, branch, "tool_call"),
+                ),
+                Message.tool(
+                    result,
+                    tool_call_id=call.id,
+                    name=s.name,
+                    message_id=self._step_id(p, s.agent, branch, "tool_result"),
+                ),
             )
         elif kind == "call_agent":
+            caller, callee = p.branches["caller"], p.branches["callee"]
             call_msg = Message.assistant(
-                None, agent_calls=[AgentCall(agent=s.callee, request=s.request)]
+                None,
+                agent_calls=[AgentCall(agent=s.callee, request=s.request)],
+                message_id=self._step_id(p, s.caller, caller, "request"),
             )
             self._add(
                 s.caller,
-                p.branches["caller"],
+                caller,
                 call_msg,
-                Message.agent_response(s.response, name=s.callee),
+                Message.agent_response(
+                    s.response,
+                    name=s.callee,
+                    message_id=self._step_id(p, s.caller, caller, "response"),
+                ),
             )
             self._add(
                 s.callee,
-                p.branches["callee"],
-                Message.agent_call(s.request, name=s.caller),
-                Message.assistant(s.response),
+                callee,
+                Message.agent_call(
+                    s.request,
+                    name=s.caller,
+                    message_id=self._step_id(p, s.callee, callee, "request"),
+                ),
+                Message.assistant(
+                    s.response, message_id=self._step_id(p, s.callee, callee, "response")
+                ),
             )
         elif kind == "share":
             branch = p.branches["agent"]
@@ -612,7 +698,8 @@ class WorkflowRunner:
         agent, branch = p.step.agent, p.branches["agent"]
         self._end_run(agent, branch)  # the block is a run of its own
         self._mem(agent, branch)
-        async with self._manager.run(agent, branch=branch) as ctx:
+        run_id = self._new_run_id(agent, branch)
+        async with self._manager.run(agent, branch=branch, run_id=run_id) as ctx:
             self._explicit.append((agent, branch, ctx))
             try:
                 for child in p.children:
@@ -643,7 +730,8 @@ class WorkflowRunner:
         manager = self._manager
         self._mem(agent, branch)
         if self.llm is not None:  # a real turn: the question is part of the conversation
-            self._add(agent, branch, Message.user(s.question))
+            question_id = self._step_id(p, agent, branch, "question")
+            self._add(agent, branch, Message.user(s.question, message_id=question_id))
         hits = []
         patterns = manager.patterns(agent, branch)
         if patterns is not None:
@@ -653,7 +741,8 @@ class WorkflowRunner:
         win = await manager.acontext_for(agent, query=s.question, branch=branch)
         call: dict[str, Any] = {}
         if self.llm is not None:
-            answer, source, call = await self._call_model(agent, branch, s.question, win)
+            answer_id = self._step_id(p, agent, branch, "answer")
+            answer, source, call = await self._call_model(agent, branch, s.question, win, answer_id)
         else:
             facts = manager.shared.facts_for(inbox_key(agent, branch))
             candidates = gather_evidence(facts, hits, win.messages)
@@ -711,12 +800,14 @@ class WorkflowRunner:
         return f"{cfg.provider}:{cfg.model}" if cfg is not None else None
 
     async def _call_model(
-        self, agent: str, branch: str, question: str, win: Any
+        self, agent: str, branch: str, question: str, win: Any, answer_id: str
     ) -> tuple[str | None, str | None, dict[str, Any]]:
         """Send the window to the model; record its answer and the call in the run's trace.
 
         Returns the answer, its source and the call's report fields (``error`` when the
-        call failed: the window's question stays in memory, no answer is recorded).
+        call failed: the window's question stays in memory, no answer is recorded). The
+        answer is recorded as message ``answer_id``; on a rerun that finds it in memory,
+        the model is asked again and its new answer reported, the first one kept.
         """
         llm = self.llm
         assert llm is not None
@@ -759,7 +850,8 @@ class WorkflowRunner:
             usage=usage,
             started_at=started,
         )
-        self._add(agent, branch, reply if reply is not None else Message.assistant(text or ""))
+        answer = reply if reply is not None else Message.assistant(text or "")
+        self._add(agent, branch, answer.model_copy(update={"message_id": answer_id}))
         fields = {"model": name, "duration_ms": round(ms, 3), "usage": usage}
         return text, f"model {name}", fields
 
@@ -801,15 +893,20 @@ class WorkflowRunner:
         subject = self._subject(s.subject, s.agent)
         added: list[str] = []
         if s.add:
+            # a fact this step stated in an earlier run of the workflow is not restated
+            stated = {
+                sid for f in memory.facts(subject, include_invalid=True) for sid in f.source_ids
+            }
             candidates = [
                 FactCandidate(
                     text=f.text,
                     category=f.category,
                     slot=f.slot,
                     confidence=f.confidence,
-                    source_ids=(f"workflow:{format_path(p.path)}",),
+                    source_ids=(source,),
                 )
-                for f in s.add
+                for i, f in enumerate(s.add)
+                if (source := self._step_id(p, subject, "facts", str(i))) not in stated
             ]
             changes = await asyncio.to_thread(memory.add_many, candidates, subject)
             added = [f"{c.action}: {c.fact.text}" for c in changes]
@@ -922,6 +1019,7 @@ class WorkflowRunner:
             llm=self._model_name(),
             timings=self._timing_report(start, setup, steps_end, end),
             notices=list(self.notices),
+            replayed=self._replayed,
             ok=all(a.ok for a in self._asks) and all(c.ok for c in self._fact_checks),
         )
 

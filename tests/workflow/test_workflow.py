@@ -184,8 +184,9 @@ def test_support_assistant_remembers_across_sessions(tmp_path):
     assert triage.stored is None
     assert report.asks[3].answer is None
 
-    # a second run on the same store starts from everything the first one kept
-    again = run_workflow(EXAMPLES / "support_assistant.yaml", store_dir=store)
+    # a new run appended on the same store starts from everything the first one kept
+    # (a plain rerun is idempotent: tests/workflow/test_rerun.py)
+    again = run_workflow(EXAMPLES / "support_assistant.yaml", store_dir=store, append=True)
     assert again.memory("assistant").stored == 2 * 16 - 1  # the prompt is not repeated
     summary = inspect_store(store)
     (conv,) = summary.conversations

@@ -230,7 +230,7 @@ def test_model_errors_are_reported_and_memory_is_kept(tmp_path, server, capsys):
     assert "FAILED: 4 model call(s) failed" in out
     assert "answer: Recovered." in out
 
-    code = main(["run", str(path), "--json", "-q"])  # a second run: the store grows
+    code = main(["run", str(path), "--json", "-q", "--append"])  # a new run: the store grows
     report = json.loads(capsys.readouterr().out)
     assert code == 0
     assert report["ok"]
