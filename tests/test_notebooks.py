@@ -18,7 +18,12 @@ NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
 CELL_TIMEOUT = 60  # seconds per cell
 NOTEBOOK_BUDGET = 60  # seconds per notebook, kernel start included (2 cores)
 # notebooks that must draw something: the branch graph, the token-usage plots
-MIN_IMAGES = {"03_multi_agent_coordination.ipynb": 1, "04_retention_policies.ipynb": 3}
+MIN_IMAGES = {
+    "01_quickstart.ipynb": 1,
+    "02_memory_patterns.ipynb": 1,
+    "03_multi_agent_coordination.ipynb": 1,
+    "04_retention_policies.ipynb": 3,
+}
 
 
 def test_the_four_notebooks_exist():
