@@ -16,6 +16,7 @@ from typing import Any
 from marsys_mem.workflow.models import workflow_schema
 
 MARKER = "<!-- workflow-schema -->"
+_DEFS: set[str] = set()  # the schema's definition names, set by render()
 _ARG = re.compile(r"^ {4}(\w+)(?: \([^)]*\))?: (.*)$")
 
 
@@ -40,6 +41,12 @@ def _type(schema: dict[str, Any]) -> str:
         items = schema.get("items")
         return f"list of {_type(items)}" if isinstance(items, dict) and items else "list"
     if kind == "object":
+        props = schema.get("properties", {})
+        if len(props) == 1 and schema.get("required") == list(props):
+            (key, value), = props.items()  # a step written `- KIND: {fields}`
+            return f"`{key}:` {_type(value)}"
+        if schema.get("title") in _DEFS:  # a model inlined rather than referenced
+            return f"[{schema['title']}](#{_anchor(schema['title'])})"
         extra = schema.get("additionalProperties")
         if isinstance(extra, dict) and extra:
             return f"map of {_type(extra)}"
@@ -119,6 +126,8 @@ def render() -> str:
     """The reference: the file's top level first, then every definition by name."""
     schema = workflow_schema()
     defs = schema.get("$defs", {})
+    _DEFS.clear()
+    _DEFS.update(defs)
     parts = [_section("Workflow", schema)]
     parts += [_section(name, defs[name]) for name in sorted(defs)]
     return "\n".join(parts)
