@@ -1,24 +1,12 @@
 """Ownership: every derived record names the messages it came from; deletions cascade.
 
-A record derived from messages (a RAG entry and its vector, an episode entry, a tier
-entry, a learned fact) is appended with its :class:`Source` references
-(``Append(key, messages, sources=...)``). The rule every backend enforces, in the
-transaction that deletes a message, whatever deletes it (``delete_messages``, ttl,
-``max_messages``, a whole key):
+In the transaction that deletes a message, whatever deletes it, every backend drops the
+message's own source links, deletes each record left with no source (and, in turn, what
+was derived from it), and logs the deletion (key and id, never text) so every reader, in
+this process or another, drops what it cached before it reads. A record appended without
+sources is owned by its key alone.
 
-1. the deleted message's own source links go;
-2. every record that was derived from it loses that link, and a record left with **no**
-   source is deleted too (and, in turn, what was derived from it);
-3. the deletion is written to the store's **deletion log** (key and id, never text), so
-   every reader, in this process or another, can drop what it cached
-   (``load_deletions(after=cursor)``) before it reads.
-
-A record appended without sources is owned by nobody but its key: only its key's own
-retention and explicit deletes remove it. A link to a source that is not (yet) stored is
-kept: it takes effect when that message is stored and later deleted.
-
-The deletion log keeps the newest :data:`DELETION_LOG_SIZE` entries; a reader whose
-cursor is older than that (``DeletionPage.complete`` is false) must reload what it holds.
+Guide: ``docs/guides/retention-and-stores.md#ownership-rules-for-backends``.
 
 Example:
     >>> from marsys_mem.model.messages import Message
