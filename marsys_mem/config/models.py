@@ -1,40 +1,13 @@
 """Retention policies and the config file format.
 
-A config file (YAML, TOML or JSON) says where memory is stored and, per agent, how long it
-lives and how much of it goes into the context window::
+A config file (YAML, TOML or JSON) says where memory is stored and, per agent, its
+retention (``single_run``, ``session`` or ``persistent``), ``ttl``, ``max_stored_messages``
+and context policy: the defaults overridden field by field. A SQLite store without a path
+lives in the user's data folder, never beside the config file; a relative path resolves
+against the file's folder. Errors are :class:`~marsys_mem.exceptions.ConfigError` naming
+the file, the field path and the bad value.
 
-    version: 1
-    store: {backend: sqlite}                 # path: default_store_path(); or your own
-    # or: {backend: postgres, pool: {min: 1, max: 10}}   (DSN from $MARSYS_MEM_PG_DSN)
-    defaults:
-      retention: session                     # single_run | session | persistent
-      context: {max_messages: 50, max_tokens: 8000, strategy: sliding_window}
-    agents:
-      researcher:
-        retention: persistent
-        ttl: 30d                              # enforced by the store
-        max_stored_messages: 10000
-        context: {max_tokens: 4000, strategy: summarize, keep_recent: 20}
-      scratchpad: {retention: single_run}
-
-Each agent's settings are the defaults overridden field by field (``context`` key by key;
-when an agent changes the strategy, summarize-only keys of the defaults are dropped).
-Where a SQLite store lives: ``store.path`` when given (a relative path is resolved against
-the config file's folder, ``~`` is expanded); without a path, :func:`default_store_path`, a
-file in the user's data folder (``$MARSYS_MEM_HOME``, else ``$XDG_DATA_HOME/marsys-mem``
-or ``~/.local/share/marsys-mem``; ``%LOCALAPPDATA%/marsys-mem`` on Windows,
-``~/Library/Application Support/marsys-mem`` on macOS), never the folder of the config file
-or the current directory, so loading a config from a source checkout writes nothing into it.
-
-Retention kinds:
-
-* ``single_run``: memory lives for one ``MemoryManager.run``; cleared when it ends.
-* ``session``: memory lives until ``MemoryManager.end_session()``; never written to disk.
-* ``persistent``: memory is written to the store and reloaded by the next process;
-  ``ttl`` and ``max_stored_messages`` bound it.
-
-Errors are :class:`~marsys_mem.exceptions.ConfigError` naming the file, the field path and
-the bad value. ``MemoryConfig.model_json_schema()`` gives the JSON Schema for editors.
+Guide: ``docs/guides/retention-and-stores.md#retention-policy-files``.
 """
 
 from __future__ import annotations
