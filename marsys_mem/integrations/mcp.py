@@ -24,6 +24,7 @@ import asyncio
 import functools
 import json
 import logging
+import socket
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -50,6 +51,7 @@ from marsys_mem.store import InMemoryStore
 from marsys_mem.store.keys import facts_key, parse_key
 
 try:
+    import uvicorn
     from mcp.server.auth.middleware.auth_context import get_access_token
     from mcp.server.auth.settings import AuthSettings
     from mcp.server.mcpserver import MCPServer
@@ -257,7 +259,9 @@ class MemoryServer:
         """Add a message to ``agent``'s memory, or (``kind="fact"``) a shared fact.
 
         A fact goes through the manager's :class:`SharedMemoryPool` to every agent in use
-        (scope ``global``); for scoped sharing use :meth:`share_fact`.
+        (scope ``global``); for scoped sharing use :meth:`share_fact`. A fact's result
+        names the inboxes that hold it, as :meth:`share_fact`'s does: ``delivered_to``
+        (``agent`` on main, else ``agent@branch``, sorted) and ``delivered_count``.
         """
         validate_name("agent", agent)
         validate_name("branch", branch)
@@ -269,15 +273,16 @@ class MemoryServer:
             self._join(agent, branch)
             fact = self.manager.shared.share_insight(agent, content, branch=branch)
             self._record(fact)
+            shared = self.manager.shared
+            reached = sorted(a for a in shared.agents if shared.has(a, fact.id))
             return {
                 "kind": "fact",
                 "id": fact.id,
                 "agent": agent,
                 "branch": branch,
                 "text": fact.text,
-                "delivered_to": sum(
-                    self.manager.shared.has(a, fact.id) for a in self.manager.shared.agents
-                ),
+                "delivered_to": reached,
+                "delivered_count": len(reached),
             }
         if role not in ("user", "assistant", "system"):
             raise ValueError(f"role must be user, assistant or system, got {role!r}")
@@ -551,7 +556,11 @@ class MemoryServer:
         topic: str | None = None,
         confidence: float = 1.0,
     ) -> dict[str, Any]:
-        """Share a fact from ``agent`` on ``branch`` with every agent in ``scope``."""
+        """Share a fact from ``agent`` on ``branch`` with every agent in ``scope``.
+
+        The result's ``delivered_to`` lists the inboxes that hold the fact now (``agent``
+        on main, else ``agent@branch``, sorted), ``delivered_count`` how many.
+        """
         validate_name("agent", agent)
         validate_name("branch", branch)
         _not_blank(text)
@@ -579,6 +588,7 @@ class MemoryServer:
             "scope": scope,
             "text": fact.text,
             "delivered_to": reached,
+            "delivered_count": len(reached),
         }
 
     def list_agents(self) -> list[dict[str, Any]]:
@@ -833,7 +843,9 @@ class MemoryServer:
                 return json.dumps(self.messages(agent), indent=1, ensure_ascii=False)
             except ToolError as exc:
                 raise ResourceError(str(exc)) from exc
-            except (MarsysMemError, ValueError, ValidationError) as exc:
+            except ValidationError as exc:  # one line, never pydantic's dump
+                raise ResourceError(describe(exc)) from exc
+            except (MarsysMemError, ValueError) as exc:
                 raise ResourceError(str(exc)) from exc
 
     # ------------------------------------------------------------------ running
@@ -849,7 +861,9 @@ class MemoryServer:
 
         Over HTTP (``http``, or ``host`` and ``port``): refuses to start off loopback
         without :attr:`auth` unless ``http.insecure`` (then warns on stderr), enforces the
-        allowed Hosts and Origins, and prints the endpoint's URL on stderr.
+        allowed Hosts and Origins, and once it listens prints two lines on stderr: the
+        endpoint's URL (``marsys-mem: MCP server listening on http://...``), then
+        ``marsys-mem: ready, ...``.
 
         Raises:
             ConfigError: off loopback without authentication (nothing is served).
@@ -866,19 +880,38 @@ class MemoryServer:
             if transport == "stdio":
                 await self.mcp.run_stdio_async()
             else:
-                security = settings.transport_security()
-                auth = "none" if self.auth is None else f"bearer tokens ({len(self.auth)} clients)"
-                print(
-                    f"marsys-mem: MCP server at {settings.url} (auth: {auth}; allowed hosts: "
-                    f"{', '.join(security.allowed_hosts)})",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                await self.mcp.run_streamable_http_async(
-                    host=settings.host, port=settings.port, transport_security=security
-                )
+                await self._serve_http(settings)
         finally:
             await self.aclose()
+
+    async def _serve_http(self, settings: HttpSettings) -> None:
+        """Serve streamable HTTP (uvicorn, as the SDK does); say where and when ready.
+
+        Once the socket is bound, two lines on stderr, as uvicorn-based servers print
+        them: where it listens (the endpoint's URL with the bound port, the
+        authentication, the allowed hosts), then that it is ready.
+        """
+        security = settings.transport_security()
+        app = self.mcp.streamable_http_app(transport_security=security, host=settings.host)
+        config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning")
+        auth = "none" if self.auth is None else f"bearer tokens ({len(self.auth)} clients)"
+
+        def ready(port: int) -> None:
+            url = settings.model_copy(update={"port": port}).url
+            hosts = ", ".join(security.allowed_hosts)
+            print(
+                f"marsys-mem: MCP server listening on {url} (auth: {auth}; allowed hosts: "
+                f"{hosts})",
+                file=sys.stderr,
+                flush=True,
+            )
+            print(
+                "marsys-mem: ready, serving MCP over streamable HTTP (Ctrl+C to stop)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+        await _AnnouncingServer(config, ready).serve()
 
     async def aclose(self) -> None:
         """Stop the coordinator and close the manager (if owned). Idempotent."""
@@ -897,6 +930,23 @@ class MemoryServer:
     def close(self) -> None:
         """Sync twin of :meth:`aclose` (outside a running event loop)."""
         asyncio.run(self.aclose())
+
+
+class _AnnouncingServer(uvicorn.Server):
+    """A uvicorn server that calls ``ready(port)`` once it listens (the bound port)."""
+
+    def __init__(self, config: uvicorn.Config, ready: Callable[[int], None]) -> None:
+        super().__init__(config)
+        self._ready = ready
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """Bind and start (uvicorn's), then announce the port actually bound."""
+        await super().startup(sockets)
+        if not self.started:  # pragma: no cover - uvicorn exits when it cannot bind
+            return
+        bound = [s.getsockname() for srv in self.servers for s in (srv.sockets or ())]
+        port = next((int(a[1]) for a in bound if isinstance(a, tuple)), self.config.port)
+        self._ready(port)
 
 
 def serve(

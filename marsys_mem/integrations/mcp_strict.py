@@ -25,6 +25,7 @@ expected true or false, got 'yes'
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -50,6 +51,8 @@ __all__ = ["StrictTool", "describe"]
 
 _STRICT: Final = ConfigDict(extra="forbid", strict=True)
 _MAX_SHOWN: Final = 5
+
+_SHOULD: Final = re.compile(r"^(?:Input|String|List|Value|Dictionary|Tuple|Set|Object) should ")
 
 # pydantic's wording where a plainer one helps the model that reads it
 _PLAIN: Final = {
@@ -87,13 +90,25 @@ def describe(exc: ValidationError, *, known: tuple[str, ...] = ()) -> str:
             there = f" (there are: {', '.join(known)})" if known else ""
             parts.append(f"{field}: unknown argument{there}")
             continue
-        problem = _PLAIN.get(err["type"], str(err["msg"]).removeprefix("Value error, "))
+        problem = _PLAIN.get(err["type"], _plain(str(err["msg"])))
         said = err["type"] == "missing" or "got " in problem  # a validator's own message
         got = "" if said else f", got {shown(err.get('input'))}"
         parts.append(f"{field}: {problem}{got}")
     if len(errors) > _MAX_SHOWN:
         parts.append(f"and {len(errors) - _MAX_SHOWN} more")
     return "; ".join(parts)
+
+
+def _plain(message: str) -> str:
+    """Pydantic's message as the rule it states: ``Input should be ...`` -> ``must be ...``.
+
+    Example:
+        >>> _plain("List should have at least 1 item after validation, not 0")
+        'must have at least 1 item, not 0'
+    """
+    message = message.removeprefix("Value error, ")
+    message = _SHOULD.sub("must ", message, count=1)
+    return message.replace(" after validation", "")
 
 
 class StrictTool(Tool):

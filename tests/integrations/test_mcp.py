@@ -458,7 +458,7 @@ async def test_remember_a_fact_through_the_shared_pool(server: MemoryServer) -> 
             )
         )
         assert fact["kind"] == "fact"
-        assert fact["delivered_to"] >= 2
+        assert len(fact["delivered_to"]) == fact["delivered_count"] >= 2
         win = _data(await client.call_tool("context", {"agent": "planner"}))
         assert "The client prefers trains" in win["messages"][0]["content"]
         # facts are not messages
