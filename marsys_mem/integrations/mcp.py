@@ -7,7 +7,7 @@ strictly (a bad one is a one-line tool error naming the field, and changes nothi
 HTTP each bearer token reaches only its own agents, and off loopback the server refuses to
 start without tokens.
 
-Guide: ``docs/guides/integrations.md#tools-resources-and-access``.
+Guide: ``docs/guides/integrations.md#tools-and-resources``.
 
 Example:
     >>> server = MemoryServer(MemoryManager())
