@@ -17,6 +17,9 @@ from marsys_mem.workflow.models import workflow_schema
 
 MARKER = "<!-- workflow-schema -->"
 _DEFS: set[str] = set()  # the schema's definition names, set by render()
+# a field's meaning from any model's docstring, for models that share the field (an agent's
+# overrides repeat the defaults' fields); set by render()
+_MEANINGS: dict[str, str] = {}
 _ARG = re.compile(r"^ {4}(\w+)(?: \([^)]*\))?: (.*)$")
 
 
@@ -109,7 +112,7 @@ def _section(name: str, schema: dict[str, Any], required_note: bool = True) -> s
                 if field in required
                 else (f"`{json.dumps(prop['default'])}`" if "default" in prop else "")
             )
-            meaning = args.get(field) or prop.get("description", "")
+            meaning = args.get(field) or prop.get("description") or _MEANINGS.get(field, "")
             out.append(
                 f"| `{field}` | {_cell(_type(prop))} | {_cell(default)} | "
                 f"{_cell(meaning)} |"
@@ -128,6 +131,10 @@ def render() -> str:
     defs = schema.get("$defs", {})
     _DEFS.clear()
     _DEFS.update(defs)
+    _MEANINGS.clear()
+    for definition in defs.values():
+        for field, meaning in _split_description(definition.get("description", ""))[1].items():
+            _MEANINGS.setdefault(field, meaning)
     parts = [_section("Workflow", schema)]
     parts += [_section(name, defs[name]) for name in sorted(defs)]
     return "\n".join(parts)
