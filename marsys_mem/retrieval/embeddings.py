@@ -51,6 +51,7 @@ from marsys_mem.retrieval.onnx_backend import (
     default_cache_dir,
     export_folder,
     export_model,
+    mark_used,
     onnx_available,
     read_record,
 )
@@ -669,6 +670,7 @@ class SentenceTransformerEmbedder:
         except EmbeddingError as exc:
             refuse(exc)
             return None
+        mark_used(folder)  # its last use; stale exports of other versions go
         self._dim = record.dim
         return onnx
 

@@ -40,6 +40,7 @@ import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -54,12 +55,14 @@ __all__ = [
     "CHECK_TEXTS",
     "FORMAT",
     "ONNX_INSTALL_HINT",
+    "STALE_AFTER",
     "ExportRecord",
     "OnnxModel",
     "can_export",
     "default_cache_dir",
     "export_folder",
     "export_model",
+    "mark_used",
     "onnx_available",
     "read_record",
 ]
@@ -79,6 +82,10 @@ CACHE_DIR_ENV = "MARSYS_MEM_HOME"
 """With this variable set, exports live in ``$MARSYS_MEM_HOME/cache/onnx``."""
 
 ONNX_INSTALL_HINT = "install the 'onnx' extra: pip install 'marsys-mem[embeddings,onnx]'"
+
+STALE_AFTER = timedelta(days=7)
+"""An export of another version of the same model (other weights, an older
+:data:`FORMAT`) unused for this long is deleted when one of the model is loaded or made."""
 
 _RECORD = "export.json"
 _GRAPH = "model.onnx"
@@ -173,8 +180,12 @@ def default_cache_dir() -> Path:
 def export_folder(cache_dir: Path, model_id: str, model_dir: Path | None) -> Path:
     """The folder of one model's export: named after the model and a fingerprint.
 
-    The fingerprint covers :data:`FORMAT`, the model's name and, for a model on disk, the
-    path, size and modification time of each of its files: new weights, a new export.
+    The fingerprint covers :data:`FORMAT` and, for a model on disk, what its files hold
+    (each file's relative path and the SHA-256 of its content), not where they are or when
+    they were written: reinstalling the same model, in this environment or another, finds
+    the same export, and new weights make a new one. The digests of big files are kept in
+    ``cache_dir/fingerprints.json`` by path, size and modification time, so the weights are
+    read once per install. For a model known only by name, it covers the name.
 
     Args:
         cache_dir: where exports live (:func:`default_cache_dir`).
@@ -186,15 +197,135 @@ def export_folder(cache_dir: Path, model_id: str, model_dir: Path | None) -> Pat
         True
     """
     digest = hashlib.blake2b(digest_size=8)
-    digest.update(f"{FORMAT}\x00{model_id}".encode())
+    name = model_id
     if model_dir is not None and model_dir.is_dir():
-        for path in sorted(p for p in model_dir.rglob("*") if p.is_file()):
-            stat = path.stat()
+        digest.update(f"{FORMAT}\x00files".encode())
+        files = sorted(p for p in model_dir.rglob("*") if _model_file(p, model_dir))
+        for path, content in zip(files, _digests(cache_dir, files), strict=True):
             rel = path.relative_to(model_dir).as_posix()
-            digest.update(f"\x00{rel}\x00{stat.st_size}\x00{stat.st_mtime_ns}".encode())
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model_id.strip("/").replace("/", "--"))
+            digest.update(f"\x00{rel}\x00".encode() + content)
+        if Path(model_id).is_absolute():  # a folder: its name, wherever it is
+            name = Path(model_id).name
+    else:
+        digest.update(f"{FORMAT}\x00{model_id}".encode())
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name.strip("/").replace("/", "--"))
     slug = slug[-60:].strip("-.") or "model"
     return cache_dir / f"{slug}-{digest.hexdigest()}"
+
+
+_MEMO = "fingerprints.json"
+_MEMO_ABOVE = 1 << 20
+
+
+def _model_file(path: Path, root: Path) -> bool:
+    """A file of the model (not Python's caches, which differ between installs)."""
+    parts = path.relative_to(root).parts
+    return path.is_file() and "__pycache__" not in parts and path.suffix not in (".pyc", ".pyo")
+
+
+def _digests(cache_dir: Path, files: Sequence[Path]) -> list[bytes]:
+    """SHA-256 of each file's content; those of big files memoised in the cache folder.
+
+    ``fingerprints.json`` maps a file's path to its size, modification time and digest, so
+    a big file (the weights) is read once per install, not at every load; a changed size or
+    time reads it again. An unreadable memo is rebuilt; one that cannot be written is not
+    kept.
+    """
+    memo_path = cache_dir / _MEMO
+    try:
+        memo = json.loads(memo_path.read_text(encoding="utf-8"))
+        if not isinstance(memo, dict):
+            memo = {}
+    except (OSError, ValueError):
+        memo = {}
+    changed = False
+    out: list[bytes] = []
+    for path in files:
+        stat = path.stat()
+        key = str(path.resolve())
+        seen = memo.get(key)
+        if (
+            stat.st_size > _MEMO_ABOVE
+            and isinstance(seen, list)
+            and seen[:2] == [stat.st_size, stat.st_mtime_ns]
+            and isinstance(seen[2], str)
+            and re.fullmatch(r"[0-9a-f]{64}", seen[2])
+        ):
+            out.append(bytes.fromhex(seen[2]))
+            continue
+        with path.open("rb") as f:
+            digest = hashlib.file_digest(f, "sha256").digest()
+        out.append(digest)
+        if stat.st_size > _MEMO_ABOVE:
+            memo[key] = [stat.st_size, stat.st_mtime_ns, digest.hex()]
+            changed = True
+    if changed:
+        kept = {k: v for k, v in memo.items() if Path(k).is_file()}
+        try:
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{_MEMO}-", dir=cache_dir)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(kept, f)
+            os.replace(tmp, memo_path)
+        except OSError:
+            pass
+    return out
+
+
+def _export_name(folder: Path) -> tuple[str, str] | None:
+    """``(slug, fingerprint)`` of an export folder's name, or None for anything else."""
+    match = re.fullmatch(r"(.+)-([0-9a-f]{16})", folder.name)
+    return (match.group(1), match.group(2)) if match else None
+
+
+def mark_used(folder: Path, *, stale_after: timedelta = STALE_AFTER) -> list[Path]:
+    """Record that the export in ``folder`` is used; delete stale ones of the same model.
+
+    The record's modification time is the export's last use. Exports of the same model
+    name with another fingerprint (other weights, an older :data:`FORMAT`) not used for
+    ``stale_after``, and half-written exports of it as old, are deleted. Nothing else in
+    the cache folder is touched; errors (a read-only cache) are ignored.
+
+    Returns:
+        The folders deleted.
+
+    Example:
+        >>> mark_used(Path("/no/such/cache/model-0123456789abcdef"))
+        []
+    """
+    named = _export_name(folder)
+    try:
+        os.utime(folder / _RECORD)
+    except OSError:
+        pass
+    if named is None:
+        return []
+    cutoff = time.time() - stale_after.total_seconds()
+    removed: list[Path] = []
+    try:
+        siblings = list(folder.parent.iterdir())
+    except OSError:
+        return removed
+    for other in siblings:
+        if other.name == folder.name or not other.is_dir():
+            continue
+        parsed = _export_name(other)
+        same_model = parsed is not None and parsed[0] == named[0]
+        half_written = other.name.startswith(f".{named[0]}-")  # see export_model's mkdtemp
+        if not (same_model or half_written):
+            continue
+        try:
+            record = other / _RECORD
+            last = (record if record.exists() else other).stat().st_mtime
+        except OSError:
+            continue
+        if last < cutoff:
+            shutil.rmtree(other, ignore_errors=True)
+            if not other.exists():
+                removed.append(other)
+    if removed:
+        log.info("removed %d stale ONNX export(s) of %s: %s", len(removed), named[0], removed)
+    return removed
 
 
 @dataclass(frozen=True)
@@ -443,6 +574,12 @@ def export_model(st_model: Any, folder: Path, *, num_threads: int | None = None)
     existing = read_record(folder)
     if existing is not None:
         return existing
+    log.warning(
+        "exporting the embedding model to ONNX once, into %s (about the size of its weights; "
+        "later loads read it from there; MARSYS_MEM_HOME or onnx_cache_dir= moves it, "
+        "deleting the folder removes it)",
+        folder,
+    )
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     start = time.perf_counter()
@@ -464,6 +601,7 @@ def export_model(st_model: Any, folder: Path, *, num_threads: int | None = None)
             if found is None:
                 raise
             return found
+        mark_used(folder)
         return record
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

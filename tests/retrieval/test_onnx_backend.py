@@ -76,7 +76,7 @@ def test_auto_picks_onnx_and_exports_once_into_the_cache(onnx_emb, cache_dir):
     assert onnx_emb.backend == "auto"
     assert onnx_emb.active_backend == "onnx"
     assert onnx_emb.onnx_exported
-    folders = [p for p in cache_dir.iterdir() if not p.name.startswith(".")]
+    folders = [p for p in cache_dir.iterdir() if p.is_dir() and not p.name.startswith(".")]
     assert len(folders) == 1
     assert sorted(p.name for p in folders[0].iterdir()) == [
         "export.json",
@@ -104,7 +104,7 @@ def test_onnx_vectors_agree_with_torch(onnx_emb, torch_emb):
 
 
 def test_second_load_uses_the_cached_export(onnx_emb, cache_dir):
-    (folder,) = [p for p in cache_dir.iterdir() if not p.name.startswith(".")]
+    (folder,) = [p for p in cache_dir.iterdir() if p.is_dir() and not p.name.startswith(".")]
     stamp = (folder / "model.onnx").stat().st_mtime_ns
     again = SentenceTransformerEmbedder(num_threads=1, onnx_cache_dir=cache_dir)
     again.load()
