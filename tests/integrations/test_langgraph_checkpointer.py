@@ -14,6 +14,7 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage, RemoveMessage
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.report import CapabilityReport
+from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, MessagesState, StateGraph
 
 from marsys_mem.exceptions import MissingDependencyError, StoreError
@@ -380,3 +381,80 @@ def test_bookkeeping_per_turn_is_small() -> None:
     assert "blob" not in kinds  # a checkpoint's values live in its own record
     per_turn = sum(len(m.model_dump_json()) for m in records) / 20
     assert per_turn < 4500, per_turn  # was ~8,000 bytes (a record per value and per write)
+
+
+# ---------------------------------------------------------------- the same thread, reopened
+def _echo_graph() -> StateGraph[Any]:
+    def reply(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [AIMessage(f"you said: {state['messages'][-1].content}")]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("reply", reply)
+    builder.add_edge(START, "reply")
+    builder.add_edge("reply", END)
+    return builder
+
+
+def _readme_run(saver: Any) -> list[str]:
+    """The README's checkpointer block: two turns on thread user-42."""
+    graph = _echo_graph().compile(checkpointer=saver)
+    config: Any = {"configurable": {"thread_id": "user-42"}}
+    graph.invoke({"messages": [("user", "hello")]}, config)
+    out = graph.invoke({"messages": [("user", "still there?")]}, config)
+    return [str(m.content) for m in out["messages"]]
+
+
+def test_a_rerun_in_the_same_folder_continues_the_thread_as_langgraphs_saver_does(
+    tmp_path: Path,
+) -> None:
+    # why the README block prints 8 messages on its second run: threads.db keeps the
+    # thread, and the run continues it (what a checkpointer is for); LangGraph's own
+    # SqliteSaver does the same, and a fresh folder prints 4
+    runs: dict[str, list[list[str]]] = {"marsys": [], "sqlite": []}
+    for _ in range(2):
+        with SQLiteStore(tmp_path / "threads.db") as store:
+            runs["marsys"].append(_readme_run(MarsysCheckpointer(store)))
+            stored = store.load_messages(("langgraph", "user-42", "messages"))
+        with SqliteSaver.from_conn_string(str(tmp_path / "langgraph.db")) as saver:
+            runs["sqlite"].append(_readme_run(saver))
+    turn = ["hello", "you said: hello", "still there?", "you said: still there?"]
+    assert runs["marsys"] == runs["sqlite"] == [turn, turn + turn]
+    assert len(stored) == 8  # each message once
+    with SQLiteStore(tmp_path / "fresh.db") as store:
+        assert _readme_run(MarsysCheckpointer(store)) == turn
+
+
+def test_a_reopened_thread_does_not_duplicate_on_a_re_put_or_a_rerun_by_id(
+    tmp_path: Path,
+) -> None:
+    config: Any = {"configurable": {"thread_id": "t"}}
+    with SQLiteStore(tmp_path / "threads.db") as store:
+        graph = _echo_graph().compile(checkpointer=MarsysCheckpointer(store))
+        graph.invoke({"messages": [HumanMessage("hello", id="m1")]}, config)
+    log = ("langgraph", "t", "messages")
+    with SQLiteStore(tmp_path / "threads.db") as store:  # another process: nothing cached
+        saver = MarsysCheckpointer(store)
+        latest = saver.get_tuple(config)
+        assert latest is not None
+        before = [m.content for m in latest.checkpoint["channel_values"]["messages"]]
+        assert before == ["hello", "you said: hello"]
+        # the same checkpoint stored again (a retried put) adds nothing
+        saver.put(
+            latest.parent_config or config,
+            latest.checkpoint,
+            latest.metadata,
+            latest.checkpoint["channel_versions"],
+        )
+        again = saver.get_tuple(config)
+        assert again is not None
+        assert again.checkpoint["id"] == latest.checkpoint["id"]
+        assert [m.content for m in again.checkpoint["channel_values"]["messages"]] == before
+        assert len(store.load_messages(log)) == 2
+    with SQLiteStore(tmp_path / "threads.db") as store:
+        graph = _echo_graph().compile(checkpointer=MarsysCheckpointer(store))
+        # the same input message (same id) again: add_messages replaces it, no second copy
+        out = graph.invoke({"messages": [HumanMessage("hello", id="m1")]}, config)
+        contents = [m.content for m in out["messages"]]
+        assert contents.count("hello") == 1
+        assert contents == ["hello", "you said: hello", "you said: you said: hello"]
+        assert len(store.load_messages(log)) == 3
