@@ -42,6 +42,7 @@ from marsys_mem.store.base import Key
 from marsys_mem.store.keys import KeyInfo, parse_key
 from marsys_mem.store.rows import StoredRow, error_reason
 from marsys_mem.store.sqlite import SCHEMA_VERSION, SQLiteStore
+from marsys_mem.workflow.runner import LOST_TO
 
 __all__ = [
     "ConversationSummary",
@@ -156,6 +157,11 @@ class StoredFact(_Model):
     confidence: float = 1.0
     topic: str | None = None
     merged_from: str | None = None
+    lost_to: str | None = Field(
+        default=None,
+        description="A conflict on its topic on this branch kept another fact: which "
+        "(agent@branch: text).",
+    )
 
 
 class StoreSummary(_Model):
@@ -185,13 +191,29 @@ class StoreSummary(_Model):
 
     @property
     def agents(self) -> list[str]:
-        """Agents with a conversation, sorted."""
-        return sorted({c.agent for c in self.conversations})
+        """Every agent the store holds something of, sorted.
+
+        A conversation, pattern data (RAG, episodes, tiers) or a fact it shared: a store
+        whose agents kept session memory only still holds the facts they shared.
+        """
+        names = {c.agent for c in self.conversations}
+        names |= {f.source_agent for f in self.facts}
+        for i in self.internal:
+            info = _info((i.namespace, i.agent, i.branch))
+            if info is not None and info.agent is not None:
+                names.add(info.agent)
+        return sorted(names)
 
     @property
     def branches(self) -> list[str]:
-        """Branches with a conversation, sorted."""
-        return sorted({c.branch for c in self.conversations})
+        """Every branch the store holds something of (as :attr:`agents`), sorted."""
+        names = {c.branch for c in self.conversations}
+        names |= {b for f in self.facts for b in (f.branch, f.source_branch)}
+        for i in self.internal:
+            info = _info((i.namespace, i.agent, i.branch))
+            if info is not None and info.kind in ("rag", "episodes", "tiers", "facts"):
+                names.add(info.branch)
+        return sorted(names)
 
 
 class SearchHit(_Model):
@@ -199,7 +221,8 @@ class SearchHit(_Model):
 
     ``kind="fact"``: a fact a workflow run recorded (``role`` is ``"fact"``, ``agent`` and
     ``branch`` the agent that shared it and the branch it was recorded on, ``message_id``
-    the fact's id, ``timestamp`` when it was shared).
+    the fact's id, ``timestamp`` when it was shared). ``lost_to``: the fact lost a
+    conflict on its topic (a merge kept another): where, and the fact that won.
 
     Example:
         >>> SearchHit(rank=1, score=2.5, agent="a", branch="main", role="user",
@@ -217,6 +240,11 @@ class SearchHit(_Model):
     timestamp: datetime | None = None
     source: Literal["bm25", "rag"] = "bm25"
     kind: Literal["message", "fact"] = "message"
+    lost_to: str | None = Field(
+        default=None,
+        description="A fact that lost a conflict on its topic: 'on BRANCH to AGENT@BRANCH: "
+        "winner text'.",
+    )
 
     @property
     def where(self) -> str:
@@ -284,7 +312,18 @@ def _internal_kind(key: Key) -> str | None:
     return _KINDS.get(info.kind)
 
 
-def _stored_fact(key: Key, data: object) -> tuple[StoredFact | None, str]:
+def _lost_to(key: Key, message: Message) -> str | None:
+    """``on BRANCH to AGENT@BRANCH: text`` for a recorded fact that lost a conflict there."""
+    won = message.metadata.get(LOST_TO)
+    if not isinstance(won, dict):
+        return None
+    who = f"{won.get('agent', '?')}@{won.get('branch', '?')}"
+    return f"on {key[2]} to {who}: {' '.join(str(won.get('text', '')).split())}"
+
+
+def _stored_fact(
+    key: Key, data: object, lost_to: str | None = None
+) -> tuple[StoredFact | None, str]:
     """The fact a ``#facts`` row records, or ``None`` and why not."""
     try:
         fact = SharedFact.model_validate(data)
@@ -302,6 +341,7 @@ def _stored_fact(key: Key, data: object) -> tuple[StoredFact | None, str]:
         confidence=fact.confidence,
         topic=str(topic) if topic is not None else None,
         merged_from=str(merged) if merged is not None else None,
+        lost_to=lost_to,
     ), ""
 
 
@@ -366,7 +406,9 @@ def inspect_store(path: str | Path) -> StoreSummary:
                     if row.message is None:
                         invalid.append(_invalid(key, row))
                         continue
-                    fact, why = _stored_fact(key, row.message.metadata.get("fact"))
+                    fact, why = _stored_fact(
+                        key, row.message.metadata.get("fact"), _lost_to(key, row.message)
+                    )
                     if fact is not None:
                         facts.append(fact)
                     else:
@@ -445,7 +487,8 @@ def search_store(
     way (in BM25's one index, or by the same hybrid retrieval); their hits have
     ``kind="fact"``. ``agent`` filters facts by the agent that shared them, ``branch`` by
     the branch they were recorded on. A fact recorded on several branches (merged) is one
-    hit, on the branch it was shared on.
+    hit, on the branch it was shared on; one that lost a conflict on its topic on some
+    branch (a merge kept another) says where and to what (:attr:`SearchHit.lost_to`).
 
     Raises:
         ValueError: an empty query, or ``k < 1``.
@@ -461,7 +504,7 @@ def search_store(
             key for key in all_keys if agent in (None, key[1]) and branch in (None, _branch(key))
         ]
         skipped = on_invalid or (lambda row: None)
-        facts = _facts(store, all_keys, agent, branch, skipped)
+        facts, lost = _facts(store, all_keys, agent, branch, skipped)
         rag_keys = [key for key in keys if _internal_kind(key) == "rag"]
         how = "bm25"
         if mode != "bm25" and rag_keys:
@@ -472,7 +515,7 @@ def search_store(
                 if status is not None:
                     status("loading the embedding model and the RAG indexes")
                 try:
-                    hits = _search_rag(store, rag_keys, facts, query, k, embedder)
+                    hits = _search_rag(store, rag_keys, facts, lost, query, k, embedder)
                     return hits, "hybrid (RAG index)"
                 except StoreError as exc:
                     if not isinstance(exc.__cause__, ValidationError):
@@ -483,7 +526,7 @@ def search_store(
         elif mode == "hybrid":
             how = "bm25 (no agent in this store has a RAG memory)"
         conv_keys = [key for key in keys if _internal_kind(key) is None]
-        return _search_bm25(store, conv_keys, facts, query, k, skipped), how
+        return _search_bm25(store, conv_keys, facts, lost, query, k, skipped), how
 
 
 def _valid_messages(
@@ -505,15 +548,25 @@ def _facts(
     agent: str | None,
     branch: str | None,
     skipped: Callable[[InvalidRow], None],
-) -> list[tuple[str, SharedFact]]:
+) -> tuple[list[tuple[str, SharedFact]], dict[str, str]]:
     """``(branch, fact)`` of the facts recorded in ``keys``: each fact once, filtered.
 
     A fact recorded on several branches (merged) is given on the branch it was shared on
-    when it is recorded there, else on the first one.
+    when it is recorded there, else on the first one. Also returns, by fact id, how the
+    facts that lost a conflict on a branch lost (any branch's record, whatever the
+    filter: a fact found on its own branch may have lost a merge into another).
     """
     found: dict[str, tuple[str, SharedFact]] = {}
+    lost: dict[str, str] = {}
     for key in keys:
-        if _internal_kind(key) != "facts" or branch not in (None, key[2]):
+        if _internal_kind(key) != "facts":
+            continue
+        if branch not in (None, key[2]):
+            for m in _valid_messages(store, key, lambda row: None):
+                how = _lost_to(key, m)
+                fid = m.message_id.removeprefix("fact_")
+                if how is not None:
+                    lost.setdefault(fid, how)
             continue
         for m in _valid_messages(store, key, skipped):
             try:
@@ -531,14 +584,24 @@ def _facts(
                     )
                 )
                 continue
+            how = _lost_to(key, m)
+            if how is not None:
+                lost.setdefault(fact.id, how)
             if agent not in (None, fact.source_agent):
                 continue
             if fact.id not in found or key[2] == fact.source_branch:
                 found[fact.id] = (key[2], fact)
-    return list(found.values())
+    return list(found.values()), lost
 
 
-def _fact_hit(rank: int, score: float, branch: str, fact: SharedFact, source: _Source) -> SearchHit:
+def _fact_hit(
+    rank: int,
+    score: float,
+    branch: str,
+    fact: SharedFact,
+    source: _Source,
+    lost: dict[str, str],
+) -> SearchHit:
     return SearchHit(
         rank=rank,
         score=round(float(score), 4),
@@ -550,6 +613,7 @@ def _fact_hit(rank: int, score: float, branch: str, fact: SharedFact, source: _S
         timestamp=fact.created_at,
         source=source,
         kind="fact",
+        lost_to=lost.get(fact.id),
     )
 
 
@@ -557,6 +621,7 @@ def _search_bm25(
     store: SQLiteStore,
     keys: list[Key],
     facts: list[tuple[str, SharedFact]],
+    lost: dict[str, str],
     query: str,
     k: int,
     skipped: Callable[[InvalidRow], None],
@@ -580,7 +645,7 @@ def _search_bm25(
         where, item = found[doc_id]
         if isinstance(item, SharedFact):
             assert isinstance(where, str)
-            hits.append(_fact_hit(rank, score, where, item, "bm25"))
+            hits.append(_fact_hit(rank, score, where, item, "bm25", lost))
         else:
             assert isinstance(where, tuple)
             hits.append(_hit(rank, score, where, item, "bm25"))
@@ -605,6 +670,7 @@ def _search_rag(
     store: SQLiteStore,
     keys: list[Key],
     facts: list[tuple[str, SharedFact]],
+    lost: dict[str, str],
     query: str,
     k: int,
     embedder: Embedder,
@@ -655,7 +721,7 @@ def _search_rag(
     for rank, (score, where, item) in enumerate(ranked[:k], 1):
         if isinstance(item, SharedFact):
             assert isinstance(where, str)
-            hits.append(_fact_hit(rank, score, where, item, "rag"))
+            hits.append(_fact_hit(rank, score, where, item, "rag", lost))
         else:
             assert isinstance(where, tuple)
             hits.append(_hit(rank, score, where, item, "rag"))

@@ -187,7 +187,7 @@ def cmd_inspect(out: Output, args: argparse.Namespace) -> int:
     out.print(
         f"   integrity {summary.integrity}; namespaces: {', '.join(summary.namespaces) or '-'}; "
         f"{len(summary.agents)} agents, {len(summary.branches)} branches, "
-        f"{summary.messages} messages, {summary.runs} runs"
+        f"{summary.messages} messages, {len(summary.facts)} shared facts, {summary.runs} runs"
     )
     if summary.schema_version < SCHEMA_VERSION:
         out.print(
@@ -226,6 +226,8 @@ def cmd_inspect(out: Output, args: argparse.Namespace) -> int:
             out.print(
                 f"   [{f.branch}] {f.source_agent}@{f.source_branch} ({how}{topic}): {f.text}"
             )
+            if f.lost_to:
+                out.print(f"      lost {f.lost_to}", "yellow")
     if not summary.conversations and not summary.internal:
         out.print("\n(the store is empty)")
     return 0
@@ -268,8 +270,20 @@ def cmd_search(out: Output, args: argparse.Namespace) -> int:
     if hits:
         out.table(
             ["#", "score", "agent@branch", "role", "text"],
-            [[h.rank, f"{h.score:.3f}", h.where, h.role, h.text[:90]] for h in hits],
+            [
+                [
+                    h.rank,
+                    f"{h.score:.3f}",
+                    h.where,
+                    "fact, lost" if h.lost_to else h.role,
+                    h.text[:90],
+                ]
+                for h in hits
+            ],
         )
+    for h in hits:  # a fact that lost a conflict is not a plain hit: say to what
+        if h.lost_to:
+            out.print(f"   #{h.rank} lost {h.lost_to[:160]}", "yellow")
     return 0
 
 

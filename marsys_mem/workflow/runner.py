@@ -19,7 +19,10 @@ such an id as their source and are not restated either. ``append=True`` (``marsy
 
 Facts shared during the run are also written to a SQLite store under the reserved agent
 name ``#facts`` (one key per branch, one system message per fact with the fact's JSON in
-``metadata["fact"]``), so ``marsys-mem inspect`` can show them later. They are a record:
+``metadata["fact"]``), so ``marsys-mem inspect`` can show them later. A fact that lost a
+conflict on its topic there (a merge's ``conflict`` rule kept another) also carries
+``metadata["lost_to"]`` (:data:`LOST_TO`: the winner's id, text, agent and branch), so
+``marsys-mem search`` and ``inspect`` say so. They are a record:
 the facts agents receive live in the manager's shared pool, in process.
 """
 
@@ -91,11 +94,15 @@ from marsys_mem.workflow.report import (
 
 __all__ = [
     "FACTS_AGENT",
+    "LOST_TO",
     "ProgressCallback",
     "WorkflowRunner",
     "shared_default_embedder",
     "workflow_namespace",
 ]
+
+LOST_TO = "lost_to"
+"""The metadata key of a recorded fact that lost a conflict on its branch (the winner)."""
 
 ProgressCallback = Callable[[int, int, str], None]
 """``progress(done, total, label)``: ``done`` steps of ``total`` are finished; ``label``
@@ -458,6 +465,25 @@ class WorkflowRunner:
             out.append(record.model_copy(update={"reached": reached}))
         return out
 
+    def _lost_to(self, branch: str, fact: SharedFact) -> SharedFact | None:
+        """The fact ``fact`` lost to on ``branch``: a conflict on its topic kept the other.
+
+        Lost: no agent of ``branch`` holds it while one holds another fact on its topic
+        (a merge's ``conflict`` rule, or the pool's, chose that one).
+        """
+        topic = fact.metadata.get("topic")
+        if topic is None or branch not in self.graph:
+            return None
+        shared = self._manager.shared
+        inboxes = [inbox_key(a, branch) for a in self.graph.agents(branch)]
+        if not inboxes or any(shared.has(box, fact.id) for box in inboxes):
+            return None
+        for box in inboxes:
+            for other in shared.facts_for(box):
+                if other.id != fact.id and other.metadata.get("topic") == topic:
+                    return other
+        return None
+
     def _persist_facts(self) -> None:
         """Write the facts shared so far to a durable store (``#facts`` keys)."""
         pending, self._unsaved = self._unsaved, []
@@ -476,13 +502,17 @@ class WorkflowRunner:
                 if mid in have:
                     continue
                 have.add(mid)
+                metadata: dict[str, Any] = {"fact": f.model_dump(mode="json")}
+                winner = self._lost_to(branch, f)
+                if winner is not None:
+                    metadata[LOST_TO] = {
+                        "id": winner.id,
+                        "text": winner.text,
+                        "agent": winner.source_agent,
+                        "branch": winner.source_branch,
+                    }
                 new.append(
-                    Message.system(
-                        f.text,
-                        message_id=mid,
-                        name=f.source_agent,
-                        metadata={"fact": f.model_dump(mode="json")},
-                    )
+                    Message.system(f.text, message_id=mid, name=f.source_agent, metadata=metadata)
                 )
             if new:
                 store.append_messages(key, new)

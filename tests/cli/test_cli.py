@@ -441,7 +441,7 @@ def test_inspect(capsys, support_store):
     code, out, _ = run(capsys, "inspect", support_store)
     assert code == 0
     assert "integrity ok" in out
-    assert "1 agents, 1 branches, 16 messages, 2 runs" in out
+    assert "1 agents, 1 branches, 16 messages, 0 shared facts, 2 runs" in out
     assert "assistant@main" in out
     assert "16" in out
     assert "rag" in out

@@ -8,6 +8,7 @@ merge.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 
 from marsys_mem import __version__
 from marsys_mem.cli.demo import build_demo_memory
+from marsys_mem.cli.inspect import inspect_store
 from marsys_mem.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,3 +74,46 @@ def test_llm_server_help_and_bad_port():
     assert bad.returncode == 2
     assert "expected a port number 0-65535, got 'eighty'" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+@pytest.fixture(scope="module")
+def demo_store(tmp_path_factory):
+    """The demo's store: its agents keep session memory, so it holds their facts only."""
+    store = tmp_path_factory.mktemp("demo") / "store"
+    assert main(["demo", "--store", str(store), "--json"]) == 0
+    return store
+
+
+def test_inspect_counts_what_the_store_holds(capsys, demo_store):
+    code, out, _ = run(capsys, "inspect", demo_store)
+    assert code == 0
+    headline = out.splitlines()[1]
+    assert "4 agents, 4 branches, 0 messages, 9 shared facts, 0 runs" in headline, headline
+    assert "0 agents" not in out
+    summary = inspect_store(demo_store)
+    assert summary.agents == ["competitors", "market", "planner", "regulation"]
+    assert summary.branches == ["competitors", "main", "market", "regulation"]
+
+
+def test_search_says_when_a_fact_lost_a_merge(capsys, demo_store):
+    code, out, _ = run(capsys, "search", demo_store, "market size")
+    assert code == 0
+    rows = {line.split()[0]: line for line in out.splitlines()[2:] if line[:1].isdigit()}
+    lost = next(line for line in rows.values() if "45,000" in line)
+    assert "fact, lost" in lost
+    won = next(line for line in rows.values() if "61,000" in line)
+    assert "lost" not in won
+    rank = lost.split()[0]
+    assert f"   #{rank} lost on main to market@market: The Dutch cargo e-bike market" in out
+
+    code, out, _ = run(capsys, "search", demo_store, "market size", "--json", "-k", "9")
+    hits = {h["text"][:20]: h for h in json.loads(out)["hits"]}
+    assert hits["A trade blog puts th"]["lost_to"].startswith("on main to market@market: ")
+    assert [h for h in hits.values() if h["lost_to"]] == [hits["A trade blog puts th"]]
+
+    # filtered to the branch it was shared on, it still says it lost the merge into main
+    code, out, _ = run(capsys, "search", demo_store, "trade blog", "--branch", "competitors")
+    assert "fact, lost" in out
+
+    code, out, _ = run(capsys, "inspect", demo_store)
+    assert "lost on main to market@market" in out
