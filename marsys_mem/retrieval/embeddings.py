@@ -51,6 +51,7 @@ from marsys_mem.retrieval.onnx_backend import (
     default_cache_dir,
     export_folder,
     export_model,
+    length_batches,
     mark_used,
     onnx_available,
     read_record,
@@ -69,6 +70,8 @@ __all__ = [
     "default_embedder",
     "embed_query",
     "embeddings_available",
+    "length_batches",
+    "text_lengths",
 ]
 
 log = logging.getLogger("marsys_mem.retrieval.embeddings")
@@ -215,6 +218,25 @@ def embed_query(embedder: Embedder, text: str) -> FloatArray:
         result: FloatArray = method(text)
         return result
     return embedder.embed([text])
+
+
+def text_lengths(embedder: Embedder, texts: Sequence[str]) -> list[int]:
+    """How long each text is for ``embedder``: its tokens when it can say, else characters.
+
+    An embedder with a ``token_counts(texts)`` method (as
+    :class:`SentenceTransformerEmbedder` has) is asked; for any other, the length of the
+    text stands in. Used to compose batches of similar lengths (:func:`length_batches`).
+
+    Example:
+        >>> text_lengths(HashingEmbedder(8), ["ok", "a longer text"])
+        [2, 13]
+    """
+    method = getattr(embedder, "token_counts", None)
+    if callable(method):
+        counts = method(texts)
+        if isinstance(counts, list) and len(counts) == len(texts):
+            return counts
+    return [len(text) for text in texts]
 
 
 # --------------------------------------------------------------------------- hashing
@@ -821,6 +843,26 @@ class SentenceTransformerEmbedder:
                 while len(self._queries) > self._query_cache_size:
                     self._queries.popitem(last=False)
         return vector
+
+    def token_counts(self, texts: Sequence[str]) -> list[int]:
+        """How many word pieces the model reads of each text (truncated to its window).
+
+        Cheap next to embedding (the fast tokenizer alone); batches composed of texts of
+        similar counts waste no padding (see :func:`text_lengths`).
+
+        Raises:
+            EmbeddingError: ``texts`` is a single string or holds a non-string.
+            MissingDependencyError: the model cannot be loaded.
+        """
+        items = _check_texts(texts)
+        self.load()
+        if self._onnx is not None:
+            return self._onnx.token_counts(items)
+        model = self._model
+        encoded = model.tokenizer(
+            items, truncation=True, max_length=int(model.max_seq_length), padding=False
+        )
+        return [len(ids) for ids in encoded["input_ids"]]
 
     async def aembed(self, texts: Sequence[str]) -> FloatArray:
         """Async twin of :meth:`embed` (runs it in a worker thread)."""

@@ -62,6 +62,7 @@ __all__ = [
     "default_cache_dir",
     "export_folder",
     "export_model",
+    "length_batches",
     "mark_used",
     "onnx_available",
     "read_record",
@@ -391,8 +392,11 @@ def read_record(folder: Path) -> ExportRecord | None:
 class OnnxModel:
     """A checked export, loaded: an ONNX Runtime session and the model's fast tokenizer.
 
-    Texts are sorted by length and embedded ``batch_size`` at a time, so each batch is
-    padded only to its own longest text (as sentence-transformers does).
+    Texts are tokenized first, sorted by their number of tokens and embedded
+    ``batch_size`` at a time, each batch padded only to its own longest text: on real chat
+    turns (lengths from 3 to 256 tokens) that sends about 1.04 tokens per real token
+    through the model, where sorting by characters (sentence-transformers) sends 1.26 and
+    batches in arrival order 3.5 (measured on REALTALK's 8,944 turns).
 
     Args:
         folder: an export folder (see :func:`export_model`).
@@ -426,32 +430,62 @@ class OnnxModel:
             self._tokenizer = tokenizers.Tokenizer.from_file(str(folder / _TOKENIZER))
         except Exception as exc:
             raise EmbeddingError(f"cannot load the ONNX export in {folder}: {exc}") from exc
+        padding = self._tokenizer.padding
+        self._pad_id = int(padding["pad_id"]) if padding else 0
+        self._tokenizer.no_padding()  # each batch is padded here, to its own longest text
         self._inputs = [(name, _ENCODING_FIELDS[name]) for name in inputs]
         self.folder = folder
 
+    def _tokenize(self, texts: Sequence[str]) -> list[Any]:
+        if len(texts) == 1:
+            # not encode_batch: it lets go of the GIL, and a thread that takes it then
+            # (e.g. RAGMemory's work beside the forward pass) holds this one up for as
+            # long as it runs; encode keeps the GIL until the session does run (and
+            # releases it for the whole forward pass)
+            return [self._tokenizer.encode(texts[0])]
+        return list(self._tokenizer.encode_batch(list(texts)))
+
+    def token_counts(self, texts: Sequence[str]) -> list[int]:
+        """How many tokens the model reads of each text (special tokens included, truncated)."""
+        return [len(e.ids) for e in self._tokenize(texts)]
+
     def encode(self, texts: Sequence[str], batch_size: int) -> FloatArray:
         """Vectors of ``texts`` (rows in the order given), as the graph computes them."""
+        encodings = self._tokenize(texts)
         out = np.empty((len(texts), 0), dtype=np.float32)
-        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-        for start in range(0, len(order), batch_size):
-            rows = order[start : start + batch_size]
-            if len(rows) == 1:
-                # not encode_batch: it lets go of the GIL, and a thread that takes it then
-                # (e.g. RAGMemory's work beside the forward pass) holds this one up for as
-                # long as it runs; encode keeps the GIL until the session does run (and
-                # releases it for the whole forward pass)
-                encodings = [self._tokenizer.encode(texts[rows[0]])]
-            else:
-                encodings = self._tokenizer.encode_batch([texts[i] for i in rows])
-            feed = {
-                name: np.array([getattr(e, field) for e in encodings], dtype=np.int64)
-                for name, field in self._inputs
-            }
+        for rows in length_batches([len(e.ids) for e in encodings], batch_size):
+            width = len(encodings[rows[0]].ids)
+            feed = {}
+            for name, field in self._inputs:
+                pad = self._pad_id if field == "ids" else 0
+                array = np.full((len(rows), width), pad, dtype=np.int64)
+                for row, i in enumerate(rows):
+                    values = getattr(encodings[i], field)
+                    array[row, : len(values)] = values
+                feed[name] = array
             vectors = self._session.run(None, feed)[0]
             if out.shape[1] == 0:
                 out = np.empty((len(texts), vectors.shape[1]), dtype=np.float32)
             out[rows] = vectors
         return out
+
+
+def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Positions grouped into batches of at most ``batch_size``, longest first.
+
+    Sorting by length before batching pads each batch only to its own longest text (ties
+    keep their order).
+
+    Args:
+        lengths: the length (tokens, or characters) of each text.
+        batch_size: most positions per batch (>= 1).
+
+    Example:
+        >>> length_batches([3, 9, 1, 9, 4], 2)
+        [[1, 3], [4, 0], [2]]
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
 
 
 class _Graph:  # the traced module: token tensors in, normalised sentence vectors out

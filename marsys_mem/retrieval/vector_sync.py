@@ -31,7 +31,12 @@ import numpy.typing as npt
 from marsys_mem.exceptions import EmbeddingError, IndexCorruptError
 from marsys_mem.model.messages import Message
 from marsys_mem.retrieval.bm25 import BM25Index
-from marsys_mem.retrieval.embeddings import Embedder, check_vectors
+from marsys_mem.retrieval.embeddings import (
+    Embedder,
+    check_vectors,
+    length_batches,
+    text_lengths,
+)
 from marsys_mem.retrieval.index import FaissIndex
 from marsys_mem.retrieval.ingest import EmbeddingQueue
 
@@ -174,10 +179,14 @@ class VectorSync:
         if self._queue is not None:
             self._submit(list(zip(ids, texts, strict=True)))
             return
-        for start in range(0, len(ids), self._batch_size):
-            chunk = ids[start : start + self._batch_size]
+        try:
+            lengths = text_lengths(self.embedder, texts)
+        except Exception:  # the embedder fails: the batches below report it
+            lengths = [len(t) for t in texts]
+        for rows_of_batch in length_batches(lengths, self._batch_size):  # padding wasted: none
+            chunk = [ids[i] for i in rows_of_batch]
             try:
-                vectors = self._embed(texts[start : start + self._batch_size])
+                vectors = self._embed([texts[i] for i in rows_of_batch])
             except EmbeddingError as exc:
                 with self._lock:
                     for mid in chunk:
