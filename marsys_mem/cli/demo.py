@@ -176,25 +176,26 @@ def _print_agent_window(out: Output, report: WorkflowReport, agent: str, branch:
 
 
 def lost_conflicts(report: WorkflowReport) -> list[str]:
-    """One line per merged fact that reached no agent because a rival on its topic won.
+    """One line per fact that lost a conflict on its topic: the rival that won, and why.
 
     A fact merged into a branch conflicts with a fact there on the same ``topic``; the
     merge's ``conflict`` rule (``confidence``: the higher wins; ``newest``: the later wins)
-    decides. A merged fact that reached nobody while a rival on its topic reached the
-    branch lost that conflict.
+    decides. The run says which fact lost to which (:attr:`FactRecord.lost_to
+    <marsys_mem.workflow.report.FactRecord.lost_to>`, the same record ``marsys-mem search``
+    reads from the store).
 
     Example:
         >>> from marsys_mem.workflow.report import FactRecord, MergeReport, Timings
-        >>> def fact(text, conf, agent, merged_from=None, reached=()):
+        >>> def fact(text, conf, agent, merged_from=None, reached=(), lost_to=None):
         ...     return FactRecord(text=text, source_agent=agent, source_branch=agent,
         ...         scope="branch", routed_to="main", confidence=conf, topic="size",
-        ...         merged_from=merged_from, reached=list(reached))
+        ...         merged_from=merged_from, reached=list(reached), lost_to=lost_to)
+        >>> won = fact("61k a year", 0.9, "a", "a", ["planner@main"])
         >>> report = WorkflowReport(name="w", transport="inprocess", retrieval="bm25",
         ...     steps=2, timings=Timings(total_s=0, setup_s=0, steps_s=0, finish_s=0),
         ...     merges=[MergeReport(child="b", into="main", strategy="facts",
         ...                         conflict="confidence")],
-        ...     facts=[fact("61k a year", 0.9, "a", "a", ["planner@main"]),
-        ...            fact("45k a year", 0.5, "b", "b")])
+        ...     facts=[won, fact("45k a year", 0.5, "b", "b", lost_to=won)])
         >>> print(lost_conflicts(report)[0])
         b@b: '45k a year' (confidence 0.5) lost to a@a: '61k a year' (confidence 0.9) \
 on topic 'size': the b -> main merge keeps the higher confidence
@@ -202,30 +203,22 @@ on topic 'size': the b -> main merge keeps the higher confidence
     rules = {(m.child, m.into): m.conflict for m in report.merges}  # the last merge of a pair wins
     lines = []
     for lost in report.facts:
-        if lost.merged_from is None or lost.reached or lost.topic is None:
+        winner = lost.lost_to
+        if winner is None:
             continue
-        winners = [
-            f
-            for f in report.facts
-            if f is not lost
-            and f.topic == lost.topic
-            and f.reached
-            and any(r.endswith(f"@{lost.routed_to}") for r in f.reached)
-        ]
-        if not winners:
-            continue
-        winner = winners[-1]
-        rule = rules.get((lost.merged_from, lost.routed_to), "newest")
-        why = {
-            "confidence": "keeps the higher confidence",
-            "newest": "keeps the newer fact",
-        }.get(rule, f"resolves conflicts by {rule}")
+        if lost.merged_from is not None:
+            rule = rules.get((lost.merged_from, lost.routed_to), "newest")
+            why = {
+                "confidence": "keeps the higher confidence",
+                "newest": "keeps the newer fact",
+            }.get(rule, f"resolves conflicts by {rule}")
+            how = f"the {lost.merged_from} -> {lost.routed_to} merge {why}"
+        else:
+            how = f"on branch {lost.routed_to}"
         lines.append(
-            f"{lost.source_agent}@{lost.source_branch}: {_clip(lost.text, 60)!r} "
-            f"(confidence {lost.confidence:g}) lost to "
-            f"{winner.source_agent}@{winner.source_branch}: {_clip(winner.text, 60)!r} "
-            f"(confidence {winner.confidence:g}) on topic {lost.topic!r}: "
-            f"the {lost.merged_from} -> {lost.routed_to} merge {why}"
+            f"{lost.provenance}: {_clip(lost.text, 60)!r} (confidence {lost.confidence:g}) "
+            f"lost to {winner.provenance}: {_clip(winner.text, 60)!r} "
+            f"(confidence {winner.confidence:g}) on topic {lost.topic!r}: {how}"
         )
     return lines
 

@@ -85,6 +85,11 @@ class FactRecord(_Model):
     topic: str | None = None
     merged_from: str | None = None
     reached: list[str] = Field(default_factory=list, description="agent@branch in scope.")
+    lost_to: FactRecord | None = Field(
+        default=None,
+        description="The fact that won a conflict on its topic on routed_to (a merge's "
+        "conflict rule kept it): this one reached nobody there.",
+    )
 
     @property
     def provenance(self) -> str:
@@ -591,6 +596,10 @@ def _text_lines(r: WorkflowReport, width: int) -> list[str]:
             )
             if f.reached:
                 lines.append(f"      reached {clip(', '.join(f.reached), width - 14)}")
+            if f.lost_to is not None:
+                won = f.lost_to
+                room = width - 24 - len(won.provenance)
+                lines.append(f"      lost to {won.provenance}: {clip(won.text, room)}")
 
     if r.merges:
         lines += ["", "== Merges"]

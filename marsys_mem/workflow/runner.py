@@ -256,7 +256,7 @@ class WorkflowRunner:
         self._fact_log: list[tuple[str, SharedFact]] = []
         self._unsaved: list[tuple[str, SharedFact]] = []
         self._facts: list[FactRecord] = []
-        self._fact_ids: list[str] = []
+        self._shared_facts: list[SharedFact] = []
         self._merges: list[MergeReport] = []
         self._asks: list[AskReport] = []
         self._fact_checks: list[FactsReport] = []
@@ -443,26 +443,32 @@ class WorkflowRunner:
     # ------------------------------------------------------------------ facts
     def _record_fact(self, fact: SharedFact, routed_to: str, scope: str) -> None:
         self._facts.append(FactRecord.of_fact(fact, routed_to, []))
-        self._fact_ids.append(fact.id)
+        self._shared_facts.append(fact)
         self._unsaved.append((routed_to, fact))
 
     def _reach(self) -> list[FactRecord]:
-        """The fact records with ``reached``: the inboxes that hold each fact now."""
+        """The fact records, each with ``reached`` and ``lost_to``.
+
+        ``reached``: the inboxes that hold the fact now; ``lost_to``: the fact that won a
+        conflict on its topic where it was routed (:meth:`_lost_to`).
+        """
         holders: dict[str, list[tuple[str, str]]] = {}
         for branch in self.graph.branches:
             for agent in self.graph.agents(branch):
                 for f in self._manager.shared.facts_for(inbox_key(agent, branch)):
                     holders.setdefault(f.id, []).append((agent, branch))
         out = []
-        for record, fact_id in zip(self._facts, self._fact_ids, strict=True):
+        for record, fact in zip(self._facts, self._shared_facts, strict=True):
             if record.merged_from is not None:
                 branches = {record.routed_to}
             else:
                 branches = set(
                     self.graph.branches_in_scope(record.routed_to, record.scope)  # type: ignore[arg-type]
                 )
-            reached = [f"{a}@{b}" for a, b in holders.get(fact_id, []) if b in branches]
-            out.append(record.model_copy(update={"reached": reached}))
+            reached = [f"{a}@{b}" for a, b in holders.get(fact.id, []) if b in branches]
+            winner = self._lost_to(record.routed_to, fact)
+            lost_to = None if winner is None else FactRecord.of_fact(winner, record.routed_to)
+            out.append(record.model_copy(update={"reached": reached, "lost_to": lost_to}))
         return out
 
     def _lost_to(self, branch: str, fact: SharedFact) -> SharedFact | None:

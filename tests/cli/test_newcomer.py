@@ -12,14 +12,16 @@ import json
 import re
 import subprocess
 import sys
+from importlib import resources
 from pathlib import Path
 
 import pytest
 
 from marsys_mem import __version__
-from marsys_mem.cli.demo import build_demo_memory
-from marsys_mem.cli.inspect import inspect_store
+from marsys_mem.cli.demo import build_demo_memory, demo_workflow_path, lost_conflicts
+from marsys_mem.cli.inspect import inspect_store, search_store
 from marsys_mem.cli.main import main
+from marsys_mem.workflow import run_workflow
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "workflows"
@@ -117,3 +119,20 @@ def test_search_says_when_a_fact_lost_a_merge(capsys, demo_store):
 
     code, out, _ = run(capsys, "inspect", demo_store)
     assert "lost on main to market@market" in out
+
+
+def test_the_report_and_the_store_agree_on_what_lost(tmp_path):
+    with resources.as_file(demo_workflow_path()) as path:
+        report = run_workflow(path, store_dir=tmp_path)
+    lost = [f for f in report.facts if f.lost_to is not None]
+    assert [(f.provenance, f.routed_to, f.lost_to.provenance) for f in lost] == [
+        ("competitors@competitors", "main", "market@market")
+    ]
+    assert not lost[0].reached
+    assert "      lost to market@market: The Dutch cargo" in report.to_text()
+    (line,) = lost_conflicts(report)
+    assert "the competitors -> main merge keeps the higher confidence" in line
+    hits, _ = search_store(tmp_path, "trade blog market", k=9, mode="bm25")
+    (hit,) = [h for h in hits if h.lost_to]
+    assert hit.text == lost[0].text
+    assert hit.lost_to == f"on main to market@market: {lost[0].lost_to.text}"
