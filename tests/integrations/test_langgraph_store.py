@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import importlib.util
+import re
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypedDict
@@ -9,6 +14,7 @@ from typing import Any, TypedDict
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from langchain_core.embeddings import Embeddings
 from langgraph.config import get_store
 from langgraph.graph import END, START, StateGraph
 from langgraph.store.base import (
@@ -21,7 +27,7 @@ from langgraph.store.base import (
 )
 from langgraph.store.memory import InMemoryStore as LangGraphInMemoryStore
 
-from marsys_mem.exceptions import StoreError
+from marsys_mem.exceptions import EmbeddingError, MissingDependencyError, StoreError
 from marsys_mem.integrations.langgraph.store import MarsysStore
 from marsys_mem.retrieval.embeddings import HashingEmbedder
 from marsys_mem.store import InMemoryStore, SQLiteStore
@@ -99,7 +105,6 @@ def test_returned_values_are_copies(store: MarsysStore) -> None:
         ((), "cannot be empty"),
         (("a.b",), "contains '.'"),
         (("",), "non-empty string"),
-        (("langgraph", "x"), "root label"),
     ],
 )
 def test_invalid_namespaces_are_rejected(
@@ -107,6 +112,20 @@ def test_invalid_namespaces_are_rejected(
 ) -> None:
     with pytest.raises(InvalidNamespaceError, match=message):
         store.batch([PutOp(namespace, "k", {"v": 1})])
+
+
+def test_the_langgraph_root_label_is_refused_by_put_and_passes_in_a_batch(
+    store: MarsysStore,
+) -> None:
+    # as in LangGraph's own stores: put() refuses it, LangGraph's own batches write there
+    ref = LangGraphInMemoryStore()
+    for s in (store, ref):
+        with pytest.raises(InvalidNamespaceError, match="langgraph"):
+            s.put(("langgraph", "x"), "k", {"v": 1})
+        s.batch([PutOp(("langgraph", "x"), "k", {"v": 1})])
+        item = s.get(("langgraph", "x"), "k")
+        assert item is not None
+        assert item.value == {"v": 1}
 
 
 def test_a_bad_op_in_a_batch_changes_nothing(store: MarsysStore) -> None:
@@ -235,8 +254,14 @@ def test_index_fields_choose_what_is_searchable(clock: Clock) -> None:
 
 
 def test_constructor_checks(clock: Clock) -> None:
-    with pytest.raises(ValueError, match="only 'fields' applies"):
+    with pytest.raises(ValueError, match=r"index\.dims must be the embed model's vector length"):
         MarsysStore(embedder=None, index={"embed": "openai:text-embedding-3-small"})
+    with pytest.raises(ValueError, match="not both"):
+        MarsysStore(embedder=None, index={"dims": 4, "embed": lambda texts: [[1.0] * 4]})
+    with pytest.raises(ValueError, match=r"unknown or unsupported keys \['distance_type'\]"):
+        MarsysStore(embedder=None, index={"dims": 4, "distance_type": "l2"})
+    with pytest.raises(ValueError, match="mode must be 'hybrid' or 'dense'"):
+        MarsysStore(embedder=None, mode="bm25x")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"index\.fields must be a list"):
         MarsysStore(embedder=None, index={"fields": "text"})
     with pytest.raises(ValueError, match="default_ttl"):
@@ -473,3 +498,117 @@ def test_matches_langgraphs_in_memory_store(ops: list[tuple[Any, str, Any]]) -> 
             assert sorted(_keys(ours.search((), filter=flt, limit=50))) == sorted(
                 _keys(ref.search((), filter=flt, limit=50))
             )
+
+
+# ---------------------------------------------------------------------- LangGraph's index config
+def _words(text: str, dims: int) -> list[float]:
+    """A deterministic bag-of-words vector (each word hashed to one of ``dims`` places)."""
+    vector = [0.0] * dims
+    for word in re.findall(r"[a-z]+", text.lower()):
+        vector[int(hashlib.sha256(word.encode()).hexdigest(), 16) % dims] += 1.0
+    return vector
+
+
+def embed_texts(texts: Sequence[str]) -> list[list[float]]:
+    return [_words(t, 1536) for t in texts]
+
+
+async def aembed_texts(texts: Sequence[str]) -> list[list[float]]:
+    await asyncio.sleep(0)
+    return embed_texts(texts)
+
+
+class WordEmbeddings(Embeddings):
+    """A LangChain ``Embeddings``, as LangGraph's docs pass one (``init_embeddings(...)``)."""
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        return embed_texts(texts)
+
+    def embed_query(self, text: str) -> list[float]:
+        return _words(text, 1536)
+
+
+MEMORIES = {
+    "home": {"text": "Alice lives in Lisbon near the river"},
+    "pet": {"text": "Her puppy is called Biscuit"},
+    "food": {"text": "She loves spicy ramen"},
+}
+
+
+@pytest.mark.parametrize(
+    "embed", [embed_texts, aembed_texts, WordEmbeddings()], ids=["sync", "async", "Embeddings"]
+)
+async def test_index_embed_works_as_langgraphs_docs_write_it(embed: Any) -> None:
+    # the LangGraph docs' semantic-search setup, unchanged: index={"dims": 1536, "embed": ...}
+    ref = LangGraphInMemoryStore(index={"dims": 1536, "embed": embed})
+    with MarsysStore(index={"dims": 1536, "embed": embed}) as store:
+        assert store.index_config is not None
+        assert store.index_config["dims"] == 1536
+        assert isinstance(store.index_config["embed"], Embeddings)
+        for s in (store, ref):
+            for key, value in MEMORIES.items():
+                await s.aput(("users", "alice"), key, value)
+        for query in ("what is the puppy called", "where does alice live", "ramen"):
+            ours = await store.asearch(("users",), query=query, limit=3)
+            theirs = await ref.asearch(("users",), query=query, limit=3)
+            assert ours[0].key == theirs[0].key
+            # scored as LangGraph scores: the cosine similarity
+            assert [h.score for h in ours] == pytest.approx([h.score for h in theirs], abs=1e-5)
+            assert {h.key: h.score for h in ours} == pytest.approx(
+                {h.key: h.score for h in theirs}, abs=1e-5
+            )
+        if embed is not aembed_texts:  # an async function has no sync path in LangGraph
+            hits = store.search(("users",), query="what is the puppy called", limit=1)
+            assert hits[0].key == "pet"
+
+
+def test_index_embed_fields_are_one_entry_each_and_survive_a_restart(tmp_path: Path) -> None:
+    index = {"dims": 1536, "embed": WordEmbeddings(), "fields": ["title", "tags[*]"]}
+    with SQLiteStore(tmp_path / "lg.db") as backing:
+        with MarsysStore(backing, index=index) as store:
+            store.put(("docs",), "a", {"title": "Gardening basics", "tags": ["roses", "soil"]})
+            store.put(("docs",), "b", {"title": "Quantum physics", "tags": ["particles"]})
+            hit = store.search(("docs",), query="roses", limit=1)[0]
+            assert (hit.key, hit.score) == ("a", pytest.approx(1.0))  # its best field
+        (stored,) = [
+            m
+            for m in backing.load_messages(("langgraph", "store", "items"))
+            if m.text == ("Gardening basics\nroses\nsoil")
+        ]
+        assert stored.metadata["texts"] == ["Gardening basics", "roses", "soil"]
+        with MarsysStore(backing, index=index) as again:  # the index is rebuilt per field
+            assert [h.key for h in again.search(("docs",), query="soil", limit=1)] == ["a"]
+            assert again.search(("docs",), query="soil", limit=1)[0].score == pytest.approx(1.0)
+
+
+def test_index_embed_errors_name_the_setting() -> None:
+    def wrong(texts: Sequence[str]) -> list[list[float]]:
+        return [[1.0, 0.0] for _ in texts]
+
+    with MarsysStore(index={"dims": 4, "embed": wrong}) as store:
+        store.put(("a",), "k", {"text": "hello"})  # stored; found by keywords only
+        with pytest.raises(EmbeddingError, match=r"shape \(1, 2\), expected \(1, 4\).*dims is 4"):
+            store.search(("a",), query="hello")
+    with MarsysStore(index={"dims": 4, "embed": wrong}, mode="hybrid") as store:
+        assert store.index_config is not None
+    with pytest.raises(ValueError, match=r"index\.dims must be .* got 0"):
+        MarsysStore(index={"dims": 0, "embed": wrong})
+
+
+def test_index_embed_as_a_provider_string_goes_through_langchain() -> None:
+    if importlib.util.find_spec("langchain") is None:
+        # what LangGraph says, as the error of a missing dependency
+        with pytest.raises(MissingDependencyError, match="langchain"):
+            MarsysStore(index={"dims": 1536, "embed": "openai:text-embedding-3-small"})
+    else:
+        with pytest.raises(ValueError, match=r"index\.embed"):
+            MarsysStore(index={"dims": 1536, "embed": "nosuchprovider:model"})
+
+
+def test_hybrid_mode_keeps_bm25_with_a_langgraph_embed() -> None:
+    with MarsysStore(index={"dims": 1536, "embed": WordEmbeddings()}, mode="hybrid") as store:
+        for key, value in MEMORIES.items():
+            store.put(("users", "alice"), key, value)
+        hits = store.search(("users",), query="Biscuit", limit=3)
+        assert hits[0].key == "pet"
+        assert hits[0].score == 1.0  # fused: the best hit scores 1.0

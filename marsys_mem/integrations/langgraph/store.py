@@ -12,15 +12,19 @@ namespaces (``("users", "alice", "memories")``), each a JSON object under a key,
   store in ONE transaction (delete the old versions, append the new ones); if the store
   fails, nothing changes, in the store or in memory. A new ``MarsysStore`` on the same
   store reads the items back.
-* **Hybrid search.** ``search(query=...)`` ranks with marsys-mem's retrieval
-  (:class:`~marsys_mem.patterns.rag.RAGMemory`: dense embeddings + BM25, fused by
-  reciprocal rank), and every hit carries its fused ``score`` (1.0: ranked first by both).
-  The embedder defaults to the packaged all-MiniLM-L6-v2 (the ``embeddings`` extra; BM25
-  only without it); what is embedded follows LangGraph's ``index`` rules: the store's
-  ``fields`` (default ``["$"]``, the whole value), or the ``index`` of a put (a list of
-  paths, or ``False``: not searchable by query, still found by filters, after the ranked
-  hits). The vector index is derived data, rebuilt from the store when a ``MarsysStore``
-  opens (embedding runs in the background; a search waits for it).
+* **Search.** ``search(query=...)`` ranks with marsys-mem's retrieval
+  (:class:`~marsys_mem.patterns.rag.RAGMemory`): by default hybrid (dense embeddings +
+  BM25, fused; the best hit scores 1.0), with the packaged all-MiniLM-L6-v2 (the
+  ``embeddings`` extra; BM25 only without it). LangGraph's own ``index`` config works as
+  it is (``{"dims": 1536, "embed": ..., "fields": [...]}``, ``embed`` a LangChain
+  ``Embeddings``, a sync or async function or a ``"provider:model"`` string), and then
+  the store scores as LangGraph's do: the cosine similarity (``mode="dense"``; pass
+  ``mode="hybrid"`` to keep BM25). What is embedded follows LangGraph's rules: each text
+  at the ``fields`` paths (default ``["$"]``, the whole value) is one entry and an item
+  scores as its best one; a put's ``index`` (a list of paths, or ``False``: not
+  searchable by query, still found by filters, after the ranked hits). The index is
+  derived data, rebuilt from the store when a ``MarsysStore`` opens (embedding runs in
+  the background; a search waits for it).
 * **Filters** on values: exact matches, nested objects, and ``$eq``, ``$ne``, ``$gt``,
   ``$gte``, ``$lt``, ``$lte``, as LangGraph's own stores do.
 * **TTL** (minutes, as in LangGraph): an item expires ``ttl`` minutes after it was last
@@ -35,27 +39,34 @@ several puts to one item the last wins, as in LangGraph's stores.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import hashlib
+import importlib.util
+import inspect
 import json
 import math
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
+import numpy as np
+import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from marsys_mem.exceptions import MissingDependencyError
+from marsys_mem.exceptions import EmbeddingError, MissingDependencyError
 from marsys_mem.lifecycle import Closing
 from marsys_mem.model.messages import Message
 from marsys_mem.patterns.rag import RAGMemory
 from marsys_mem.retrieval.embeddings import Embedder
+from marsys_mem.retrieval.scoring import SearchMode
 from marsys_mem.store.base import Append, Delete, Key, MemoryStore, validate_key
 from marsys_mem.store.memory import InMemoryStore
 
 try:
+    from langchain_core.embeddings import Embeddings
     from langgraph.store.base import (
         BaseStore,
         GetOp,
@@ -72,6 +83,7 @@ try:
         get_text_at_path,
         tokenize_path,
     )
+    from langgraph.store.base.embed import ensure_embeddings
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise MissingDependencyError(
         f"MarsysStore needs LangGraph ({exc}): pip install 'marsys-mem[langgraph]'"
@@ -130,8 +142,13 @@ class _Record:
     updated_at: datetime
     ttl: float | None  # minutes
     expires_at: datetime | None
-    text: str  # what the search index holds ("" = not searchable by query)
+    texts: tuple[str, ...]  # what the search index holds, one entry each (() = not searchable)
     message_id: str
+
+    @property
+    def text(self) -> str:
+        """The indexed texts as one (the stored message's content)."""
+        return "\n".join(self.texts)
 
     def live(self, now: datetime) -> bool:
         return self.expires_at is None or self.expires_at > now
@@ -165,8 +182,10 @@ class _Record:
             "updated_at": self.updated_at.isoformat(),
             "ttl": self.ttl,
             "expires_at": self.expires_at.isoformat() if self.expires_at else None,
-            "indexed": bool(self.text),
+            "indexed": bool(self.texts),
         }
+        if len(self.texts) > 1:  # one entry each in the search index (LangGraph's fields)
+            meta["texts"] = list(self.texts)
         return Message.user(
             self.text or None,
             message_id=self.message_id,
@@ -181,6 +200,11 @@ class _Record:
             return None
         expires = meta.get("expires_at")
         ttl = meta.get("ttl")
+        texts: tuple[str, ...] = ()
+        if meta.get("indexed"):
+            kept = meta.get("texts")
+            is_list = isinstance(kept, list | tuple) and all(isinstance(t, str) for t in kept)
+            texts = tuple(kept) if is_list else (m.text,)  # type: ignore[arg-type]
         return cls(
             namespace=tuple(str(p) for p in meta["namespace"]),  # type: ignore[union-attr]
             key=str(meta["key"]),
@@ -189,7 +213,7 @@ class _Record:
             updated_at=datetime.fromisoformat(str(meta["updated_at"])),
             ttl=float(ttl) if isinstance(ttl, int | float) else None,
             expires_at=datetime.fromisoformat(expires) if isinstance(expires, str) else None,
-            text=m.text if meta.get("indexed") else "",
+            texts=texts,
             message_id=m.message_id,
         )
 
@@ -257,11 +281,9 @@ def _validate(op: object) -> None:
         if not isinstance(op.key, str):
             raise ValueError(f"GetOp.key must be a string, got {op.key!r}")
     elif isinstance(op, PutOp):
+        # (a root label "langgraph" is refused by BaseStore.put, and passes in a batch, as
+        # in LangGraph's own stores: LangGraph writes there itself)
         _check_namespace("PutOp.namespace", op.namespace, empty_ok=False)
-        if op.namespace[0] == "langgraph":
-            raise InvalidNamespaceError(
-                f"PutOp.namespace: the root label cannot be 'langgraph', got {op.namespace!r}"
-            )
         if not isinstance(op.key, str):
             raise ValueError(f"PutOp.key must be a string, got {op.key!r}")
         if op.value is not None:
@@ -362,6 +384,107 @@ def _matches(namespace: tuple[str, ...], cond: MatchCondition) -> bool:
     return all(p == "*" or n == p for n, p in pairs)
 
 
+# ---------------------------------------------------------------------- LangGraph's embed
+def _run_coroutine(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run ``coro`` to completion from sync code (in a fresh thread if a loop runs here)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def _is_async(func: object) -> bool:
+    call = getattr(func, "__call__", None)  # noqa: B004 (an object whose __call__ is async)
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(call)
+
+
+class _IndexEmbedder:
+    """LangGraph's ``index["embed"]`` as a marsys-mem :class:`Embedder`.
+
+    ``embed`` is what LangGraph's stores take: a LangChain ``Embeddings``, a sync or async
+    function from texts to vectors, or a ``"provider:model"`` string that LangChain's
+    ``init_embeddings`` resolves (LangGraph's ``ensure_embeddings`` does the resolving).
+    Vectors are checked against ``dims`` and L2-normalised; queries go through the
+    model's ``embed_query``.
+    """
+
+    def __init__(self, embed: object, dims: int) -> None:
+        self._async_only = not isinstance(embed, str | Embeddings) and _is_async(embed)
+        try:
+            self.embeddings: Embeddings = ensure_embeddings(embed)  # type: ignore[arg-type]
+        except ImportError as exc:
+            raise MissingDependencyError(
+                f"index.embed {embed!r} needs LangChain to resolve it ({exc}): "
+                "pip install langchain and the provider's package (langchain-openai, ...)"
+            ) from exc
+        except ValueError as exc:
+            if isinstance(embed, str) and importlib.util.find_spec("langchain") is None:
+                raise MissingDependencyError(f"index.embed: {exc}") from exc
+            raise ValueError(f"index.embed: {exc}") from exc
+        self._dim = dims
+        label = embed if isinstance(embed, str) else getattr(embed, "__qualname__", None)
+        label = label or type(self.embeddings).__name__
+        self._name = f"langchain:{label}:dims={dims}"
+
+    @property
+    def dim(self) -> int:
+        """``index["dims"]``."""
+        return self._dim
+
+    @property
+    def name(self) -> str:
+        """``langchain:<model or function>:dims=<dims>``."""
+        return self._name
+
+    def _vectors(self, raw: object, count: int) -> npt.NDArray[np.float32]:
+        try:
+            vectors = np.asarray(raw, dtype=np.float32)
+        except (TypeError, ValueError) as exc:
+            raise EmbeddingError(
+                f"index.embed returned something that is not vectors: {exc}"
+            ) from exc
+        if vectors.shape != (count, self._dim):
+            raise EmbeddingError(
+                f"index.embed returned vectors of shape {vectors.shape}, expected "
+                f"({count}, {self._dim}) (index.dims is {self._dim})"
+            )
+        if not np.isfinite(vectors).all():
+            raise EmbeddingError("index.embed returned NaN or infinity")
+        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+        unit: npt.NDArray[np.float32] = np.divide(
+            vectors, norms, out=np.zeros_like(vectors), where=norms > 0
+        )
+        return unit
+
+    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        """Vectors of ``texts`` (``embed_documents``), unit length, ``(len(texts), dims)``."""
+        items = list(texts)
+        if not items:
+            return np.zeros((0, self._dim), dtype=np.float32)
+        if self._async_only:
+            raw = _run_coroutine(self.embeddings.aembed_documents(items))
+        else:
+            raw = self.embeddings.embed_documents(items)
+        return self._vectors(raw, len(items))
+
+    async def aembed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        """Async twin of :meth:`embed` (``aembed_documents``)."""
+        items = list(texts)
+        if not items:
+            return np.zeros((0, self._dim), dtype=np.float32)
+        return self._vectors(await self.embeddings.aembed_documents(items), len(items))
+
+    def embed_query(self, text: str) -> npt.NDArray[np.float32]:
+        """The vector of one search query (``embed_query``), shape ``(1, dims)``."""
+        if self._async_only:
+            raw = _run_coroutine(self.embeddings.aembed_query(text))
+        else:
+            raw = self.embeddings.embed_query(text)
+        return self._vectors([raw], 1)
+
+
 # ---------------------------------------------------------------------- the store
 class MarsysStore(BaseStore, Closing):
     """LangGraph ``BaseStore`` over a marsys-mem store, with hybrid search and TTL.
@@ -373,8 +496,16 @@ class MarsysStore(BaseStore, Closing):
         embedder: a marsys-mem :class:`~marsys_mem.retrieval.embeddings.Embedder`,
             ``"default"`` (the packaged MiniLM if installed, else BM25 only) or ``None``
             (BM25 only).
-        index: LangGraph's index config; only ``fields`` (paths embedded for search,
-            default ``["$"]``) applies: the embedder is marsys-mem's.
+        index: LangGraph's index config, as its stores take it: ``embed`` (a LangChain
+            ``Embeddings``, a sync or async function from texts to vectors, or a
+            ``"provider:model"`` string resolved by LangChain's ``init_embeddings``;
+            instead of ``embedder``), ``dims`` (its vector length; required with
+            ``embed``) and ``fields`` (the paths embedded for search, default ``["$"]``;
+            each path's text is one entry, and an item scores as its best one).
+        mode: ``"hybrid"`` (dense + BM25, fused: 1.0 for the best hit) or ``"dense"``
+            (the cosine similarity, as LangGraph's stores score); default: ``"dense"``
+            with ``index["embed"]`` (a LangGraph config behaves as in LangGraph),
+            ``"hybrid"`` otherwise.
         ttl_config: LangGraph's ``TTLConfig`` (``default_ttl``, ``refresh_on_read``,
             ``sweep_interval_minutes``).
         clock: returns the current time (timezone-aware); for tests.
@@ -403,6 +534,7 @@ class MarsysStore(BaseStore, Closing):
         key: Key = ("langgraph", "store", "items"),
         embedder: Embedder | Literal["default"] | None = "default",
         index: Mapping[str, Any] | None = None,
+        mode: SearchMode | None = None,
         ttl_config: TTLConfig | None = None,
         clock: Callable[[], datetime] | None = None,
     ) -> None:
@@ -410,18 +542,43 @@ class MarsysStore(BaseStore, Closing):
             raise TypeError(f"store must be a MemoryStore, got {type(store).__name__}")
         self.key: Key = validate_key(key)
         fields: list[str] = ["$"]
+        self.index_config: dict[str, Any] | None = None
+        """LangGraph's index config as given (``embed`` resolved), or ``None``."""
         if index is not None:
-            unknown = sorted(set(index) - {"fields", "dims"})
+            if not isinstance(index, Mapping):
+                raise ValueError(
+                    f"index must be a mapping (LangGraph's IndexConfig), got {index!r}"
+                )
+            unknown = sorted(set(index) - {"fields", "dims", "embed"})
             if unknown:
                 raise ValueError(
-                    f"index: unknown or unsupported keys {unknown}; MarsysStore embeds with "
-                    "a marsys-mem Embedder (pass embedder=...), only 'fields' applies"
+                    f"index: unknown or unsupported keys {unknown}; MarsysStore takes "
+                    "LangGraph's 'embed', 'dims' and 'fields'"
                 )
             given = index.get("fields")
             if given is not None:
                 if not isinstance(given, list) or not all(isinstance(p, str) and p for p in given):
                     raise ValueError(f"index.fields must be a list of paths, got {given!r}")
                 fields = list(given) or ["$"]
+            self.index_config = {**index, "fields": fields}
+            if index.get("embed") is not None:
+                dims = index.get("dims")
+                if isinstance(dims, bool) or not isinstance(dims, int) or dims < 1:
+                    raise ValueError(
+                        f"index.dims must be the embed model's vector length (an int >= 1) "
+                        f"when index.embed is given, got {dims!r}"
+                    )
+                if embedder != "default":
+                    raise ValueError(
+                        "give the embedding model once: index['embed'] (LangGraph's way) or "
+                        f"embedder=... (a marsys-mem Embedder), not both (embedder={embedder!r})"
+                    )
+                resolved = _IndexEmbedder(index["embed"], dims)
+                embedder = resolved
+                self.index_config["embed"] = resolved.embeddings
+                mode = "dense" if mode is None else mode
+        if mode is not None and mode not in ("hybrid", "dense"):
+            raise ValueError(f"mode must be 'hybrid' or 'dense', got {mode!r}")
         self._fields = [(p, p if p == "$" else tokenize_path(p)) for p in fields]
         if ttl_config is not None:
             if not isinstance(ttl_config, Mapping):
@@ -438,7 +595,9 @@ class MarsysStore(BaseStore, Closing):
         self._items: dict[tuple[str, ...], dict[str, _Record]] = {}
         self._closed = False
         self._last_sweep = self._clock()
-        self._rag = RAGMemory(embedder, max_chars=_MAX_INDEX_CHARS)
+        self._rag = RAGMemory(embedder, max_chars=_MAX_INDEX_CHARS, mode=mode or "hybrid")
+        self._entries: dict[str, tuple[str, ...]] = {}  # item message id -> its index entries
+        self._owner: dict[str, str] = {}  # index entry -> item message id
         try:
             self._load()
         except BaseException:
@@ -449,9 +608,27 @@ class MarsysStore(BaseStore, Closing):
         records = [r for r in map(_Record.from_message, self.store.load_messages(self.key)) if r]
         for r in records:
             self._items.setdefault(r.namespace, {})[r.key] = r
-        indexed = [Message.user(r.text, message_id=r.message_id) for r in records if r.text]
-        if indexed:
-            self._rag.add_many(indexed)
+        self._index([r for r in records if r.texts])
+
+    # ------------------------------------------------------------------ the search index
+    def _index(self, records: Iterable[_Record]) -> None:
+        """Add each record's texts to the search index, one entry per text."""
+        entries: list[Message] = []
+        for r in records:
+            ids = tuple(f"{r.message_id}.{i}" for i in range(len(r.texts)))
+            self._entries[r.message_id] = ids
+            for entry, text in zip(ids, r.texts, strict=True):
+                self._owner[entry] = r.message_id
+                entries.append(Message.user(text, message_id=entry))
+        if entries:
+            self._rag.add_many(entries)
+
+    def _unindex(self, message_ids: Iterable[str]) -> None:
+        gone = [e for mid in message_ids for e in self._entries.pop(mid, ())]
+        for entry in gone:
+            del self._owner[entry]
+        if gone:
+            self._rag.remove(gone)
 
     # ------------------------------------------------------------------ BaseStore
     def batch(self, ops: Iterable[Op]) -> list[Result]:
@@ -521,16 +698,23 @@ class MarsysStore(BaseStore, Closing):
         return out
 
     def _ranked(self, query: str, wanted: dict[str, _Record], need: int) -> list[tuple[str, float]]:
-        """Ids of ``wanted`` records ranked for ``query`` (best first), at least ``need``."""
-        indexed = sum(1 for mid in wanted if mid in self._rag)
+        """Ids of ``wanted`` records ranked for ``query`` (best first), at least ``need``.
+
+        A record scores as its best entry (LangGraph's rule for items with several fields).
+        """
+        indexed = sum(1 for mid in wanted if mid in self._entries)
         if not indexed or not query.strip():
             return []
         k = max(need, 16)
         while True:
             hits = self._rag.search(query, k=min(k, len(self._rag)))
-            ranked = [(h.id, h.score) for h in hits if h.id in wanted]
+            ranked: dict[str, float] = {}
+            for h in hits:
+                mid = self._owner.get(h.id)
+                if mid is not None and mid in wanted and mid not in ranked:
+                    ranked[mid] = h.score
             if len(ranked) >= min(need, indexed) or len(hits) < k or k >= len(self._rag):
-                return ranked
+                return list(ranked.items())
             k *= 4
 
     def _search(
@@ -565,12 +749,15 @@ class MarsysStore(BaseStore, Closing):
         return sorted(found)[op.offset : op.offset + op.limit]
 
     # ------------------------------------------------------------------ writes
-    def _index_text(self, value: dict[str, Any], index: Literal[False] | list[str] | None) -> str:
+    def _index_texts(
+        self, value: dict[str, Any], index: Literal[False] | list[str] | None
+    ) -> tuple[str, ...]:
+        """The texts of ``value`` at the index paths, one per match (LangGraph's rule)."""
         if index is False:
-            return ""
+            return ()
         paths = self._fields if index is None else [(p, tokenize_path(p)) for p in index]
         texts = [t for _, path in paths for t in get_text_at_path(value, path) if t.strip()]
-        return "\n".join(texts)[:_MAX_INDEX_CHARS]
+        return tuple(t[:_MAX_INDEX_CHARS] for t in texts)
 
     def _record(self, op: PutOp, now: datetime) -> _Record:
         value = _normalized_value(op)
@@ -585,7 +772,7 @@ class MarsysStore(BaseStore, Closing):
             updated_at=now,
             ttl=ttl,
             expires_at=now + timedelta(minutes=ttl) if ttl is not None else None,
-            text=self._index_text(value, op.index),
+            texts=self._index_texts(value, op.index),
             message_id=old.message_id if old is not None else _item_id(op.namespace, op.key),
         )
 
@@ -623,14 +810,12 @@ class MarsysStore(BaseStore, Closing):
         if added:
             ops.append(Append(self.key, added))
         self.store.batch(ops)  # all or nothing: memory changes only after this
-        stale = [
+        self._unindex(
             old.message_id
             for ik, old in stored.items()
-            if old.text and ((r := new[ik]) is None or r.text != old.text)
-        ]
-        if stale:
-            self._rag.remove(stale)
-        fresh: list[Message] = []
+            if old.texts and ((r := new[ik]) is None or r.texts != old.texts)
+        )
+        fresh: list[_Record] = []
         for (ns, key), r in new.items():
             old = stored.get((ns, key))
             if r is None:
@@ -641,10 +826,9 @@ class MarsysStore(BaseStore, Closing):
                         del self._items[ns]
                 continue
             self._items.setdefault(ns, {})[key] = r
-            if r.text and (old is None or old.text != r.text):
-                fresh.append(Message.user(r.text, message_id=r.message_id))
-        if fresh:
-            self._rag.add_many(fresh)
+            if r.texts and (old is None or old.texts != r.texts):
+                fresh.append(r)
+        self._index(fresh)
 
     # ------------------------------------------------------------------ TTL
     def sweep_ttl(self) -> int:
