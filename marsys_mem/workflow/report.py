@@ -448,8 +448,8 @@ class WorkflowReport(_Model):
     replayed: int = Field(
         default=0,
         description=(
-            "Messages the steps would write that the store already held from an earlier run "
-            "of this workflow: kept, not appended again (a rerun is idempotent)."
+            "Messages the steps would write that an earlier run of this workflow wrote: not "
+            "written again, even where deleted since (a rerun is idempotent)."
         ),
     )
     ok: bool = Field(
@@ -531,8 +531,8 @@ def _text_lines(r: WorkflowReport, width: int) -> list[str]:
     ]
     if r.replayed:
         lines.append(
-            f"   rerun      {r.replayed} message{'s' if r.replayed != 1 else ''} already in the "
-            "store from an earlier run: kept, not appended again (--append: a new run)"
+            f"   rerun      {r.replayed} message{'s' if r.replayed != 1 else ''} written by an "
+            "earlier run of this workflow: not written again (--append: a new run)"
         )
     for notice in r.notices:
         lines.append(f"   note       {notice}")

@@ -235,6 +235,7 @@ class WorkflowRunner:
         self.append = append
         self._tag = uuid.uuid4().hex if append else ""  # mixed into every stable id
         self._runs_started: dict[tuple[str, str], int] = {}
+        self._written: dict[str, dict[str, Message]] = {}  # run id -> what it wrote before
         self._replayed = 0
         self.workflow = prepared.workflow
         self.config = _store_config(prepared, store_dir)
@@ -344,10 +345,19 @@ class WorkflowRunner:
         return self._stable_id("wf", where, fields, agent, branch, part)
 
     def _new_run_id(self, agent: str, branch: str) -> str:
-        """The id of the agent's next run on ``branch`` (its count so far, made stable)."""
+        """The id of the agent's next run on ``branch`` (its count so far, made stable).
+
+        The messages an earlier run of that id wrote (its saved snapshot) are kept aside:
+        a rerun never writes them again, even those deleted since (trimmed by
+        ``trim_oldest``, expired, forgotten).
+        """
         count = self._runs_started.get((agent, branch), 0) + 1
         self._runs_started[(agent, branch)] = count
-        return self._stable_id("run", agent, branch, str(count))
+        run_id = self._stable_id("run", agent, branch, str(count))
+        earlier = self._manager.load_run(run_id)
+        if earlier is not None:
+            self._written[run_id] = {m.message_id: m for m in earlier.messages}
+        return run_id
 
     @property
     def _manager(self) -> MemoryManager:
@@ -408,15 +418,18 @@ class WorkflowRunner:
         return found[1]
 
     def _add(self, agent: str, branch: str, *messages: Message) -> None:
-        """Add ``messages`` through the agent's run; one its memory holds is not added again.
+        """Add ``messages`` through the agent's run; one written before is not added again.
 
         A rerun on the same store finds a persistent agent's messages there (their ids are
-        stable): each counts as this run's message, and nothing is appended.
+        stable), or in the snapshot of the earlier run of the same id when they have been
+        deleted since (trimmed, expired, forgotten: never brought back): each counts as
+        this run's message, and nothing is appended.
         """
         mem = self._mem(agent, branch)
         run = self._run_for(agent, branch)
+        earlier = self._written.get(run.run_id, {})
         for message in messages:
-            held = mem.get(message.message_id)
+            held = mem.get(message.message_id) or earlier.get(message.message_id)
             if held is None:
                 run.add(message)
             else:

@@ -53,7 +53,7 @@ def test_rerunning_the_support_example_appends_nothing(tmp_path, capsys):
     assert second.ok, second.to_text()
     assert second.memory("assistant").stored == 16
     assert second.replayed == 15  # every message a step writes (the system prompt is config)
-    assert "15 messages already in the store from an earlier run" in second.to_text()
+    assert "15 messages written by an earlier run of this workflow" in second.to_text()
     assert _contents(store / "memory.db") == before  # the same messages, ids and runs
 
     summary = inspect_store(store)
@@ -204,3 +204,46 @@ def test_a_run_replayed_under_its_id_keeps_one_episode():
         with manager.run("a") as run:  # a run without an id: a new episode
             run.add({"role": "user", "content": "third"})
         assert len(episodic.episodes()) == 2
+
+
+TRIMMED = """
+name: trimmed
+memory:
+  store: {backend: sqlite, path: mem.db}
+  defaults:
+    retention: persistent
+    context: {max_messages: 4, strategy: trim_oldest}
+agents: [a]
+steps:
+  - repeat:
+      times: 6
+      steps:
+        - say: {agent: a, text: "message {i}"}
+  - ask: {agent: a, question: "Which message came last?", expect_sent: "message 6"}
+  - say: {agent: a, text: "the end"}
+"""
+
+
+def test_a_rerun_never_brings_back_what_was_trimmed_or_forgotten(tmp_path):
+    path = tmp_path / "wf.yaml"
+    path.write_text(textwrap.dedent(TRIMMED).lstrip())
+    key = ("default", "a", "main")
+
+    def texts() -> list[str]:
+        with SQLiteStore(tmp_path / "mem.db", read_only=True) as store:
+            return [m.text for m in store.load_messages(key)]
+
+    assert run_workflow(path).ok
+    kept = texts()
+    assert kept == ["message 4", "message 5", "message 6", "the end"]  # trim_oldest deleted
+    config = MemoryConfig.model_validate(
+        {"store": {"backend": "sqlite", "path": str(tmp_path / "mem.db")},
+         "defaults": {"retention": "persistent"}}
+    )
+    with MemoryManager(config) as manager:
+        (gone,) = [m.message_id for m in manager.memory("a") if m.text == "message 5"]
+        manager.forget("a", message_ids=[gone])
+    for _ in range(2):
+        report = run_workflow(path)
+        assert report.ok, report.to_text()
+        assert texts() == ["message 4", "message 6", "the end"]
