@@ -659,6 +659,12 @@ class WorkflowOrigin:
 class Workflow(_Model):
     """A whole workflow file: memory, transport, agents, branches and steps.
 
+    ``name`` also names the store namespace a run uses when the memory config names no
+    store (the file's stem when a file sets no name). A workflow built in Python without
+    a name gets a namespace derived from its content (``workflow-`` and a hash of its
+    fields, :func:`~marsys_mem.workflow.runner.workflow_namespace`): rerunning it finds
+    its own earlier run, and unrelated unnamed workflows never share a namespace.
+
     Example:
         >>> wf = Workflow.model_validate({
         ...     "name": "hello",
@@ -673,7 +679,11 @@ class Workflow(_Model):
     """
 
     version: Literal[1] = 1
-    name: str = Field(default="workflow", min_length=1)
+    name: str = Field(
+        default="workflow",
+        min_length=1,
+        description="The workflow's name; also its store namespace when no store is named.",
+    )
     description: str = ""
     memory: MemorySpec = Field(default_factory=MemoryConfig)
     transport: TransportSpec = "inprocess"
