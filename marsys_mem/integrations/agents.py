@@ -46,7 +46,7 @@ from marsys_mem.model.names import validate_name
 try:
     from agents.items import TResponseInputItem
     from agents.memory import SessionSettings
-    from agents.memory.session_settings import resolve_session_limit
+    from agents.memory.session_settings import coerce_session_settings, resolve_session_limit
 except ModuleNotFoundError as exc:  # pragma: no cover - the extra is installed in CI
     raise MissingDependencyError(
         "marsys_mem.integrations.agents needs the OpenAI Agents SDK: "
@@ -155,7 +155,8 @@ class MarsysSession:
             ``limit``); a :class:`ContextPolicy`: it returns the context window under the
             policy (``strategy="summarize"`` compacts older turns into a summary).
         summarizer: the summariser for ``summarize`` (default: the memory's, offline).
-        session_settings: the SDK's settings (``limit`` when ``get_items`` gets none).
+        session_settings: the SDK's settings (``limit`` when ``get_items`` gets none), or
+            their dict; ``None``: ``SessionSettings()``.
         strict_tools: refuse items that reuse a ``call_id`` already in the session, or a
             ``function_call_output`` that answers no call in it (``DuplicateToolCallError``,
             ``OrphanToolResultError``); ``False`` stores them as the SDK's own sessions do
@@ -182,7 +183,7 @@ class MarsysSession:
         >>> manager.close()
     """
 
-    session_settings: SessionSettings | None
+    session_settings: SessionSettings
 
     def __init__(
         self,
@@ -192,7 +193,7 @@ class MarsysSession:
         agent: str = "assistant",
         policy: ContextPolicy | None = None,
         summarizer: Summarizer | None = None,
-        session_settings: SessionSettings | None = None,
+        session_settings: SessionSettings | Mapping[str, Any] | None = None,
         strict_tools: bool = True,
     ) -> None:
         if not isinstance(manager, MemoryManager):
@@ -204,7 +205,11 @@ class MarsysSession:
         self.manager = manager
         self.policy = policy
         self.summarizer = summarizer
-        self.session_settings = session_settings
+        self.session_settings = (  # as the SDK's sessions keep them
+            SessionSettings()
+            if session_settings is None
+            else coerce_session_settings(cast(Any, session_settings))
+        )
         self.strict_tools = bool(strict_tools)
         self._closed = False
 

@@ -632,3 +632,11 @@ async def test_close_is_idempotent_and_leaves_the_items_and_the_manager(manager:
     assert await MarsysSession("user-1", manager).get_items() == [
         {"role": "user", "content": "hello"}
     ]
+
+
+def test_session_settings_are_kept_as_the_sdks_sessions_keep_them(manager: MemoryManager):
+    assert MarsysSession("s", manager).session_settings == SessionSettings()
+    given = MarsysSession("s", manager, session_settings={"limit": 3})
+    assert given.session_settings == SessionSettings(limit=3)
+    with pytest.raises(TypeError, match="limitt"):
+        MarsysSession("s", manager, session_settings={"limitt": 3})
