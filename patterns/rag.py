@@ -57,6 +57,7 @@ from marsys_mem.retrieval.scoring import (
     make_filter,
     positive_int,
 )
+from marsys_mem.retrieval.speakers import SpeakerNames, speaker_of
 from marsys_mem.retrieval.threads import LabelSlots, SlotArray, SlotMemo, ThreadLinks
 from marsys_mem.store.base import Append, Key, Load, MemoryStore, PutVectors, validate_key
 from marsys_mem.store.owners import DeletionFeed
@@ -93,7 +94,7 @@ and their keyword scores."""
 _SPREAD = 2
 """How many turns after a hit become candidates (each is still scored with all its context)."""
 _CUED = 100
-"""How many of the best hybrid candidates the time cues may lift."""
+"""How many of the best hybrid candidates the time and speaker cues may lift."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,6 +283,10 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
             the query asks when.
         index_names: BM25 indexes the speaker's ``name`` (or ``metadata["agent"]``) with
             the text, so "What did Maya say about ..." matches Maya's own messages.
+        speaker_weight: bonus (a share of the best score) for the messages of the one
+            participant a query names, by name or by an alias learned from the conversation
+            (:class:`~marsys_mem.retrieval.speakers.SpeakerNames`): a question about Maya is
+            mostly answered by Maya's own turns. 0: off.
 
     Thread-safe: one lock guards the indexes; the background thread takes it only to add
     the vectors of a finished batch.
@@ -338,6 +343,7 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         time_weight: float = 0.5,
         when_weight: float = 0.3,
         index_names: bool = True,
+        speaker_weight: float = 0.5,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {sorted(MODES)}, got {mode!r}")
@@ -368,6 +374,8 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         self.diversity = finite_number("diversity", diversity, minimum=0.0)
         self.time_weight = finite_number("time_weight", time_weight, minimum=0.0)
         self.when_weight = finite_number("when_weight", when_weight, minimum=0.0)
+        self.speaker_weight = finite_number("speaker_weight", speaker_weight, minimum=0.0)
+        self._speakers = SpeakerNames()  # who takes part, and what the others call them
         self.index_names = bool(index_names)
         self.max_chars = positive_int("max_chars", max_chars)
         positive_int("batch_size", batch_size)
@@ -551,7 +559,9 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         """
         slot = self._bm25.slot_of(m.message_id)
         assert slot is not None  # indexed just before
-        self._links.add(m.message_id, self._thread_of(m), slot=slot)
+        thread = self._thread_of(m)
+        self._links.add(m.message_id, thread, slot=slot)
+        self._speakers.observe(speaker_of(m), m.text, thread)
 
     def _keyword_text(self, m: Message, text: str) -> str:
         """What BM25 indexes: the text, after the speaker's name (``index_names``)."""
@@ -1268,7 +1278,7 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         cues: _Cues | None,
         messages: Mapping[str, Message] | None = None,
     ) -> Sequence[Candidate]:
-        """Time cues (``time_weight``, ``when_weight``), then session diversity.
+        """Cues (time: ``time_weight``, ``when_weight``; ``speaker_weight``), then diversity.
 
         ``messages``: the candidates' messages (default: this memory's).
         """
@@ -1280,17 +1290,24 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         else:
             period = query_period(query) if self.time_weight else None
             when = bool(self.when_weight) and asks_when(query)
-        if period is not None or when:
+        speaker = None
+        if self.speaker_weight:
+            others = (speaker_of(m) or "" for m in messages.values()) if messages else ()
+            speaker = self._speakers.named(query, others)
+        if period is not None or when or speaker is not None:
             # only the best candidates are looked at (regex per text)
             best, rest = ranked.split(_CUED)
             top = abs(best[0][1]) or 1.0
             norm = 1.0 + (self.time_weight if period is not None else 0.0)
             norm += self.when_weight if when else 0.0
+            norm += self.speaker_weight if speaker is not None else 0.0
             out: list[Candidate] = []
             for mid, score, dense, bm25 in best:
                 m = found.get(mid)
                 bonus = 0.0
                 if m is not None:
+                    if speaker is not None and speaker_of(m) == speaker:
+                        bonus += self.speaker_weight
                     if period is not None and period.contains(m.timestamp):
                         bonus += self.time_weight
                     if when and (

@@ -1,0 +1,110 @@
+"""Who said it: participants by name and alias, and RAGMemory lifting the named one's turns."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from marsys_mem import Message
+from marsys_mem.patterns import RAGMemory
+from marsys_mem.retrieval.embeddings import HashingEmbedder
+from marsys_mem.retrieval.speakers import SpeakerNames, speaker_of
+
+CHAT = [
+    ("Emi", "Hi there! I'm Kate, nice to meet you."),
+    ("elise", "Hey Kate! I'm Emily."),
+    ("Emi", "Hey Emily! How was the bar in Miami?"),
+    ("elise", "It was great, thank you Kate."),
+    ("Emi", "I made pasta in my Italian cooking class."),
+    ("elise", "That looks amazing Kate."),
+    ("Emi", "Thanks, Emily!"),
+    ("elise", "I went to Miami again with friends."),
+]
+
+
+def learned() -> SpeakerNames:
+    names = SpeakerNames()
+    for speaker, text in CHAT:
+        names.observe(speaker, text)
+    return names
+
+
+def test_aliases_come_from_introductions_and_how_others_address_someone():
+    names = learned()
+    assert names.aliases() == {"Emi": {"kate"}, "elise": {"emily"}}
+    assert names.speakers == ["Emi", "elise"]
+    assert "miami" not in names.aliases()["elise"]  # said by both: a place, not a name
+
+
+def test_named_by_name_alias_possessive_and_spelling():
+    names = learned()
+    assert names.named("What did Kate cook?") == "Emi"
+    assert names.named("Where is Emily\u2019s favourite bar?") == "elise"
+    assert names.named("What does Elise like?") == "elise"
+    assert names.named("What does elise's friend do?") == "elise"
+    assert names.named("Kate and Emily: where did they meet?") is None  # two people
+    assert names.named("Where is the bar?") is None  # nobody
+
+
+def test_fuzzy_spelling_and_names_of_several_words():
+    names = SpeakerNames()
+    names.observe("Muhhamed", "hello")
+    names.observe("Fahim Khan", "hi")
+    assert names.named("What does Muhammad study?") == "Muhhamed"
+    assert names.named("Where does Khan work?") == "Fahim Khan"
+    assert names.named("Where does Fahim work?") == "Fahim Khan"
+    assert names.named("Who is Max?") is None  # short names match exactly only
+
+
+def test_candidates_speakers_count_when_nothing_was_observed():
+    names = SpeakerNames()
+    assert names.named("What did Maya say?") is None
+    assert names.named("What did Maya say?", ["maya", "Omar"]) == "maya"
+
+
+def test_speaker_of_reads_name_then_agent():
+    assert speaker_of(Message.user("x", name="maya")) == "maya"
+    assert speaker_of(Message.user("x", metadata={"agent": "planner"})) == "planner"
+    assert speaker_of(Message.user("x", metadata={"agent": 3})) is None
+
+
+@given(st.lists(st.tuples(st.sampled_from(["Ann", "Bob", None]), st.text(max_size=40))))
+def test_learning_never_fails_and_names_only_participants(turns):
+    names = SpeakerNames()
+    for speaker, text in turns:
+        names.observe(speaker, text)
+    for query in ("What did Ann say?", "Bob?", "", "\u2019s"):
+        assert names.named(query) in (None, *[s for s, _ in turns if s])
+
+
+# ----------------------------------------------------------------------- RAGMemory
+
+
+def chat_memory(**options: float) -> RAGMemory:
+    mem = RAGMemory(HashingEmbedder(64), background=False, **options)  # type: ignore[arg-type]
+    turns = [
+        ("Vanessa", "I started a pottery class on Saturdays"),
+        ("Nicolas", "What about Vanessa's pottery, how is the pottery going?"),
+        ("Nicolas", "Vanessa, pottery sounds fun, I tried pottery once"),
+        ("Vanessa", "I love it, I made a bowl"),
+        ("Nicolas", "I play football on Sundays"),
+    ]
+    mem.add_many(Message.user(t, name=n) for n, t in turns)
+    return mem
+
+
+def test_a_question_naming_one_participant_lifts_their_turns():
+    query = "What does Vanessa do with pottery?"
+    with chat_memory(speaker_weight=0.0) as off, chat_memory() as on:
+        before = [h.message.name for h in off.search(query, k=5)]
+        after = [h.message.name for h in on.search(query, k=5)]
+    # BM25 matches the name where Nicolas addresses her: his two turns come first
+    assert before[:3] == ["Nicolas", "Nicolas", "Vanessa"]
+    assert after.index("Vanessa") < before.index("Vanessa")
+    assert after[:4].count("Vanessa") == 2
+
+
+def test_speaker_weight_is_validated_and_zero_is_off():
+    with pytest.raises(ValueError, match="speaker_weight"):
+        RAGMemory(None, speaker_weight=-1)
+    with chat_memory(speaker_weight=0.0) as mem:
+        assert mem.speaker_weight == 0.0
