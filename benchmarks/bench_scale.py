@@ -20,7 +20,11 @@ dense for LangGraph) over the corpus's questions, their p50/p95, and its RSS aft
 Query vectors come from a lookup table filled up front, so the times exclude the query's
 forward pass. recall@10 is the dense search's against exact (brute-force) cosine search
 over the same vectors, counted tie-aware (a hit counts when its exact cosine reaches the
-10th best: the generator repeats lines, so many vectors are equal). Ingest rate: messages
+10th best: the generator repeats lines, so many vectors are equal). "Hybrid top-10 =
+faiss/host's": per question, the share of a system's hybrid top 10 that the per-host path
+(the in-process ranker over every message) also returns: how closely ranking the database's
+candidates reproduces the single-host ranking. Dense searches/s: one client, back to back
+(LangGraph's only search is dense). Ingest rate: messages
 per second into the store, vectors precomputed. Database size: ``pg_database_size``
 (SQLite: the file and its WAL).
 
@@ -284,6 +288,7 @@ def host(system: str, target: str, queries_file: str, searches: int) -> dict[str
     hybrid: list[float] = []
     dense = []
     ids = []
+    hybrid_ids: list[list[str]] = []
     for i in range(searches):  # question j: hybrid, then dense (ids[j]: its dense hits)
         j = (i // 2) % len(texts)
         mode = "hybrid" if i % 2 == 0 else "dense"
@@ -292,7 +297,9 @@ def host(system: str, target: str, queries_file: str, searches: int) -> dict[str
         (hybrid if mode == "hybrid" else dense).append(time.perf_counter() - t0)
         if mode == "dense" and len(ids) == j:
             ids.append([h.message.message_id for h in found])
-    out.update(hybrid=hybrid, dense=dense, ids=ids, rss_after=rss_mb())
+        if mode == "hybrid" and len(hybrid_ids) == j:
+            hybrid_ids.append([h.message.message_id for h in found])
+    out.update(hybrid=hybrid, dense=dense, ids=ids, hybrid_ids=hybrid_ids, rss_after=rss_mb())
     mem.close()
     store.close()
     return out
@@ -336,6 +343,14 @@ def recall(
         hits += min(good, 10)
         total += 10
     return hits / total if total else float("nan")
+
+
+def overlap(mine: list[list[str]], theirs: list[list[str]]) -> str:
+    """Mean share of the top 10s two systems have in common, per question (n/a: none)."""
+    pairs = [(set(a), set(b)) for a, b in zip(mine, theirs, strict=False) if a and b]
+    if not pairs:
+        return "n/a"
+    return f"{np.mean([len(a & b) / max(len(a), len(b)) for a, b in pairs]):.3f}"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -402,6 +417,7 @@ def main(argv: list[str] | None = None) -> None:
         else {}
     )
     corpus_size = len(turns_all)
+    hybrid_ids: dict[tuple[int, str], list[list[str]]] = {}
     with (
         PostgresServer(
             bin_dir=pgvector_bin, settings=settings, keep=keep and keep / "pgvector"
@@ -441,9 +457,9 @@ def main(argv: list[str] | None = None) -> None:
                     continue
                 size_bytes = database_size(system, target)
                 found = run_host(system, target, queries_file, args.searches)
+                hybrid_ids[(size, system)] = found.get("hybrid_ids", [])
                 r = recall(found["ids"], qv, vectors, index)
                 loose = recall(found["ids"], qv, vectors, index, 1e-3)
-                searched = found["hybrid"] + found["dense"]
                 row = (
                     size,
                     system,
@@ -451,7 +467,7 @@ def main(argv: list[str] | None = None) -> None:
                     pct(found["hybrid"], 95),
                     pct(found["dense"], 50),
                     pct(found["dense"], 95),
-                    f"{len(searched) / sum(searched):.0f}",
+                    f"{len(found['dense']) / sum(found['dense']):.0f}",
                     f"{r:.3f} ({loose:.3f})",
                     f"{size / seconds:,.0f}",
                     f"{found['open_s']:.2f}",
@@ -462,13 +478,14 @@ def main(argv: list[str] | None = None) -> None:
                 rows.append(row)
                 print("  " + " | ".join(str(c) for c in row), flush=True)
     print(
-        "\n| messages | system | hybrid p50 ms | p95 | dense p50 ms | p95 | searches/s "
+        "\n| messages | system | hybrid p50 ms | p95 | dense p50 ms | p95 | dense searches/s "
         "| recall@10 (within 1e-3) | ingest msg/s | host open s | host RSS MB open "
-        "| after searches | DB MiB |"
+        "| after searches | DB MiB | hybrid top-10 = faiss/host's |"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
-        print(f"| {row[0]:,} | " + " | ".join(str(c) for c in row[1:]) + " |")
+        same = overlap(hybrid_ids.get((row[0], row[1]), []), hybrid_ids.get((row[0], "faiss"), []))
+        print(f"| {row[0]:,} | " + " | ".join(str(c) for c in row[1:]) + f" | {same} |")
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from marsys_mem.exceptions import (
 from marsys_mem.lifecycle import Closing
 from marsys_mem.model.messages import Message
 from marsys_mem.patterns.shared_vectors import SharedVectors
-from marsys_mem.patterns.store_search import Found, StoreSearch, TextPages
+from marsys_mem.patterns.store_search import Found, StoreSearch, TextPages, TurnLike
 from marsys_mem.retrieval.ahead import WorkAhead
 from marsys_mem.retrieval.bm25 import BM25Index
 from marsys_mem.retrieval.dates import Period, asks_when, mentions_time, query_period
@@ -563,7 +563,7 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         self._links.add(m.message_id, thread, slot=slot)
         self._speakers.observe(speaker_of(m), m.text, thread)
 
-    def _keyword_text(self, m: Message, text: str) -> str:
+    def _keyword_text(self, m: TurnLike, text: str) -> str:
         """What BM25 indexes: the text, after the speaker's name (``index_names``)."""
         name = m.name or m.metadata.get("agent")
         if self.index_names and isinstance(name, str) and name:
@@ -585,14 +585,14 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         reply = 1 if self.reply_weight else 0
         return reply + turns, min(turns, _SPREAD) + reply
 
-    def _thread_of(self, m: Message) -> str:
+    def _thread_of(self, m: TurnLike) -> str:
         """The conversation thread of ``m``: ``metadata[thread_key]``, else one shared thread."""
         if self.thread_key is None:
             return ""
         value = m.metadata.get(self.thread_key)
         return "" if value is None else f"#{value}"
 
-    def _session_of(self, mid: str, messages: Mapping[str, Message]) -> tuple[str, str]:
+    def _session_of(self, mid: str, messages: Mapping[str, TurnLike]) -> tuple[str, str]:
         """The session of a message, for :func:`diversify`: its thread and its day."""
         m = messages.get(mid)
         if m is None:
@@ -889,7 +889,8 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         The keyword side is asked for beside the model's forward pass and the dense search
         (database round trips, which let go of the GIL).
         """
-        first = self._depth(k, keep)
+        # one side alone is an ordering the store makes: its k best are the hits
+        first = self._depth(k, keep) if mode == "hybrid" else k if keep is None else 4 * k
         text: WorkAhead[TextPages] | None = None
         if mode != "dense":  # beside the forward pass and the dense search
             text = WorkAhead.start(lambda: self._text_pages(query, first))
@@ -901,7 +902,7 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
                     return None
                 return text.result() if depth == first else self._text_pages(query, depth)
 
-            around = self._context_window() if mode == "hybrid" else None
+            around = (self._context_window() or (0, 0)) if mode == "hybrid" else None
             found = self._search_store(query, qvec, pages, depth, around=around)
             if mode == "dense":
                 ranked: Sequence[Candidate] = [(mid, c, c, None) for mid, c in found.dense]
@@ -909,9 +910,15 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
                 ranked = [(mid, r, None, r) for mid, r in found.text]
             else:
                 ranked = self._rank_found(query, found)
-            return ranked, found.exhausted, found.messages
+            if not found.light:
+                return ranked, found.exhausted, found.messages  # type: ignore[return-value]
+            # the ranker read turns: load the messages that can be returned (a filter
+            # may pass any of them; else the best k, and as many again for races)
+            best = ranked if keep is not None else ranked[: 2 * k]
+            loaded = self._load([mid for mid, *_ in best])
+            return ranked, found.exhausted, {m.message_id: m for m in loaded}
 
-        return self._collect(rank, k, min_score, keep)
+        return self._collect(rank, k, min_score, keep, first)
 
     def _rank_found(self, query: str, found: Found) -> Sequence[Candidate]:
         """Rank a store's candidates (hybrid) with the in-process ranker.
@@ -1051,13 +1058,15 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         k: int,
         min_score: float | None,
         keep: MessageFilter | None,
+        first: int | None = None,
     ) -> list[ScoredMessage]:
         """The ``k`` best hits that pass ``keep`` and ``min_score``, ranked deeper until found.
 
         ``rank(depth)``: the candidates ranked from each retriever's ``depth`` best, best
-        first, whether no deeper search can add any, and the candidates' messages.
+        first, whether no deeper search can add any, and the candidates' messages;
+        ``first``: the first depth (default :meth:`_depth`).
         """
-        depth = self._depth(k, keep)
+        depth = first if first is not None else self._depth(k, keep)
         while True:
             ranked, exhausted, messages = rank(depth)
             hits: list[ScoredMessage] = []
@@ -1276,7 +1285,7 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         query: str,
         ranked: _Ranked,
         cues: _Cues | None,
-        messages: Mapping[str, Message] | None = None,
+        messages: Mapping[str, TurnLike] | None = None,
     ) -> Sequence[Candidate]:
         """Cues (time: ``time_weight``, ``when_weight``; ``speaker_weight``), then diversity.
 
@@ -1320,7 +1329,7 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
             return diversify(ranked, lambda mid: self._session_of(mid, found), self.diversity)
         return ranked
 
-    def _mentions_time(self, mid: str, m: Message) -> bool:
+    def _mentions_time(self, mid: str, m: TurnLike) -> bool:
         """``mentions_time(m.text)``, computed once per message."""
         said = self._says_when.get(mid)
         if said is None:

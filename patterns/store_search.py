@@ -25,10 +25,14 @@ meanwhile, in a helper thread), the context turns, their cosines.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
+import math
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -46,8 +50,10 @@ from marsys_mem.store.base import (
     Load,
     LoadAround,
     MemoryStore,
+    ScoreAround,
     ScoreVectors,
     SearchText,
+    TurnRow,
 )
 
 __all__ = [
@@ -59,6 +65,9 @@ __all__ = [
     "Found",
     "StoreSearch",
     "TextPages",
+    "Turn",
+    "TurnLike",
+    "idf",
     "informative",
     "may_match",
     "query_words",
@@ -113,6 +122,74 @@ class TextPages:
         return len(self.query) < self.depth
 
 
+class TurnLike(Protocol):
+    """What a ranker reads of a message.
+
+    A :class:`~marsys_mem.model.messages.Message`, or a :class:`Turn` parsed from the
+    store's row without validating it.
+    """
+
+    @property
+    def message_id(self) -> str: ...  # noqa: D102
+
+    @property
+    def name(self) -> str | None: ...  # noqa: D102
+
+    @property
+    def text(self) -> str: ...  # noqa: D102
+
+    @property
+    def metadata(self) -> Mapping[str, Any]: ...  # noqa: D102
+
+    @property
+    def timestamp(self) -> datetime: ...  # noqa: D102
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """A stored message as a ranker reads it: its id, speaker, text, metadata and time.
+
+    Parsed from the store's JSON (:meth:`of`) without building the message: a search
+    reads hundreds of turns around its candidates and returns a few, which it loads.
+    ``text`` is :attr:`Message.text <marsys_mem.model.messages.Message.text>`'s.
+
+    Example:
+        >>> row = TurnRow("m1", '{"content": [{"type": "text", "text": "hi"}], '
+        ...     '"name": "ana", "metadata": {}, "timestamp": "2026-01-02T03:04:05Z"}', 0.5)
+        >>> turn = Turn.of(row)
+        >>> turn.text, turn.name, turn.timestamp.year
+        ('hi', 'ana', 2026)
+    """
+
+    message_id: str
+    name: str | None
+    text: str
+    metadata: Mapping[str, Any]
+    timestamp: datetime
+
+    @classmethod
+    def of(cls, row: TurnRow) -> Turn:
+        """The turn of a :class:`~marsys_mem.store.base.TurnRow` (a stored message)."""
+        data = json.loads(row.data)
+        content = data.get("content")
+        if content is None:
+            text = ""
+        elif isinstance(content, str):
+            text = content
+        elif isinstance(content, dict):
+            text = json.dumps(content, ensure_ascii=False, sort_keys=True)
+        else:
+            text = "\n".join(p["text"] for p in content if p.get("type") == "text")
+        name = data.get("name")
+        return cls(
+            row.message_id,
+            name if isinstance(name, str) else None,
+            text,
+            data.get("metadata") or {},
+            datetime.fromisoformat(data["timestamp"]),
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class Found:
     """What a store's search returned for one query, ready to rank.
@@ -123,11 +200,13 @@ class Found:
         cosines: the cosines the dense search returned (``COSINES`` times as many as
             ``dense``: most keyword candidates and context turns are among them).
         keyword: the BM25 score of every candidate (0.0: no query term).
-        messages: every candidate's message by id, in the key's order (oldest first).
+        messages: every candidate's message by id, in the key's order (oldest first): a
+            :class:`Turn` when ``light`` (load the hits to return), else the message.
         floor: the cosine a candidate missing from ``cosines`` is given, the lowest of
             them (``None``: the search returned every vector the key has, so such a
             candidate has none).
         exhausted: neither side can return more candidates than it did.
+        light: ``messages`` are turns, not messages.
 
     Example:
         >>> found = Found([("a", 0.9)], [("b", 2.0)], {"a": 0.9}, {"b": 2.0}, {}, 0.9, True)
@@ -139,9 +218,10 @@ class Found:
     text: list[tuple[str, float]]
     cosines: dict[str, float]
     keyword: dict[str, float]
-    messages: dict[str, Message]
+    messages: Mapping[str, TurnLike]
     floor: float | None
     exhausted: bool
+    light: bool = False
 
     def ids(self) -> list[str]:
         """The candidates of either side, dense first, each once."""
@@ -182,10 +262,24 @@ def text_pages(store: MemoryStore, query: str, depth: int, keys: Sequence[Key]) 
     counted: dict[str, int] = results[0] if asked else {}
     count = sum(results[1:] if asked else results)
     freq = {term: counted[word] for term, word in words.items()}
-    text = query if count < RANK_ALL_BELOW else " ".join(informative(words, freq))
-    page = store.batch([SearchText(text, depth, scope)])[0] if text.strip() else ()
+    chosen = list(words.values()) if count < RANK_ALL_BELOW else informative(words, freq)
+    text = query if count < RANK_ALL_BELOW else " ".join(chosen)
+    df = {word: freq[term] for term, word in words.items()}
+    weights = tuple((w, idf(df[w], max(count, 1))) for w in dict.fromkeys(chosen) if df[w] > 0)
+    search = SearchText(text, depth, scope, weights=weights)
+    page = store.batch([search])[0] if text.strip() else ()
     where = {h.message_id: h.key for h in page}
     return TextPages(depth, [h.message_id for h in page], freq, count, where, unasked)
+
+
+def idf(df: int, count: int) -> float:
+    """BM25's inverse document frequency of a term in ``df`` of ``count`` messages.
+
+    Example:
+        >>> round(idf(1, 1_000), 2), round(idf(900, 1_000), 2)
+        (6.5, 0.11)
+    """
+    return math.log(1.0 + (count - df + 0.5) / (df + 0.5))
 
 
 def informative(words: dict[str, str], freq: dict[str, int]) -> list[str]:
@@ -232,13 +326,13 @@ def may_match(terms: Sequence[str], text: str) -> bool:
     return any((t[:-1] if len(t) > 1 and t.endswith("y") else t) in flat for t in terms)
 
 
-LENGTH_SAMPLE = 256
+LENGTH_SAMPLE = 32
 """How many candidate texts give the mean length (in terms) BM25 normalises by."""
 
 MAX_WORDS = MAX_COUNT_WORDS
 """The most query terms counted (for their document frequencies) per search."""
 
-TEXT_WIDTH = 3
+TEXT_WIDTH = 1
 """How many more keyword matches than candidates a search reads (BM25 re-ranks them)."""
 
 TEXT_BUDGET = 5_000
@@ -286,7 +380,7 @@ class StoreSearch:
     def _share_vectors(self) -> bool:
         raise NotImplementedError  # SharedVectors'
 
-    def _keyword_text(self, m: Message, text: str) -> str:
+    def _keyword_text(self, m: TurnLike, text: str) -> str:
         raise NotImplementedError  # RAGMemory's
 
     # ------------------------------------------------------------------ reading
@@ -324,11 +418,22 @@ class StoreSearch:
         pages = text_pages()
         matched = pages.ids() if pages is not None else []
         ids = list(dict.fromkeys([mid for mid, _ in dense] + matched))
-        messages = {m.message_id: m for m in self._load(ids, around)} if ids else {}
-        missing = [mid for mid in messages if mid not in cosines]
-        if qvec is not None and missing:
+        messages: Mapping[str, TurnLike] = {}
+        light = qvec is not None and around is not None
+        if light and ids:  # the turns and their cosines in one query, parsed lightly
+            assert qvec is not None
+            assert around is not None
             assert self.embedder is not None
-            cosines.update(self._cosines(qvec[0], missing))
+            op = ScoreAround(self.key, tuple(ids), self.embedder.name, qvec[0], *around)
+            rows: tuple[TurnRow, ...] = self.store.batch([op])[0]
+            messages = {r.message_id: Turn.of(r) for r in rows}
+            cosines.update((r.message_id, r.cosine) for r in rows if r.cosine is not None)
+        elif ids:
+            messages = {m.message_id: m for m in self._load(ids, around)}
+            missing = [mid for mid in messages if mid not in cosines]
+            if qvec is not None and missing:
+                assert self.embedder is not None
+                cosines.update(self._cosines(qvec[0], missing))
         keyword: dict[str, float] = {}
         text: list[tuple[str, float]] = []
         if pages is not None and messages:
@@ -338,10 +443,10 @@ class StoreSearch:
                 key=lambda hit: -hit[1],
             )[:depth]
         exhausted = dense_done and (pages is None or pages.exhausted)
-        return Found(dense, text, cosines, keyword, messages, None, exhausted)
+        return Found(dense, text, cosines, keyword, messages, None, exhausted, light)
 
     def _keyword_scores(
-        self, query: str, messages: dict[str, Message], pages: TextPages
+        self, query: str, messages: Mapping[str, TurnLike], pages: TextPages
     ) -> dict[str, float]:
         """BM25 of ``messages`` with the store's statistics.
 

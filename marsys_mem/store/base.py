@@ -30,6 +30,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import json
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -70,11 +71,13 @@ __all__ = [
     "Op",
     "PutVectors",
     "SaveRun",
+    "ScoreAround",
     "ScoreVectors",
     "SearchHit",
     "SearchText",
     "SearchVectors",
     "Source",
+    "TurnRow",
     "VectorPage",
     "conflict_error",
     "messages_around",
@@ -332,12 +335,17 @@ class SearchText:
 
     Any of the query's words may match (an OR of its terms, as BM25 scores them), ranked
     by the database, best first. ``keys`` / ``namespace`` as in :class:`SearchVectors`.
+    ``weights``: ``(word, weight)`` pairs (at most :data:`MAX_COUNT_WORDS`, weights finite
+    and >= 0): then a match ranks by the sum over those words of weight x the database's
+    rank of that word alone (e.g. BM25's idf from :class:`CountMatches`), so a rare word
+    outranks a common one; ``query`` still says which messages match.
     """
 
     query: str
     k: int
     keys: tuple[Key, ...] | None = None
     namespace: str | None = None
+    weights: tuple[tuple[str, float], ...] = ()
 
 
 MAX_SCORE_IDS = 10_000
@@ -378,10 +386,49 @@ class CountMatches:
     namespace: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class TurnRow:
+    """One message as :class:`ScoreAround` returns it: unparsed, with its cosine.
+
+    Attributes:
+        message_id: the message's id.
+        data: the message as stored (its JSON; ``Message.model_validate_json`` reads it).
+        cosine: its vector's cosine similarity to the query (``None``: it has none).
+
+    Example:
+        >>> TurnRow("m1", '{"role": "user", "content": "hi"}', 0.5).cosine
+        0.5
+    """
+
+    message_id: str
+    data: str
+    cosine: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreAround:
+    """:class:`LoadAround` for a ranker: rows, not messages, each with its cosine.
+
+    Result: ``tuple[TurnRow, ...]``, the messages :class:`LoadAround` with the same
+    ``key``, ``ids``, ``before``, ``after`` and ``thread`` returns, in the same order,
+    each with the cosine of its ``model`` vector to ``vector`` (as :class:`ScoreVectors`
+    scores it). One query where a ranker would otherwise load messages and then score
+    them: it parses only what it ranks, and loads the hits it keeps.
+    """
+
+    key: Key
+    ids: tuple[str, ...]
+    model: str
+    vector: npt.NDArray[np.float32]
+    before: int = 0
+    after: int = 0
+    thread: str | None = "thread"
+
+
 VECTOR_OPS = (LoadAfter, PutVectors, LoadVectors)
 """The operations only a store that :attr:`~MemoryStore.supports_vectors` executes."""
 
-SEARCH_OPS = (SearchVectors, SearchText, ScoreVectors, CountMatches)
+SEARCH_OPS = (SearchVectors, SearchText, ScoreVectors, CountMatches, ScoreAround)
 """The operations only a store that :attr:`~MemoryStore.supports_search` executes."""
 
 
@@ -405,6 +452,7 @@ Op = (
     | SearchText
     | ScoreVectors
     | CountMatches
+    | ScoreAround
 )
 
 
@@ -549,6 +597,10 @@ def _validate(op: Op) -> None:
         _check_id_tuple("ids", op.ids)
     elif isinstance(op, CountMatches):
         _validate_count(op)
+    elif isinstance(op, ScoreAround):
+        _validate(LoadAround(op.key, op.ids, op.before, op.after, op.thread))
+        _check_model(op.model)
+        _check_query_vector(op.vector)
     else:
         raise TypeError(f"unknown store operation {op!r}")
 
@@ -658,6 +710,22 @@ def _validate_count(op: CountMatches) -> None:
     _check_keys_filter(op.keys, op.namespace)
 
 
+def _check_weights(weights: object) -> None:
+    if not isinstance(weights, tuple):
+        raise TypeError(f"weights must be a tuple of (word, weight), got {type(weights).__name__}")
+    if len(weights) > MAX_COUNT_WORDS:
+        raise ValueError(f"weights holds {len(weights)} words; the limit is {MAX_COUNT_WORDS}")
+    for i, pair in enumerate(weights):
+        ok = isinstance(pair, tuple) and len(pair) == 2
+        word, weight = pair if ok else (None, None)
+        if not (isinstance(word, str) and word.strip() and len(word) <= MAX_QUERY_CHARS):
+            raise ValueError(f"weights[{i}]: the word must be a non-blank string, got {pair!r:.80}")
+        if isinstance(weight, bool) or not isinstance(weight, int | float):
+            raise ValueError(f"weights[{i}]: the weight must be a number, got {pair!r:.80}")
+        if not math.isfinite(weight) or weight < 0:
+            raise ValueError(f"weights[{i}]: the weight must be finite and >= 0, got {weight!r}")
+
+
 def _validate_search(op: SearchVectors | SearchText) -> None:
     if isinstance(op, SearchVectors):
         _check_model(op.model)
@@ -669,6 +737,7 @@ def _validate_search(op: SearchVectors | SearchText) -> None:
             raise ValueError(
                 f"query is {len(op.query)} characters long; the limit is {MAX_QUERY_CHARS}"
             )
+        _check_weights(op.weights)
     if isinstance(op.k, bool) or not isinstance(op.k, int) or not 1 <= op.k <= MAX_SEARCH_K:
         raise ValueError(f"k must be an int from 1 to {MAX_SEARCH_K}, got {op.k!r}")
     _check_keys_filter(op.keys, op.namespace)

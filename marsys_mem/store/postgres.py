@@ -109,6 +109,7 @@ from marsys_mem.store.base import (
     Op,
     PutVectors,
     SaveRun,
+    ScoreAround,
     ScoreVectors,
     SearchText,
     SearchVectors,
@@ -168,6 +169,8 @@ def _bound_waits(conn: Connection, deadline: float, *, xid: bool = False) -> str
         _WAIT_BOUNDS_XID if xid else _WAIT_BOUNDS, (str(ms), str(ms + 250))
     ).fetchone()
     return str(row[2]) if xid and row and row[2] is not None else None
+
+
 _KEY_WHERE = "namespace = %s AND agent = %s AND branch = %s"
 _KEY_ID = f"(SELECT id FROM marsys_keys WHERE {_KEY_WHERE})"  # noqa: S608 (SQL from constants; values bound)
 
@@ -959,6 +962,8 @@ class _Prepared:
             return postgres_search.load_around(conn, op)
         if isinstance(op, ScoreVectors) and self.search is not None:
             return postgres_search.score_vectors(conn, self.search, op)
+        if isinstance(op, ScoreAround) and self.search is not None:
+            return postgres_search.score_around(conn, self.search, op)
         if isinstance(op, CountMatches):
             return postgres_search.count_matches(conn, op)
         raise TypeError(f"unknown store operation {op!r}")  # pragma: no cover

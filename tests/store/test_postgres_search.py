@@ -17,7 +17,7 @@ import pytest
 from marsys_mem import Message
 from marsys_mem.exceptions import StoreError
 from marsys_mem.store import postgres_search, postgres_vectors
-from marsys_mem.store.base import Append, PutVectors, SearchVectors
+from marsys_mem.store.base import Append, CountMatches, PutVectors, SearchText, SearchVectors
 from marsys_mem.store.postgres import MIGRATIONS, PostgresStore, _Prepared
 from marsys_mem.testing.conformance.search import unit_vectors
 from marsys_mem.testing.postgres import PostgresServer
@@ -166,8 +166,9 @@ def test_a_filtered_search_over_the_index_still_returns_k(pgvector_dsn: str) -> 
     op = SearchVectors(MODEL, query, 10, keys=(OTHER, silent))
     with psycopg.connect(pgvector_dsn, autocommit=True) as conn:
         setup = postgres_search.SearchSetup("public")
-        dim = postgres_search.prepare_search(conn, op)
-        key_ids, count = postgres_search.key_filter(conn, op.keys, None)
+        dim, key_ids, count = postgres_search.prepare_search(conn, op)
+        assert (key_ids, count) == postgres_search.key_filter(conn, op.keys, None)
+        assert dim is not None
         assert count >= postgres_search.EXACT_BELOW  # so search_vectors uses the index
         conn.execute("ANALYZE")
         conn.execute("SET enable_sort = off")  # the planner may sort a small filter; not here
@@ -211,3 +212,34 @@ def test_a_host_opened_later_searches_at_once(pgvector_dsn: str) -> None:
             assert reader.search_vectors(MODEL, vectors[17], 1)[0].message_id == "f17"
             writer.delete_messages(KEY, ["f17"])
             assert "f17" not in {h.message_id for h in reader.search_vectors(MODEL, vectors[17], 5)}
+
+
+def test_weighted_keywords_rank_a_rare_word_first_and_counts_scale(pgvector_dsn: str) -> None:
+    """SearchText's weights (BM25's idfs) rank by word; CountMatches past EXACT_BELOW."""
+    with PostgresStore(pgvector_dsn) as store:
+        msgs = [Message.user(f"common chatter {i} common", message_id=f"c{i}") for i in range(30)]
+        msgs.append(Message.user("a rare word", message_id="r"))
+        store.append_messages(KEY, msgs)
+        weights = (("common", 0.05), ("rare", 3.0))
+        ranked = store.batch([SearchText("common rare", 3, (KEY,), weights=weights)])[0]
+        assert ranked[0].message_id == "r"
+        weights = (("common", 3.0), ("rare", 0.05))
+        ranked = store.batch([SearchText("common rare", 3, (KEY,), weights=weights)])[0]
+        assert "r" not in {h.message_id for h in ranked}
+        assert store.count_matches(["common", "rare", "the"], keys=[KEY]) == {
+            "common": 30,
+            "rare": 1,
+            "the": 0,
+        }
+    # a scope past EXACT_BELOW: a word the statistics call common is estimated, not counted
+    with psycopg.connect(pgvector_dsn, autocommit=True) as conn:
+        conn.execute("ANALYZE marsys_messages")
+        big = postgres_search.EXACT_BELOW
+        conn.execute("UPDATE marsys_keys SET n = %s WHERE agent = 'a'", (big,))
+        try:
+            op = CountMatches(("common", "rare"), (KEY,))
+            counts = postgres_search.count_matches(conn, op)
+        finally:
+            conn.execute("UPDATE marsys_keys SET n = 31 WHERE agent = 'a'")
+    assert counts["rare"] == 1  # below the statistics' threshold: counted
+    assert counts["common"] == round(big * 30 / 31)  # by the statistics: estimated

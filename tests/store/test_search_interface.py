@@ -77,6 +77,23 @@ def test_bad_search_input_is_named_before_anything_runs(call, match: str) -> Non
         call(store)
 
 
+@pytest.mark.parametrize(
+    ("weights", "match"),
+    [
+        ([("car", 1.0)], "weights must be a tuple"),
+        ((("car", -1.0),), "weights\\[0\\]: the weight must be finite and >= 0"),
+        ((("car", float("inf")),), "weights\\[0\\]: the weight must be finite"),
+        ((("car", True),), "weights\\[0\\]: the weight must be a number"),
+        ((("", 1.0),), "weights\\[0\\]: the word must be a non-blank"),
+        ((("car",),), "weights\\[0\\]: the word must be"),
+        (tuple((f"w{i}", 1.0) for i in range(65)), "weights holds 65 words"),
+    ],
+)
+def test_bad_keyword_weights_are_named(weights: object, match: str) -> None:
+    with InMemoryStore() as store, pytest.raises((ValueError, TypeError), match=match):
+        store.batch([SearchText("car", 3, weights=weights)])  # type: ignore[arg-type]
+
+
 def test_ops_are_frozen_records() -> None:
     op = SearchText("hi", 3)
     with pytest.raises(AttributeError):
