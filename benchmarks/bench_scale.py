@@ -372,6 +372,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--ingest-only", action="store_true", help="fill the databases, measure no host"
     )
+    parser.add_argument(
+        "--corpus",
+        type=int,
+        default=0,
+        help="generate this many turns (default: the largest size), so runs over different "
+        "sizes share one corpus and one --data folder",
+    )
     args = parser.parse_args(argv)
     import torch
     from bench_recall import VectorCache
@@ -384,7 +391,7 @@ def main(argv: list[str] | None = None) -> None:
     sizes = sorted(int(s) for s in args.sizes.split(","))
     sqlite_sizes = {int(s) for s in args.sqlite_sizes.split(",") if s}
     systems = args.systems.split(",")
-    corpus = generate(max(sizes), 7)
+    corpus = generate(max(max(sizes), args.corpus), 7)
     model = SentenceTransformerEmbedder(cache_size=0)
     cache = VectorCache(model, args.cache_dir)
     cache.warm([q.text for q in corpus.questions], "questions")
