@@ -160,11 +160,16 @@ def _trip_and_look_alikes(mem: RAGMemory) -> list[str]:
 def test_the_thread_the_query_is_about_outranks_look_alike_lines():
     query = "What did Maya say about her trip to Lisbon?"
     # the keyword side alone: each look-alike line matches both names and is shorter than
-    # Maya's own turn, but her thread matches the query over three turns
+    # Maya's own turn, but her thread matches the query over three turns (the speaker cue
+    # off: it lifts Maya's own turns on its own, below)
     opts = {"background": False, "dense_weight": 0.0, "context_weight": 0.0, "reply_weight": 0.0}
-    with RAGMemory(HashingEmbedder(), thread_weight=0.0, **opts) as mem:
+    with RAGMemory(HashingEmbedder(), thread_weight=0.0, speaker_weight=0.0, **opts) as mem:
         trip = _trip_and_look_alikes(mem)
         assert mem.search(query, k=1)[0].text == LOOK_ALIKE
+    with RAGMemory(HashingEmbedder(), thread_weight=0.0, **opts) as mem:  # "Maya" names her
+        trip = _trip_and_look_alikes(mem)
+        assert mem.search(query, k=1)[0].message.name == "maya"
+    opts["speaker_weight"] = 0.0
     for weight, expected in ((0.5, [0]), (2.0, [0, 4, 2])):
         with RAGMemory(HashingEmbedder(), thread_weight=weight, **opts) as mem:
             trip = _trip_and_look_alikes(mem)
