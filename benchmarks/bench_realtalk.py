@@ -413,22 +413,35 @@ def run_steps(
     return rows
 
 
+def paired_ci(before: Scores, after: Scores, column: str = "Hit@10") -> tuple[float, float]:
+    """95% bootstrap interval of the mean paired difference (same questions, same order)."""
+    i = Scores.COLUMNS.index(column)
+    diff = np.array([b[i] - a[i] for (_, a), (_, b) in zip(before.rows, after.rows, strict=True)])
+    rng = np.random.default_rng(27)
+    means = diff[rng.integers(0, len(diff), size=(2000, len(diff)))].mean(axis=1)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
 def step_table(rows: Sequence[tuple[Step, dict[str, Scores]]]) -> None:
     print("\n## Step table (hybrid, each row adds its change to the kept rows above it)\n")
+    print("Δ report: Hit@10 against the first row, with its 95% paired bootstrap interval.\n")
     print(
-        "| step | kept | tune Hit@10 | report Hit@10 | Δ report | tune R@10 | report R@10 | "
-        "report multi-hop AllS@10 | report MRR | what |"
+        "| step | kept | tune Hit@10 | report Hit@10 | Δ report (95% CI) | tune R@10 | "
+        "report R@10 | report multi-hop AllS@10 | report MRR | what |"
     )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
-    base = None
+    first = rows[0][1]["report"] if rows else None
     for step, s in rows:
         tune, rep = s["tune"], s["report"]
-        hit = rep.mean("Hit@10")
-        base = hit if base is None else base
+        assert first is not None
+        hit, base = rep.mean("Hit@10"), first.mean("Hit@10")
+        lo, hi = paired_ci(first, rep)
         print(
             f"| {step.name} | {'yes' if step.kept else 'no'} | {tune.mean('Hit@10'):.3f} | "
-            f"{hit:.3f} | {hit - base:+.3f} | {tune.mean('R@10'):.3f} | {rep.mean('R@10'):.3f} | "
-            f"{rep.mean('AllS@10', 1):.3f} | {rep.mean('MRR'):.3f} | {step.what} |"
+            f"{hit:.3f} | {hit - base:+.3f} ({lo:+.3f}..{hi:+.3f}) | {tune.mean('R@10'):.3f} | "
+            f"{rep.mean('R@10'):.3f} | {rep.mean('AllS@10', 1):.3f} | {rep.mean('MRR'):.3f} | "
+            f"{step.what} |"
         )
 
 
