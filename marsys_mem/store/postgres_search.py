@@ -59,8 +59,10 @@ __all__ = [
     "load_around",
     "migrate_search",
     "nearest",
+    "nearest_once",
     "open_search",
     "prepare_search",
+    "scans_exactly",
     "score_around",
     "score_vectors",
     "search_text",
@@ -81,7 +83,26 @@ KEYWORD_CHARS = 100_000
 is 1 MB; RAGMemory indexes no longer text either)."""
 
 EXACT_BELOW = 20_000
-"""Filtered searches over fewer candidate messages than this scan them exactly (no index)."""
+"""A filtered search over fewer candidate messages than this and less than a twentieth of
+the store scans them exactly (no index): the index would walk 20x k rows to find k that
+pass; over fewer than :data:`EXACT_ALWAYS_BELOW` it always does."""
+
+EXACT_ALWAYS_BELOW = 2_000
+"""A filtered search over fewer candidate messages than this scans them exactly."""
+
+
+def scans_exactly(candidates: int, total: int) -> bool:
+    """Whether a search filtered to ``candidates`` of ``total`` messages scans exactly.
+
+    Example:
+        >>> scans_exactly(1_500, 10_000), scans_exactly(10_000, 10_000)
+        (True, False)
+        >>> scans_exactly(10_000, 1_000_000), scans_exactly(30_000, 1_000_000)
+        (True, False)
+    """
+    return candidates < EXACT_ALWAYS_BELOW or (
+        candidates < EXACT_BELOW and candidates * 20 < total
+    )
 
 COUNT_EXACT = 1_000
 """Over a big scope, a word the planner's statistics put in at least this many of its
@@ -368,7 +389,10 @@ def _key_query(
     """The query of :func:`key_filter` and its parameters (``None``: no filter)."""
     if keys is None and namespace is None:
         return None
-    query = "SELECT coalesce(array_agg(id), '{}'), coalesce(sum(n), 0) FROM marsys_keys WHERE true"
+    query = (
+        "SELECT coalesce(array_agg(id), '{}') AS ids, coalesce(sum(n), 0) AS sum"
+        " FROM marsys_keys WHERE true"
+    )
     params: list[Any] = []
     if keys is not None:
         columns = [list(c) for c in zip(*keys, strict=True)] if keys else [[], [], []]
@@ -429,19 +453,94 @@ def search_vectors(
 ) -> tuple[SearchHit, ...]:
     """Run ``op``: the HNSW index (iterative scan when filtered), or an exact scan of few rows.
 
+    One statement (:func:`nearest_once`) sets the scan, resolves the key filter and
+    searches; only a search that returns fewer than ``k`` rows (an unknown model, another
+    dimension, few vectors, or an index scan that stopped early) looks further.
+
     Raises:
         ValueError: the query vector's dimension is not the one ``op.model`` is stored in.
     """
-    dim, key_ids, candidates = prepare_search(conn, op)
-    if dim is None:
+    rows = nearest_once(conn, setup, op)
+    if len(rows) >= op.k:
+        return _hits(rows)
+    dim, key_ids, candidates = prepare_search(conn, op)  # raises on another dimension
+    if dim is None or (key_ids is not None and not key_ids):
         return ()
-    if key_ids is not None and not key_ids:
-        return ()
-    exact = key_ids is not None and candidates < EXACT_BELOW
-    rows = nearest(conn, setup, op, dim, key_ids, exact=exact)
-    if len(rows) < op.k and not exact:  # the index scan stopped early: make sure, exactly
-        rows = nearest(conn, setup, op, dim, key_ids, exact=True)
-    return _hits(rows)
+    if key_ids is not None and scans_exactly(candidates, _total(conn)):
+        return _hits(rows)  # that was the exact scan
+    return _hits(nearest(conn, setup, op, dim, key_ids, exact=True))  # make sure, exactly
+
+
+def _total(conn: Connection) -> int:
+    row = conn.execute("SELECT coalesce(sum(n), 0) FROM marsys_keys").fetchone()
+    return int(row[0]) if row else 0
+
+
+def nearest_once(
+    conn: Connection, setup: SearchSetup, op: SearchVectors, *, explain: bool = False
+) -> list[tuple[Any, ...]]:
+    """:func:`prepare_search` and :func:`nearest` in one statement (one round trip).
+
+    The scan's settings are set by a one-time filter, which runs before the index scan's
+    first row (when pgvector reads them); the key filter is resolved in the statement, and
+    of the two ways to search (the HNSW index, or an exact scan of the keys' rows under
+    :func:`scans_exactly`'s count) the one its count picks runs. A model stored in another
+    dimension than ``op.vector``'s returns no rows (:func:`search_vectors` then says why).
+    """
+    dim = int(op.vector.shape[0])
+    distance = sql.SQL("(v.embedding::{t}) {op} %(q)s::{t}").format(
+        t=setup.halfvec(dim), op=setup.distance()
+    )
+    ready = sql.SQL(
+        "set_config('hnsw.ef_search', %(ef)s, false) IS NOT NULL"
+        " AND set_config('hnsw.iterative_scan', 'relaxed_order', false) IS NOT NULL"
+        " AND (SELECT dim FROM marsys_vector_models WHERE model = %(model)s) = %(dim)s"
+    )
+    params: dict[str, Any] = {
+        "q": literals(op.vector[None, :])[0],
+        "model": op.model,
+        "k": op.k,
+        "dim": dim,
+        "ef": str(min(1000, max(100, 2 * op.k))),
+        "exact": EXACT_BELOW,
+        "always": EXACT_ALWAYS_BELOW,
+    }
+    head = sql.SQL("EXPLAIN " if explain else "")
+    tail = sql.SQL(
+        " JOIN marsys_keys k ON k.id = c.key_id ORDER BY c.d, c.key_id, c.message_id"
+    )
+    found = _key_query(op.keys, op.namespace)
+    if found is None:
+        query = sql.SQL(
+            "{x}SELECT k.namespace, k.agent, k.branch, c.message_id, 1 - c.d FROM"
+            " (SELECT v.key_id, v.message_id, {d} AS d FROM marsys_vectors v"
+            " WHERE {ready} AND v.model = %(model)s ORDER BY {d} LIMIT %(k)s) AS c{tail}"
+        ).format(x=head, d=distance, ready=ready, tail=tail)
+        return conn.execute(query, params, prepare=False).fetchall()
+    keys_sql, keys_params = found
+    for n, value in enumerate(keys_params):
+        params[f"p{n}"] = value
+    parts = keys_sql.split("%s")  # named parameters, for one dict
+    keys_sql = parts[0] + "".join(f"%(p{n})s{rest}" for n, rest in enumerate(parts[1:]))
+    keys_sql = keys_sql.replace("{", "{{").replace("}", "}}")  # literal braces in a template
+    keys_sql = keys_sql.replace(
+        " FROM marsys_keys WHERE", ", (SELECT coalesce(sum(n), 0) FROM marsys_keys) AS total"
+        " FROM marsys_keys WHERE", 1
+    )
+    exact = "(kf.sum < %(always)s OR (kf.sum < %(exact)s AND kf.sum * 20 < kf.total))"
+    # the same two searches as nearest(): the index (its filter hidden from the planner's
+    # estimate by coalesce) and the exact scan by the keys' index ("+ 0" hides the HNSW one)
+    query = sql.SQL(
+        "{x}WITH kf AS MATERIALIZED (" + keys_sql + ")"  # noqa: S608 (SQL from constants; values bound)
+        " SELECT k.namespace, k.agent, k.branch, c.message_id, 1 - c.d FROM kf CROSS JOIN"
+        " LATERAL ((SELECT v.key_id, v.message_id, {d} AS d FROM marsys_vectors v"
+        " WHERE NOT " + exact + " AND {ready} AND v.model = %(model)s"
+        " AND coalesce((v.key_id + 0) = ANY(kf.ids), false) ORDER BY {d} LIMIT %(k)s)"
+        " UNION ALL (SELECT v.key_id, v.message_id, {d} AS d FROM marsys_vectors v"
+        " WHERE " + exact + " AND {ready} AND v.model = %(model)s"
+        " AND v.key_id = ANY(kf.ids) ORDER BY ({d}) + 0 LIMIT %(k)s)) AS c{tail}"
+    ).format(x=head, d=distance, ready=ready, tail=tail)
+    return conn.execute(query, params, prepare=False).fetchall()
 
 
 def nearest(
