@@ -903,7 +903,8 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
                 return text.result() if depth == first else self._text_pages(query, depth)
 
             around = (self._context_window() or (0, 0)) if mode == "hybrid" else None
-            found = self._search_store(query, qvec, pages, depth, around=around)
+            keyword = pages if text is not None else None
+            found = self._search_store(query, qvec, keyword, depth, around=around)
             if mode == "dense":
                 ranked: Sequence[Candidate] = [(mid, c, c, None) for mid, c in found.dense]
             elif mode == "bm25":

@@ -38,7 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from marsys_mem.exceptions import MessageNotFoundError
-from marsys_mem.model.messages import Message
+from marsys_mem.model.messages import MESSAGE_LIST_ADAPTER, Message
 from marsys_mem.retrieval.bm25 import BM25Index, score_with_stats, tokenize
 from marsys_mem.retrieval.embeddings import Embedder
 from marsys_mem.store.base import (
@@ -52,7 +52,9 @@ from marsys_mem.store.base import (
     MemoryStore,
     ScoreAround,
     ScoreVectors,
+    SearchHit,
     SearchText,
+    SearchVectors,
     TurnRow,
 )
 
@@ -70,6 +72,7 @@ __all__ = [
     "idf",
     "informative",
     "may_match",
+
     "query_words",
     "text_pages",
 ]
@@ -393,7 +396,7 @@ class StoreSearch:
         self,
         query: str,
         qvec: npt.NDArray[np.float32] | None,
-        text_pages: Callable[[], TextPages | None],
+        text_pages: Callable[[], TextPages | None] | None,
         depth: int,
         *,
         around: tuple[int, int] | None = None,
@@ -401,26 +404,37 @@ class StoreSearch:
         """The store's ``depth`` best candidates on each side, their messages and scores.
 
         ``qvec``: the query's vector (``None``: no dense side); ``text_pages()``: the
-        keyword matches (``None``: no keyword side), asked for after the dense search (it
-        may be under way in another thread meanwhile); ``around``: how many turns before
-        and after each candidate in its thread to read too (``LoadAround``), each with
-        its cosine and keyword score.
+        keyword matches (``text_pages`` ``None``: no keyword side), asked for after the
+        dense search (it may be under way in another thread meanwhile); ``around``: how
+        many turns before and after each candidate in its thread to read too, each with
+        its cosine and keyword score (``ScoreAround``). A dense search alone (no keyword
+        side, no turns around) reads its hits' messages with them (``with_data``).
         """
         assert self.store is not None
         dense: list[tuple[str, float]] = []
         dense_done = True
+        alone = around is None and text_pages is None
+        stored: list[str] = []
         if qvec is not None:
             assert self.embedder is not None
-            hits = self.store.search_vectors(self.embedder.name, qvec[0], depth, keys=(self.key,))
+            # alone, the dense hits are the result: their messages come with them
+            search = SearchVectors(
+                self.embedder.name, qvec[0], depth, (self.key,), with_data=alone
+            )
+            hits: tuple[SearchHit, ...] = self.store.batch([search])[0]
             dense = [(h.message_id, h.score) for h in hits]
             dense_done = len(dense) < depth
+            stored = [h.data for h in hits if h.data is not None]
         cosines = dict(dense)
-        pages = text_pages()
+        pages = text_pages() if text_pages is not None else None
         matched = pages.ids() if pages is not None else []
         ids = list(dict.fromkeys([mid for mid, _ in dense] + matched))
         messages: Mapping[str, TurnLike] = {}
         light = qvec is not None and around is not None
-        if light and ids:  # the turns and their cosines in one query, parsed lightly
+        if ids and len(stored) == len(ids):  # every hit came with its message
+            parsed = MESSAGE_LIST_ADAPTER.validate_json("[" + ",".join(stored) + "]")
+            messages = {m.message_id: m for m in parsed}
+        elif light and ids:  # the turns and their cosines in one query, parsed lightly
             assert qvec is not None
             assert around is not None
             assert self.embedder is not None

@@ -310,6 +310,8 @@ class SearchHit:
     key: Key
     message_id: str
     score: float
+    data: str | None = None
+    """The message as stored (its JSON), when the search was asked for it (``with_data``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,7 +321,8 @@ class SearchVectors:
     By cosine similarity, best first. ``vector``: a finite ``float32`` array of shape
     ``(dim,)``, ``dim`` the one the store holds ``model`` in (else ValueError); an unknown
     model has no hits. ``keys``: only messages of those keys (``()``: none); ``namespace``:
-    only keys of that namespace; both ``None``: the whole store.
+    only keys of that namespace; both ``None``: the whole store. ``with_data``: each hit
+    carries its message's stored JSON (:attr:`SearchHit.data`), read in the same query.
     """
 
     model: str
@@ -327,6 +330,7 @@ class SearchVectors:
     k: int
     keys: tuple[Key, ...] | None = None
     namespace: str | None = None
+    with_data: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -730,6 +734,8 @@ def _validate_search(op: SearchVectors | SearchText) -> None:
     if isinstance(op, SearchVectors):
         _check_model(op.model)
         _check_query_vector(op.vector)
+        if not isinstance(op.with_data, bool):
+            raise TypeError(f"with_data must be a bool, got {op.with_data!r}")
     else:
         if not isinstance(op.query, str) or not op.query.strip():
             raise ValueError(f"query must be a non-blank string, got {op.query!r:.80}")

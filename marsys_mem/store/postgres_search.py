@@ -408,7 +408,15 @@ def _key_query(
 
 
 def _hits(rows: list[tuple[Any, ...]]) -> tuple[SearchHit, ...]:
-    return tuple(SearchHit((str(r[0]), str(r[1]), str(r[2])), str(r[3]), float(r[4])) for r in rows)
+    return tuple(
+        SearchHit(
+            (str(r[0]), str(r[1]), str(r[2])),
+            str(r[3]),
+            float(r[4]),
+            str(r[5]) if len(r) > 5 and r[5] is not None else None,
+        )
+        for r in rows
+    )
 
 
 def prepare_search(
@@ -509,13 +517,21 @@ def nearest_once(
     tail = sql.SQL(
         " JOIN marsys_keys k ON k.id = c.key_id ORDER BY c.d, c.key_id, c.message_id"
     )
+    data = sql.SQL(", m.data" if op.with_data else "")
+    if op.with_data:  # each hit's message, by its unique index, in the same query
+        tail = sql.SQL(
+            " JOIN marsys_keys k ON k.id = c.key_id CROSS JOIN LATERAL (SELECT m.data"
+            " FROM marsys_messages m WHERE m.key_id = c.key_id"
+            ' AND m.message_id = (c.message_id COLLATE "C") LIMIT 1) AS m'
+            " ORDER BY c.d, c.key_id, c.message_id"
+        )
     found = _key_query(op.keys, op.namespace)
     if found is None:
         query = sql.SQL(
-            "{x}SELECT k.namespace, k.agent, k.branch, c.message_id, 1 - c.d FROM"
+            "{x}SELECT k.namespace, k.agent, k.branch, c.message_id, 1 - c.d{data} FROM"
             " (SELECT v.key_id, v.message_id, {d} AS d FROM marsys_vectors v"
             " WHERE {ready} AND v.model = %(model)s ORDER BY {d} LIMIT %(k)s) AS c{tail}"
-        ).format(x=head, d=distance, ready=ready, tail=tail)
+        ).format(x=head, d=distance, ready=ready, tail=tail, data=data)
         return conn.execute(query, params, prepare=False).fetchall()
     keys_sql, keys_params = found
     for n, value in enumerate(keys_params):
@@ -532,14 +548,14 @@ def nearest_once(
     # estimate by coalesce) and the exact scan by the keys' index ("+ 0" hides the HNSW one)
     query = sql.SQL(
         "{x}WITH kf AS MATERIALIZED (" + keys_sql + ")"  # noqa: S608 (SQL from constants; values bound)
-        " SELECT k.namespace, k.agent, k.branch, c.message_id, 1 - c.d FROM kf CROSS JOIN"
+        " SELECT k.namespace, k.agent, k.branch, c.message_id, 1 - c.d{data} FROM kf CROSS JOIN"
         " LATERAL ((SELECT v.key_id, v.message_id, {d} AS d FROM marsys_vectors v"
         " WHERE NOT " + exact + " AND {ready} AND v.model = %(model)s"
         " AND coalesce((v.key_id + 0) = ANY(kf.ids), false) ORDER BY {d} LIMIT %(k)s)"
         " UNION ALL (SELECT v.key_id, v.message_id, {d} AS d FROM marsys_vectors v"
         " WHERE " + exact + " AND {ready} AND v.model = %(model)s"
         " AND v.key_id = ANY(kf.ids) ORDER BY ({d}) + 0 LIMIT %(k)s)) AS c{tail}"
-    ).format(x=head, d=distance, ready=ready, tail=tail)
+    ).format(x=head, d=distance, ready=ready, tail=tail, data=data)
     return conn.execute(query, params, prepare=False).fetchall()
 
 

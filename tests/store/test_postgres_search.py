@@ -243,3 +243,21 @@ def test_weighted_keywords_rank_a_rare_word_first_and_counts_scale(pgvector_dsn:
             conn.execute("UPDATE marsys_keys SET n = 31 WHERE agent = 'a'")
     assert counts["rare"] == 1  # below the statistics' threshold: counted
     assert counts["common"] == round(big * 30 / 31)  # by the statistics: estimated
+
+
+def test_a_dense_search_can_return_its_messages(pgvector_dsn: str) -> None:
+    """with_data: each hit carries its stored message, read in the search's own query."""
+    vectors = unit_vectors(30, dim=8, seed=3)
+    with PostgresStore(pgvector_dsn) as store:
+        msgs = [Message.user(f"note {i}", message_id=f"n{i}", name="ana") for i in range(30)]
+        store.append_messages(KEY, msgs)
+        store.put_vectors(KEY, MODEL, [m.message_id for m in msgs], vectors)
+        for keys in ((KEY,), None):  # filtered (exact scan of a small key) and not (index)
+            op = SearchVectors(MODEL, vectors[4], 3, keys, with_data=True)
+            hits = store.batch([op])[0]
+            assert hits[0].message_id == "n4"
+            assert hits[0].data is not None
+            assert Message.model_validate_json(hits[0].data) == msgs[4]
+        assert store.search_vectors(MODEL, vectors[4], 1)[0].data is None  # not asked
+        with pytest.raises(TypeError, match="with_data must be a bool"):
+            store.batch([SearchVectors(MODEL, vectors[4], 3, with_data=1)])  # type: ignore[arg-type]
