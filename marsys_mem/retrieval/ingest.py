@@ -51,7 +51,7 @@ from marsys_mem.retrieval.embeddings import (
     text_lengths,
 )
 
-__all__ = ["EXIT_TIMEOUT", "EmbeddingQueue", "OnVectors"]
+__all__ = ["EXIT_TIMEOUT", "LINGER_SPAN", "EmbeddingQueue", "OnVectors"]
 
 log = logging.getLogger("marsys_mem.retrieval.ingest")
 
@@ -66,6 +66,9 @@ A batch of 64 short texts takes MiniLM about a second on a free core, but 5-10 s
 cores shared by several busy processes (measured), and longer texts take longer: the
 margin is wide because the alternative is an abort. A worker still busy when the time is
 up is left running and logged (the process may then abort as it finalizes)."""
+
+LINGER_SPAN = 20
+"""The longest wait for a burst of texts to end, in ``linger`` periods (1 s by default)."""
 
 _live: weakref.WeakSet[EmbeddingQueue] = weakref.WeakSet()  # open queues
 _live_lock = threading.Lock()
@@ -100,9 +103,10 @@ class EmbeddingQueue:
 
     Batching: texts often arrive one at a time (a conversation, ``RAGMemory.add`` in a loop).
     A worker that embedded whatever was there would run the model on batches of one or two,
-    at a fraction of its batch throughput. So when fewer than ``batch_size`` texts are
-    waiting, the worker lingers up to ``linger`` seconds for more, unless a :meth:`flush`
-    (or :meth:`close`) is waiting: nobody waits on a lingering batch.
+    at a fraction of its batch throughput, and one that took the first ``batch_size`` of a
+    burst would pad them in arrival order. So the worker lingers while texts keep coming:
+    until they pause for ``linger`` seconds, the window is full, or :data:`LINGER_SPAN`
+    lingers have passed; never while a :meth:`flush` (or :meth:`close`) is waiting.
 
     An error drops its batch (those keys get no vectors; the rest of the window is
     delivered) and the worker carries on.
@@ -279,16 +283,28 @@ class EmbeddingQueue:
             self._deliver(batch)
 
     def _linger_locked(self) -> None:
-        """Wait (lock held, released while waiting) up to ``linger`` s for a full batch."""
-        full = min(self._batch_size, self._max_pending)
+        """Wait (lock held, released while waiting) for more texts while they keep coming.
+
+        A lone text waits at most ``linger`` s for company. Texts that keep arriving (a
+        chat's history, ``add`` in a loop) are waited for until they pause for ``linger``
+        s, the window is full, or :data:`LINGER_SPAN` lingers have passed, so the window
+        is composed from the whole burst instead of its first batch in arrival order.
+        """
+        full = min(self._window, self._max_pending)
         if len(self._items) >= full or self._linger <= 0:
             return
-        deadline = time.monotonic() + self._linger
+        now = time.monotonic()
+        cap = now + LINGER_SPAN * self._linger
+        deadline = now + self._linger
+        seen = self._submitted
         while len(self._items) < full and not self._closing and not self._flushers:
-            remaining = deadline - time.monotonic()
+            remaining = min(deadline, cap) - time.monotonic()
             if remaining <= 0:
                 return
             self._has_items.wait(remaining)
+            if self._submitted != seen:  # more came: wait for the next pause
+                seen = self._submitted
+                deadline = time.monotonic() + self._linger
 
     def _deliver(self, window: list[tuple[str, str]], *, cancellable: bool = True) -> None:
         """Embed a window in batches of similar lengths; hand its vectors to ``on_vectors``.

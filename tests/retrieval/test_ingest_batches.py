@@ -190,3 +190,16 @@ def test_minilm_token_counts_agree_across_backends():
     assert counts["torch"][:2] == [3, 2]  # [CLS] ok [SEP]; [CLS] [SEP]
     assert counts["torch"][3] == 256  # truncated to the model's window
     assert counts.get("onnx", counts["torch"]) == counts["torch"]
+
+
+def test_a_burst_of_single_submits_is_composed_as_one_window():
+    rec = Recorder()
+    keys, _, sink = collect()
+    with EmbeddingQueue(rec, sink, batch_size=8, linger=0.5) as q:  # type: ignore[arg-type]
+        for i, text in enumerate(TEXTS):  # one by one, faster than the linger
+            q.submit(f"k{i}", text)
+        assert rec.started.wait(10)  # no flush: the worker went when the burst paused
+        q.flush()
+    assert sum(len(b) for b in rec.batches) == len(TEXTS)
+    assert sorted_across(rec.batches, len)  # all of it sorted, not the first 8 as they came
+    assert keys == [f"k{i}" for i in range(len(TEXTS))]
