@@ -72,8 +72,8 @@ __all__ = [
     "idf",
     "informative",
     "may_match",
-
     "query_words",
+    "term_pattern",
     "text_pages",
 ]
 
@@ -325,8 +325,18 @@ def may_match(terms: Sequence[str], text: str) -> bool:
         >>> may_match(["park", "city"], "Parking in the cities"), may_match(["car"], "a bus")
         (True, False)
     """
-    flat = text.lower().replace("'", "")
-    return any((t[:-1] if len(t) > 1 and t.endswith("y") else t) in flat for t in terms)
+    return term_pattern(terms).search(text.lower().replace("'", "")) is not None
+
+
+def term_pattern(terms: Sequence[str]) -> re.Pattern[str]:
+    """What :func:`may_match` looks for in a lower-cased text: any of ``terms``' stems.
+
+    Example:
+        >>> term_pattern(["city", "car"]).pattern
+        'cit|car'
+    """
+    stems = [t[:-1] if len(t) > 1 and t.endswith("y") else t for t in terms]
+    return re.compile("|".join(re.escape(t) for t in stems) if stems else r"(?!)")
 
 
 LENGTH_SAMPLE = 32
@@ -471,7 +481,8 @@ class StoreSearch:
         terms = list(query_words(query))
         sample = [texts[mid] for mid in itertools.islice(texts, LENGTH_SAMPLE)]
         average = sum(len(tokenize(t)) for t in sample) / max(len(sample), 1)
-        hold = [mid for mid, t in texts.items() if may_match(terms, t)]
+        pattern = term_pattern(terms)  # may_match, compiled once for all the texts
+        hold = [mid for mid, t in texts.items() if pattern.search(t.lower().replace("'", ""))]
         scores = score_with_stats(
             query,
             [texts[mid] for mid in hold],
