@@ -97,6 +97,7 @@ from marsys_mem.retrieval.ingest import EmbeddingQueue
 from marsys_mem.store import InMemoryStore, MemoryStore, SQLiteStore
 
 if _typing.TYPE_CHECKING:  # loaded on first use (__getattr__): lower layers need no workflow
+    from marsys_mem.front import Memory
     from marsys_mem.workflow import (
         Workflow,
         WorkflowReport,
@@ -107,24 +108,30 @@ if _typing.TYPE_CHECKING:  # loaded on first use (__getattr__): lower layers nee
 
 __version__ = "0.1.0"
 
-_LAZY = frozenset({"Workflow", "WorkflowReport", "arun_workflow", "load_workflow", "run_workflow"})
+_LAZY = {
+    "Memory": "marsys_mem.front",
+    **dict.fromkeys(
+        ("Workflow", "WorkflowReport", "arun_workflow", "load_workflow", "run_workflow"),
+        "marsys_mem.workflow",
+    ),
+}
 
 
 def __getattr__(name: str) -> _typing.Any:
-    """The workflow names, imported on first use (PEP 562).
+    """The workflow names and the front door, imported on first use (PEP 562).
 
     ``import marsys_mem.patterns`` or ``marsys_mem.coordination`` then loads no workflow
-    or CLI code; ``from marsys_mem import run_workflow`` works as before.
+    or CLI code; ``from marsys_mem import run_workflow, Memory`` works as before.
     """
     if name in _LAZY:
-        value = getattr(_importlib.import_module("marsys_mem.workflow"), name)
+        value = getattr(_importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'marsys_mem' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | _LAZY)
+    return sorted(set(globals()) | set(_LAZY))
 
 __all__ = [
     "MESSAGE_LIST_ADAPTER",
@@ -155,6 +162,7 @@ __all__ = [
     "IndexCorruptError",
     "InvalidNameError",
     "MarsysMemError",
+    "Memory",
     "MemoryConfig",
     "MemoryEvent",
     "MemoryManager",

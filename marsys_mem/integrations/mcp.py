@@ -32,23 +32,17 @@ from typing import Annotated, Any, Literal, ParamSpec, TypeVar
 
 from pydantic import AfterValidator, Field, ValidationError
 
-from marsys_mem.config.models import RetentionPolicy
-from marsys_mem.context.policy import ContextWindow
-from marsys_mem.coordination import BranchGraph, Coordinator, InProcessTransport, inbox_key
+from marsys_mem.coordination import BranchGraph, Coordinator
 from marsys_mem.exceptions import (
     ConfigError,
-    DuplicateMessageError,
     MarsysMemError,
     MissingDependencyError,
 )
+from marsys_mem.front import MAX_FACT, MAX_TEXT, Memory
 from marsys_mem.manager import MemoryManager
-from marsys_mem.model.facts import FactScope, SharedFact, fact_message, fact_of_message
-from marsys_mem.model.messages import Message, to_llm_format
+from marsys_mem.model.facts import FactScope
 from marsys_mem.model.names import NAME_PATTERN, validate_name
-from marsys_mem.patterns.rag import RAGMemory, ScoredMessage, SearchMode
-from marsys_mem.retrieval.embeddings import Embedder, HashingEmbedder, default_embedder
-from marsys_mem.store import InMemoryStore
-from marsys_mem.store.keys import facts_key, parse_key
+from marsys_mem.patterns.rag import SearchMode
 
 try:
     import uvicorn
@@ -74,8 +68,6 @@ log = logging.getLogger("marsys_mem.integrations.mcp")
 Transport = Literal["stdio", "http"]
 """How the server talks to its client: stdio (a spawned process) or streamable HTTP."""
 
-_MAX_TEXT = 100_000
-_MAX_FACT = 20_000
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -113,8 +105,8 @@ SubjectName = Annotated[
     AfterValidator(_subject),
     Field(pattern=NAME_PATTERN, description="whom the conversation is with (the user)"),
 ]
-Text = Annotated[str, Field(min_length=1, max_length=_MAX_TEXT), AfterValidator(_not_blank)]
-FactText = Annotated[str, Field(min_length=1, max_length=_MAX_FACT), AfterValidator(_not_blank)]
+Text = Annotated[str, Field(min_length=1, max_length=MAX_TEXT), AfterValidator(_not_blank)]
+FactText = Annotated[str, Field(min_length=1, max_length=MAX_FACT), AfterValidator(_not_blank)]
 MessageId = Annotated[str, Field(min_length=1, max_length=200)]
 
 
@@ -131,25 +123,6 @@ def _tool_errors(fn: Callable[_P, Awaitable[_T]]) -> Callable[_P, Awaitable[_T]]
             raise ToolError(str(exc)) from exc
 
     return wrapper
-
-
-def _hit(hit: ScoredMessage) -> dict[str, Any]:
-    m = hit.message
-    return {
-        "rank": hit.rank,
-        "id": m.message_id,
-        "role": m.role,
-        "text": m.text,
-        "score": round(hit.score, 6),
-        "dense_score": None if hit.dense_score is None else round(hit.dense_score, 6),
-        "bm25_score": None if hit.bm25_score is None else round(hit.bm25_score, 6),
-        "timestamp": m.timestamp.isoformat(),
-    }
-
-
-def _message(m: Message) -> dict[str, Any]:
-    data: dict[str, Any] = m.model_dump(mode="json", exclude_none=True)
-    return data
 
 
 # ---------------------------------------------------------------------------- the server
@@ -193,17 +166,8 @@ class MemoryServer:
             raise TypeError(f"manager must be a MemoryManager, got {type(manager).__name__}")
         if auth is not None and not isinstance(auth, TokenAuth):
             raise TypeError(f"auth must be a TokenAuth, got {type(auth).__name__}")
-        self.manager = manager
+        self.memory = Memory(manager, own_manager=own_manager)
         self.auth = auth
-        self.own_manager = own_manager
-        self.graph = BranchGraph()
-        self.graph.add_branch("main", agents=list(manager.config.agents))
-        self.coordinator: Coordinator | None = None
-        self._recorded: set[tuple[str, str]] | None = None  # (branch, fact id) in the store
-        self._fallback: dict[tuple[str, str], RAGMemory] = {}
-        self._forgotten_facts: list[str] = []  # ids the last forget removed (for aforget)
-        self._embedders: dict[str, Embedder | None] = {}
-        self.closed = False
         self.mcp: MCPServer[Any] = MCPServer(
             name,
             instructions=(
@@ -232,19 +196,40 @@ class MemoryServer:
             manager.close()
             raise
 
-    # ------------------------------------------------------------------ membership
-    def _join(self, agent: str, branch: str) -> None:
-        """Put ``agent`` on ``branch`` in the graph (a new branch forks from ``main``)."""
-        graph = self.graph
-        if branch not in graph:
-            graph.fork("main", branch, agents=[agent])
-        elif agent not in graph.agents(branch):
-            graph.add_agent(branch, agent)
+    # ------------------------------------------------------------------ state (the Memory's)
+    @property
+    def manager(self) -> MemoryManager:
+        """The manager whose agents are served."""
+        return self.memory.manager
 
-    def _policy(self, agent: str) -> RetentionPolicy:
-        return self.manager.policy(agent)
+    @property
+    def own_manager(self) -> bool:
+        """Whether :meth:`close` closes the manager."""
+        return self.memory.own_manager
+
+    @property
+    def graph(self) -> BranchGraph:
+        """The branches and their agents (facts are shared by scope over it)."""
+        return self.memory.graph
+
+    @property
+    def coordinator(self) -> Coordinator | None:
+        """The coordinator, once started (``None`` before)."""
+        return self.memory.coordinator
+
+    @property
+    def closed(self) -> bool:
+        """Whether the server (and its :class:`Memory`) is closed."""
+        return self.memory.closed
+
+    @property
+    def durable(self) -> bool:
+        """Whether shared facts are recorded in the store (it outlives the process)."""
+        return self.memory.durable
 
     # ------------------------------------------------------------------ tools
+    # The operations are the front door's (:class:`~marsys_mem.front.Memory`); here the
+    # agent comes first and is named ``agent`` in errors, as the tools' argument is.
     def remember(
         self,
         agent: str,
@@ -258,80 +243,12 @@ class MemoryServer:
     ) -> dict[str, Any]:
         """Add a message to ``agent``'s memory, or (``kind="fact"``) a shared fact.
 
-        A fact goes through the manager's :class:`SharedMemoryPool` to every agent in use
-        (scope ``global``); for scoped sharing use :meth:`share_fact`. A fact's result
-        names the inboxes that hold it, as :meth:`share_fact`'s does: ``delivered_to``
-        (``agent`` on main, else ``agent@branch``, sorted) and ``delivered_count``.
+        :meth:`Memory.remember <marsys_mem.front.Memory.remember>` with ``user_id=agent``.
         """
         validate_name("agent", agent)
-        validate_name("branch", branch)
-        _not_blank(content)
-        if kind == "fact":
-            if len(content) > _MAX_FACT:
-                raise ValueError(f"content: a fact holds at most {_MAX_FACT} characters")
-            self.manager.memory(agent, branch)  # a pool member, so it receives facts too
-            self._join(agent, branch)
-            fact = self.manager.shared.share_insight(agent, content, branch=branch)
-            self._record(fact)
-            shared = self.manager.shared
-            reached = sorted(a for a in shared.agents if shared.has(a, fact.id))
-            return {
-                "kind": "fact",
-                "id": fact.id,
-                "agent": agent,
-                "branch": branch,
-                "text": fact.text,
-                "delivered_to": reached,
-                "delivered_count": len(reached),
-            }
-        if role not in ("user", "assistant", "system"):
-            raise ValueError(f"role must be user, assistant or system, got {role!r}")
-        fields: dict[str, Any] = {"pinned": pinned}
-        if name is not None:
-            fields["name"] = validate_name("name", name)
-        message = Message(role=role, content=content, **fields)
-        memory = self.manager.memory(agent, branch)
-        self._join(agent, branch)
-        mid = memory.add(message)
-        return {
-            "kind": "message",
-            "id": mid,
-            "agent": agent,
-            "branch": branch,
-            "role": role,
-            "messages": len(memory),
-            "persistent": self._policy(agent).is_persistent,
-        }
-
-    def _embedder(self, spelling: Literal["default", "hashing", "none"]) -> Embedder | None:
-        if spelling not in self._embedders:
-            if spelling == "hashing":
-                self._embedders[spelling] = HashingEmbedder()
-            elif spelling == "none":
-                self._embedders[spelling] = None
-            else:
-                self._embedders[spelling] = default_embedder()
-        return self._embedders[spelling]
-
-    def _fallback_rag(self, agent: str, branch: str) -> RAGMemory:
-        """A RAGMemory mirroring the agent's messages (for agents without a RAG pattern)."""
-        slot = (agent, branch)
-        rag = self._fallback.get(slot)
-        if rag is None:
-            emb = self._embedder(self._policy(agent).patterns.embedder)
-            rag = self._fallback[slot] = RAGMemory(emb)
-        wanted = {
-            m.message_id: m
-            for m in self.manager.memory(agent, branch)
-            if m.role != "system" and m.text.strip()
-        }
-        stale = [m.message_id for m in rag.messages() if m.message_id not in wanted]
-        if stale:
-            rag.remove(stale)
-        missing = [m for mid, m in wanted.items() if mid not in rag]
-        if missing:
-            rag.add_many(missing)
-        return rag
+        return self.memory.remember(
+            content, user_id=agent, role=role, kind=kind, branch=branch, name=name, pinned=pinned
+        )
 
     def recall(
         self,
@@ -344,39 +261,7 @@ class MemoryServer:
     ) -> dict[str, Any]:
         """The ``k`` messages of ``agent`` that best match ``query``, best first, scored."""
         validate_name("agent", agent)
-        validate_name("branch", branch)
-        _not_blank(query)
-        self.manager.sync()  # other processes' writes and deletions on the same store
-        patterns = self.manager.patterns(agent, branch)
-        self._join(agent, branch)
-        if patterns is not None and patterns.rag is not None:
-            rag, source = patterns.rag, "the agent's RAG pattern"
-        else:
-            rag, source = self._fallback_rag(agent, branch), "a RAGMemory over its messages"
-        hits = rag.search(query, k, mode=mode)
-        return {
-            "agent": agent,
-            "branch": branch,
-            "query": query,
-            "retriever": source,
-            "mode": mode or rag.mode,
-            "hits": [_hit(h) for h in hits],
-        }
-
-    def _window(self, agent: str, win: ContextWindow, branch: str) -> dict[str, Any]:
-        policy = self.manager.memory(agent, branch).policy
-        return {
-            "agent": agent,
-            "branch": branch,
-            "provider": "openai",
-            "messages": to_llm_format(list(win.messages), "openai"),
-            "tokens": win.tokens,
-            "max_tokens": policy.max_tokens,
-            "max_messages": policy.max_messages,
-            "strategy": win.strategy,
-            "dropped": win.dropped,
-            "history_messages": win.history_messages,
-        }
+        return self.memory.recall(query, user_id=agent, k=k, branch=branch, mode=mode)
 
     def context(
         self,
@@ -392,13 +277,7 @@ class MemoryServer:
         (``MemoryManager.context_for``).
         """
         validate_name("agent", agent)
-        validate_name("branch", branch)
-        if query is not None:
-            _not_blank(query)
-        self.manager.memory(agent, branch)
-        self._join(agent, branch)
-        win = self.manager.context_for(agent, query, branch=branch, subject=subject)
-        return self._window(agent, win, branch)
+        return self.memory.context(query, user_id=agent, branch=branch, subject=subject)
 
     async def acontext(
         self,
@@ -413,14 +292,7 @@ class MemoryServer:
         Starts the coordinator first, so the facts a store recorded reach the agent.
         """
         validate_name("agent", agent)
-        validate_name("branch", branch)
-        if query is not None:
-            _not_blank(query)
-        await self._coordinator()
-        self.manager.memory(agent, branch)
-        self._join(agent, branch)
-        win = await self.manager.acontext_for(agent, query, branch=branch, subject=subject)
-        return self._window(agent, win, branch)
+        return await self.memory.acontext(query, user_id=agent, branch=branch, subject=subject)
 
     def forget(
         self,
@@ -433,46 +305,17 @@ class MemoryServer:
     ) -> dict[str, Any]:
         """Delete messages by id (all or none), shared facts by id, or everything.
 
-        Messages leave the memory, the store (persistent agents) and everything derived
-        from them (RAG entries, episodes, tiers, learned facts). ``fact_ids``: shared facts
-        (``remember(kind="fact")``, ``share_fact``) leave every agent's shared facts and
-        the store. ``everything``: all the agent's messages on the branch, and every fact
-        it shared. Use :meth:`aforget` from async code to reach coordinators elsewhere.
+        :meth:`Memory.forget <marsys_mem.front.Memory.forget>` with ``user_id=agent``; use
+        :meth:`aforget` from async code to reach coordinators elsewhere.
         """
         validate_name("agent", agent)
-        validate_name("branch", branch)
-        if fact_ids is not None and not fact_ids:
-            raise ValueError("fact_ids: give at least one id, or leave it out")
-        removed: list[Message] = []
-        if message_ids is not None or everything:
-            removed = self.manager.forget(
-                agent, branch, message_ids=message_ids, everything=everything
-            )
-        elif fact_ids is None:
-            raise ValueError(
-                "forget needs message_ids, fact_ids or everything=true; got none of them"
-            )
-        facts: list[SharedFact] = []
-        if fact_ids:
-            facts += self.manager.forget_shared(fact_ids)
-        if everything:
-            facts += self.manager.forget_shared(sharer=agent)
-        if self._recorded is not None:
-            gone = {f.id for f in facts}
-            self._recorded = {r for r in self._recorded if r[1] not in gone}
-        ids = [m.message_id for m in removed]
-        memory = self.manager.memory(agent, branch)
-        fallback = self._fallback.get((agent, branch))
-        if fallback is not None and ids:
-            fallback.remove(ids)
-        self._forgotten_facts = sorted({f.id for f in facts})
-        return {
-            "agent": agent,
-            "branch": branch,
-            "removed": len(ids),
-            "facts_removed": len(self._forgotten_facts),
-            "left": len(memory),
-        }
+        return self.memory.forget(
+            user_id=agent,
+            message_ids=message_ids,
+            fact_ids=fact_ids,
+            everything=everything,
+            branch=branch,
+        )
 
     async def aforget(
         self,
@@ -484,67 +327,14 @@ class MemoryServer:
         branch: str = "main",
     ) -> dict[str, Any]:
         """:meth:`forget`, then a tombstone for the forgotten facts to every coordinator."""
-        result = self.forget(
-            agent, message_ids=message_ids, fact_ids=fact_ids, everything=everything, branch=branch
+        validate_name("agent", agent)
+        return await self.memory.aforget(
+            user_id=agent,
+            message_ids=message_ids,
+            fact_ids=fact_ids,
+            everything=everything,
+            branch=branch,
         )
-        gone = self._forgotten_facts
-        if gone and self.coordinator is not None:
-            await self.coordinator.retract(gone)
-        return result
-
-    # ------------------------------------------------------------------ shared facts
-    @property
-    def durable(self) -> bool:
-        """Whether shared facts are recorded in the store (it outlives the process)."""
-        return not isinstance(self.manager.store, InMemoryStore)
-
-    def _recorded_facts(self) -> list[SharedFact]:
-        """The facts recorded in the store, oldest first (each on the branch it came from)."""
-        facts: list[SharedFact] = []
-        self._recorded = set()
-        if not self.durable:
-            return facts
-        store = self.manager.store
-        for key in store.list_keys(self.manager.namespace):
-            if parse_key(key).kind != "facts":
-                continue
-            for m in store.load_messages(key):
-                fact = fact_of_message(m)
-                # a workflow's merged fact is recorded on another branch too: shared once
-                if fact is not None and fact.source_branch == key[2]:
-                    self._recorded.add((key[2], fact.id))
-                    facts.append(fact)
-        facts.sort(key=lambda f: f.created_at)
-        return facts
-
-    def _record(self, fact: SharedFact) -> None:
-        """Record ``fact`` under its branch's ``#facts`` key (once; durable stores only)."""
-        if not self.durable:
-            return
-        if self._recorded is None:
-            self._recorded_facts()
-        assert self._recorded is not None
-        branch = fact.source_branch
-        if (branch, fact.id) in self._recorded:
-            return
-        key = facts_key(self.manager.namespace, branch)
-        try:
-            self.manager.store.append_messages(key, [fact_message(fact)])
-        except DuplicateMessageError:
-            pass  # recorded meanwhile, by another server on the same store
-        self._recorded.add((branch, fact.id))
-
-    async def _coordinator(self) -> Coordinator:
-        """The coordinator (started on first use; it shares the recorded facts again)."""
-        if self.coordinator is None:
-            transport = InProcessTransport(namespace=self.manager.namespace)
-            coordinator = Coordinator(self.graph, self.manager, transport)
-            await coordinator.__aenter__()
-            self.coordinator = coordinator
-            for fact in self._recorded_facts():
-                self._join(fact.source_agent, fact.source_branch)
-                await coordinator.share(fact.source_agent, fact)
-        return self.coordinator
 
     async def share_fact(
         self,
@@ -562,76 +352,18 @@ class MemoryServer:
         on main, else ``agent@branch``, sorted), ``delivered_count`` how many.
         """
         validate_name("agent", agent)
-        validate_name("branch", branch)
-        _not_blank(text)
-        if scope not in ("branch", "subtree", "lineage", "global"):
-            raise ValueError(f"scope must be branch, subtree, lineage or global, got {scope!r}")
-        if not 0.0 <= confidence <= 1.0:
-            raise ValueError(f"confidence must be between 0 and 1, got {confidence!r}")
-        self.manager.memory(agent, branch)
-        self._join(agent, branch)
-        coordinator = await self._coordinator()
-        metadata: dict[str, Any] | None = {"topic": topic} if topic else None
-        fact = await coordinator.share(
-            agent, text, branch=branch, scope=scope, confidence=confidence, metadata=metadata
+        return await self.memory.ashare_fact(
+            text, user_id=agent, branch=branch, scope=scope, topic=topic, confidence=confidence
         )
-        self._record(fact)
-        reached = sorted(
-            inbox_key(a, b)
-            for a, b in self.graph.agents_in_scope(branch, scope)
-            if self.manager.shared.has(inbox_key(a, b), fact.id)
-        )
-        return {
-            "id": fact.id,
-            "agent": agent,
-            "branch": branch,
-            "scope": scope,
-            "text": fact.text,
-            "delivered_to": reached,
-            "delivered_count": len(reached),
-        }
 
     def list_agents(self) -> list[dict[str, Any]]:
         """Every agent the policy names, in use or in the store: retention and message counts."""
-        manager = self.manager
-        manager.sync()
-        counts: dict[str, dict[str, int]] = {a: {} for a in manager.config.agents}
-        for agent, branch, memory in manager.memories():
-            counts.setdefault(agent, {})[branch] = len(memory)
-        for key in manager.store.list_keys(manager.namespace):
-            info = parse_key(key)
-            if info.kind != "conversation" or info.conversation is None:
-                continue
-            _, agent, branch = info.conversation
-            branches = counts.setdefault(agent, {})
-            if branch not in branches:
-                branches[branch] = manager.store.count_messages(key)
-        out = []
-        for agent in sorted(counts):
-            policy = manager.policy(agent)
-            out.append(
-                {
-                    "agent": agent,
-                    "retention": policy.retention,
-                    "configured": agent in manager.config.agents,
-                    "rag": policy.patterns.rag is not None,
-                    "branches": dict(sorted(counts[agent].items())),
-                }
-            )
-        return out
+        return self.memory.list_agents()
 
     def messages(self, agent: str, branch: str = "main") -> list[dict[str, Any]]:
         """``agent``'s messages on ``branch``, oldest first (JSON-ready); creates nothing."""
         validate_name("agent", agent)
-        validate_name("branch", branch)
-        self.manager.sync()
-        for a, b, memory in self.manager.memories():
-            if (a, b) == (agent, branch):
-                return [_message(m) for m in memory]
-        if not self._policy(agent).is_persistent:
-            return []
-        stored = self.manager.store.load_messages(self.manager.key(agent, branch))
-        return [_message(m) for m in stored]
+        return self.memory.messages(user_id=agent, branch=branch)
 
     # ------------------------------------------------------------------ access
     def _client(self) -> ClientGrant | None:
@@ -654,7 +386,7 @@ class MemoryServer:
         """Refuse fact ids the client did not share (or that do not exist) to a limited client."""
         if client is None or client.everything or not fact_ids:
             return
-        sharers = {f.id: f.source_agent for f in self._recorded_facts()}
+        sharers = {f.id: f.source_agent for f in self.memory.recorded_facts()}
         sharers.update({f.id: f.source_agent for f in self.manager.shared.facts()})
         for fid in fact_ids:
             sharer = sharers.get(fid)
@@ -876,7 +608,7 @@ class MemoryServer:
                 warning = settings.check(authenticated=self.auth is not None)
                 if warning:
                     print(warning, file=sys.stderr, flush=True)
-            await self._coordinator()  # recorded facts reach their agents before any request
+            await self.memory.start()  # recorded facts reach their agents before any request
             if transport == "stdio":
                 await self.mcp.run_stdio_async()
             else:
@@ -915,21 +647,11 @@ class MemoryServer:
 
     async def aclose(self) -> None:
         """Stop the coordinator and close the manager (if owned). Idempotent."""
-        if self.closed:
-            return
-        self.closed = True
-        try:
-            if self.coordinator is not None:
-                await self.coordinator.close()
-        finally:
-            for rag in self._fallback.values():
-                rag.close()
-            if self.own_manager:
-                await self.manager.aclose()
+        await self.memory.aclose()
 
     def close(self) -> None:
         """Sync twin of :meth:`aclose` (outside a running event loop)."""
-        asyncio.run(self.aclose())
+        self.memory.close()
 
 
 class _AnnouncingServer(uvicorn.Server):
