@@ -12,6 +12,7 @@ Guide: ``docs/guides/integrations.md#one-front-door``.
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -138,6 +139,7 @@ class Memory:
         self._forgotten_facts: list[str] = []  # ids the last forget removed (for aforget)
         self._embedders: dict[str, Embedder | None] = {}
         self._loop: asyncio.AbstractEventLoop | None = None  # the sync methods' event loop
+        self._loop_lock = threading.Lock()  # one sync call on it at a time (tool threads)
         self.closed = False
 
     @classmethod
@@ -174,9 +176,10 @@ class Memory:
                 "this sync method cannot run inside an event loop; await its async twin "
                 "(acontext, aforget, ashare_fact, aclose)"
             )
-        if self._loop is None:
-            self._loop = asyncio.new_event_loop()
-        return self._loop.run_until_complete(coro)
+        with self._loop_lock:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+            return self._loop.run_until_complete(coro)
 
     # ------------------------------------------------------------------ remember
     def remember(
