@@ -21,7 +21,9 @@ quote the second.
 
 Evidence ids are written loosely in the data (``D5:12;D5:16``, ``D 2:18``, ``D5:3.``,
 ``D12:3-D12:5``): they are split, normalised, and same-day ranges expanded; ids naming no
-turn are counted and dropped, and questions left without evidence are skipped (2 of 728).
+turn are counted and dropped (136: turns missing from the files, e.g. photos), and
+questions left without evidence are skipped (22 of 728: 2 give none, 20 name only missing
+turns).
 A turn's session is the ``session_N`` list it is in (a ``D`` number is not always the
 session number).
 
