@@ -66,7 +66,12 @@ from marsys_mem.patterns.agent import AgentPatterns, resolve_embedder
 from marsys_mem.patterns.shared import SharedMemoryPool, member_key
 from marsys_mem.patterns.threads import CrossThreadRecall
 from marsys_mem.patterns.user_facts import FactMemory
-from marsys_mem.retrieval.embeddings import Embedder, HashingEmbedder, default_embedder
+from marsys_mem.retrieval.embeddings import (
+    INSTALL_HINT,
+    Embedder,
+    HashingEmbedder,
+    default_embedder,
+)
 from marsys_mem.store.base import Key, Load, MemoryStore
 from marsys_mem.store.keys import parse_key
 from marsys_mem.store.memory import InMemoryStore
@@ -355,7 +360,8 @@ class MemoryManager(Closing):
                 if found is None:
                     log.warning(
                         "marsys-mem: the embeddings extra is not installed; retrieval is "
-                        "BM25-only (pip install 'torch==2.13.0+cpu' 'marsys-mem[embeddings]')"
+                        "BM25-only (%s)",
+                        INSTALL_HINT,
                     )
                 self._embedders[spelling] = found
             else:

@@ -63,7 +63,7 @@ from marsys_mem.model.messages import AgentCall, Message, ToolCall
 from marsys_mem.model.names import MAX_NAME_LENGTH, is_name
 from marsys_mem.model.runs import RunContext
 from marsys_mem.patterns.user_facts import FactCandidate, FactMemory
-from marsys_mem.retrieval.embeddings import Embedder, default_embedder
+from marsys_mem.retrieval.embeddings import INSTALL_HINT, Embedder, default_embedder
 from marsys_mem.store.base import Key
 from marsys_mem.store.keys import FACTS_AGENT, facts_key
 from marsys_mem.workflow.evidence import best_evidence, gather_evidence
@@ -287,7 +287,7 @@ class WorkflowRunner:
             if emb is None:
                 notice = (
                     "the embeddings extra is not installed: retrieval is BM25-only "
-                    "(pip install 'torch==2.13.0+cpu' 'marsys-mem[embeddings]')"
+                    f"({INSTALL_HINT})"
                 )
                 log.warning("marsys-mem: %s", notice)
                 self.notices.append(notice)

@@ -223,6 +223,7 @@ def test_examples_run_bm25_only_without_the_embeddings_extra(tmp_path, monkeypat
     assert report.retrieval == "BM25 only"
     assert len(report.notices) == 1
     assert "embeddings extra" in report.notices[0]
+    assert "--index-url https://download.pytorch.org/whl/cpu" in report.notices[0]  # resolvable
     assert sum("BM25-only" in r.getMessage() for r in caplog.records) == 1
     assert "note       the embeddings extra" in report.to_text()
 
