@@ -26,6 +26,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from marsys_mem.callables import discard, is_async_callable
+
 __all__ = [
     "DEFAULT_MAX_CALLBACK_QUEUE",
     "DEFAULT_MAX_CALLBACK_TASKS",
@@ -74,20 +76,6 @@ class CallbackStats:
         }
 
 
-def _discard(item: object) -> None:
-    """Let go of a queued awaitable that will never be awaited (no "never awaited" warning)."""
-    if inspect.iscoroutine(item):
-        item.close()
-    elif isinstance(item, asyncio.Future):
-        item.cancel()
-
-
-def _is_async(callback: Callable[..., Any]) -> bool:
-    return inspect.iscoroutinefunction(callback) or inspect.iscoroutinefunction(
-        getattr(callback, "__call__", None)  # noqa: B004 (an object with an async __call__)
-    )
-
-
 class CallbackQueue:
     """One subscription's callback, called for each delivery; async calls bounded.
 
@@ -115,7 +103,13 @@ class CallbackQueue:
     """
 
     __slots__ = (
-        "_active", "_pending", "_workers", "callback", "is_async", "max_queue", "max_tasks",
+        "_active",
+        "_pending",
+        "_workers",
+        "callback",
+        "is_async",
+        "max_queue",
+        "max_tasks",
         "stats",
     )
 
@@ -134,7 +128,7 @@ class CallbackQueue:
         self.stats = stats
         self.max_tasks = max_tasks
         self.max_queue = max_queue
-        self.is_async = _is_async(callback)
+        self.is_async = is_async_callable(callback)
         # a delivery (async callback: called by the worker) or an awaitable (what a sync
         # callback returned)
         self._pending: deque[Any] = deque()
@@ -170,8 +164,9 @@ class CallbackQueue:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # e.g. a graph change delivering facts from sync code
-            log.warning("no running event loop: async on_fact callback %r not called",
-                        self.callback)
+            log.warning(
+                "no running event loop: async on_fact callback %r not called", self.callback
+            )
             self._drop((item, is_awaitable), 1)
             return
         if len(pending) >= self.max_queue:
@@ -189,13 +184,16 @@ class CallbackQueue:
     def _drop(self, entry: tuple[Any, bool], count: int) -> None:
         item, is_awaitable = entry
         if is_awaitable:
-            _discard(item)
+            discard(item)
         n = self.stats.dropped = self.stats.dropped + count
         if str(n).rstrip("0") == "1":  # the 1st, 10th, 100th...
             log.warning(
                 "on_fact callback %r is too slow: dropped %d waiting deliveries so far "
                 "(at most %d wait, %d run at once)",
-                self.callback, n, self.max_queue, self.max_tasks,
+                self.callback,
+                n,
+                self.max_queue,
+                self.max_tasks,
             )
 
     async def _work(self) -> None:

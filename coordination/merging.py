@@ -19,10 +19,10 @@ child's conversation work over, which is done here:
 from __future__ import annotations
 
 import hashlib
-import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from marsys_mem.callables import acall
 from marsys_mem.context.blocks import render_lines
 from marsys_mem.context.summarize import ExtractiveSummarizer
 from marsys_mem.coordination.graph import BranchGraph, MergeStrategy
@@ -68,9 +68,7 @@ async def merge_memories(
         messages = [m for msgs in new.values() for m in msgs if m.role != "system"]
         if messages:
             summarise = summarizer or manager.summarizer or ExtractiveSummarizer()
-            result = summarise(messages)
-            if inspect.isawaitable(result):
-                result = await result
+            result = await acall(summarise, messages)
             if not isinstance(result, str):
                 raise TypeError(f"the summarizer returned {type(result).__name__}, not str")
             summary = result.strip()

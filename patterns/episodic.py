@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import inspect
 import json
 import threading
 import uuid
@@ -45,6 +44,7 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, JsonValue
 
+from marsys_mem.callables import acall, call_sync
 from marsys_mem.context.summarize import ExtractiveSummarizer
 from marsys_mem.exceptions import StoreError, SummarizerError
 from marsys_mem.lifecycle import Closing
@@ -701,23 +701,19 @@ class EpisodicMemory(Closing):
         return self._results(episode_id)
 
     def _call_sync(self, messages: list[Message]) -> str:
-        try:
-            result = self.summarizer(messages)
-        except Exception as exc:
-            raise SummarizerError(f"the summariser raised {type(exc).__name__}: {exc}") from exc
-        if inspect.isawaitable(result):
-            if inspect.iscoroutine(result):
-                result.close()
-            raise SummarizerError("the summariser is async: use asummaries() instead")
+        result = call_sync(
+            self.summarizer,
+            messages,
+            what="the summariser",
+            use="asummaries()",
+            error=SummarizerError,
+        )
         return _check_summary(result)
 
     async def _call_async(self, messages: list[Message]) -> str:
-        try:
-            result = self.summarizer(messages)
-            if inspect.isawaitable(result):
-                result = await result
-        except Exception as exc:
-            raise SummarizerError(f"the summariser raised {type(exc).__name__}: {exc}") from exc
+        result = await acall(
+            self.summarizer, messages, what="the summariser", error=SummarizerError
+        )
         return _check_summary(result)
 
     # ------------------------------------------------------------------ lifecycle

@@ -27,7 +27,6 @@ LLM extractor sends each message as a quoted JSON string, as data.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import re
 import threading
@@ -39,6 +38,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from marsys_mem.callables import call_blocking
 from marsys_mem.context.blocks import quote
 from marsys_mem.exceptions import MarsysMemError
 from marsys_mem.lifecycle import Closing
@@ -406,7 +406,12 @@ class ExtractionPipeline(Closing):
         self._done_seq = 0  # of those, processed (or dropped by an error)
         self._in_flight = 0
         self._counts = {
-            "submitted": 0, "skipped": 0, "calls": 0, "extracted": 0, "rejected": 0, "errors": 0
+            "submitted": 0,
+            "skipped": 0,
+            "calls": 0,
+            "extracted": 0,
+            "rejected": 0,
+            "errors": 0,
         }
         self._error: BaseException | None = None
         self._closing = False
@@ -494,10 +499,7 @@ class ExtractionPipeline(Closing):
             by_subject.setdefault(who, []).append(m)
         for who, messages in by_subject.items():
             try:
-                result = self.extractor(list(messages))
-                if inspect.isawaitable(result):
-                    result = asyncio.run(_await(result))
-                candidates = list(result)
+                candidates = list(call_blocking(self.extractor, list(messages)))
                 learned = [c for c in candidates if not is_instruction(c.text)]
                 self.facts.add_many(
                     learned,
@@ -571,10 +573,6 @@ class ExtractionPipeline(Closing):
     def __repr__(self) -> str:
         s = self.stats
         return f"<ExtractionPipeline subject={self.subject!r} pending={s.pending} calls={s.calls}>"
-
-
-async def _await(value: Awaitable[list[FactCandidate]]) -> list[FactCandidate]:
-    return await value
 
 
 # ---------------------------------------------------------------------- the LLM extractor

@@ -14,12 +14,12 @@ Guide: ``docs/guides/context-windows.md#the-rules-every-strategy-keeps``.
 from __future__ import annotations
 
 import bisect
-import inspect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from marsys_mem.callables import acall, call_sync
 from marsys_mem.context.blocks import render_lines
 from marsys_mem.context.policy import (
     ContextPolicy,
@@ -527,25 +527,17 @@ def _finish(
 
 
 def _call_sync(summarizer: Summarizer, request: list[Message]) -> Any:
-    try:
-        result = summarizer(request)
-    except Exception as exc:
-        raise SummarizerError(f"the summariser raised {type(exc).__name__}: {exc}") from exc
-    if inspect.isawaitable(result):
-        if inspect.iscoroutine(result):
-            result.close()
-        raise SummarizerError("the summariser is async: use acontext() / abuild_context() instead")
-    return result
+    return call_sync(
+        summarizer,
+        request,
+        what="the summariser",
+        use="acontext() / abuild_context()",
+        error=SummarizerError,
+    )
 
 
 async def _call_async(summarizer: Summarizer, request: list[Message]) -> Any:
-    try:
-        result = summarizer(request)
-        if inspect.isawaitable(result):
-            result = await result
-    except Exception as exc:
-        raise SummarizerError(f"the summariser raised {type(exc).__name__}: {exc}") from exc
-    return result
+    return await acall(summarizer, request, what="the summariser", error=SummarizerError)
 
 
 def _resolve(

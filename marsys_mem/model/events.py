@@ -22,6 +22,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from marsys_mem.callables import discard
+
 __all__ = [
     "AddEvent",
     "ClearEvent",
@@ -228,8 +230,7 @@ class EventBus:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            if inspect.iscoroutine(awaitable):
-                awaitable.close()
+            discard(awaitable)
             raise RuntimeError(f"async handler {handler!r} needs a running event loop") from None
         task = loop.create_task(awaitable)
         self._tasks.add(task)

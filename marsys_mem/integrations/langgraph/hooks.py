@@ -26,10 +26,10 @@ REMOVE_ALL_MESSAGES), *window]}``, which replaces the history in the graph's sta
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from marsys_mem.callables import is_async_callable
 from marsys_mem.context.policy import ContextPolicy, ContextWindow, Summarizer
 from marsys_mem.context.tokens import TokenCounter, get_counter
 from marsys_mem.context.window import abuild_context, build_context
@@ -247,7 +247,7 @@ def marsys_context_hook(
     pol = _policy(policy)
     counted = get_counter(counter) if counter is not None else None
     _check_keys(messages_key, output_key)
-    if summarizer is not None and inspect.iscoroutinefunction(summarizer):
+    if summarizer is not None and is_async_callable(summarizer):
         raise ValueError("summarizer is async: use amarsys_context_hook")
 
     def hook(state: Any) -> dict[str, list[BaseMessage]]:

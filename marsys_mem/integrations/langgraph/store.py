@@ -39,15 +39,13 @@ several puts to one item the last wins, as in LangGraph's stores.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import copy
 import hashlib
 import importlib.util
-import inspect
 import json
 import math
 import threading
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -56,6 +54,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from marsys_mem.callables import is_async_callable, run_blocking
 from marsys_mem.exceptions import EmbeddingError, MissingDependencyError
 from marsys_mem.lifecycle import Closing
 from marsys_mem.model.messages import Message
@@ -385,21 +384,6 @@ def _matches(namespace: tuple[str, ...], cond: MatchCondition) -> bool:
 
 
 # ---------------------------------------------------------------------- LangGraph's embed
-def _run_coroutine(coro: Coroutine[Any, Any, Any]) -> Any:
-    """Run ``coro`` to completion from sync code (in a fresh thread if a loop runs here)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
-
-
-def _is_async(func: object) -> bool:
-    call = getattr(func, "__call__", None)  # noqa: B004 (an object whose __call__ is async)
-    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(call)
-
-
 class _IndexEmbedder:
     """LangGraph's ``index["embed"]`` as a marsys-mem :class:`Embedder`.
 
@@ -411,7 +395,7 @@ class _IndexEmbedder:
     """
 
     def __init__(self, embed: object, dims: int) -> None:
-        self._async_only = not isinstance(embed, str | Embeddings) and _is_async(embed)
+        self._async_only = not isinstance(embed, str | Embeddings) and is_async_callable(embed)
         try:
             self.embeddings: Embeddings = ensure_embeddings(embed)  # type: ignore[arg-type]
         except ImportError as exc:
@@ -464,7 +448,7 @@ class _IndexEmbedder:
         if not items:
             return np.zeros((0, self._dim), dtype=np.float32)
         if self._async_only:
-            raw = _run_coroutine(self.embeddings.aembed_documents(items))
+            raw = run_blocking(self.embeddings.aembed_documents(items))
         else:
             raw = self.embeddings.embed_documents(items)
         return self._vectors(raw, len(items))
@@ -479,7 +463,7 @@ class _IndexEmbedder:
     def embed_query(self, text: str) -> npt.NDArray[np.float32]:
         """The vector of one search query (``embed_query``), shape ``(1, dims)``."""
         if self._async_only:
-            raw = _run_coroutine(self.embeddings.aembed_query(text))
+            raw = run_blocking(self.embeddings.aembed_query(text))
         else:
             raw = self.embeddings.embed_query(text)
         return self._vectors([raw], 1)
