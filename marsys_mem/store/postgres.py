@@ -72,7 +72,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Protocol
@@ -89,6 +89,7 @@ from marsys_mem.exceptions import (
 )
 from marsys_mem.model.messages import MESSAGE_LIST_ADAPTER
 from marsys_mem.model.runs import RunSnapshot
+from marsys_mem.model.vector_index import VectorIndex
 from marsys_mem.store.base import (
     Append,
     CountMatches,
@@ -445,6 +446,10 @@ class PostgresStore(MemoryStore):
         connect_timeout: seconds one connection attempt may take (libpq's minimum is 2).
         retry_timeout: seconds a batch keeps retrying while the server is unreachable
             (a restart), before :class:`~marsys_mem.exceptions.StoreConnectionError`.
+        vector_index: how the HNSW vector index is built and searched, where the database
+            has pgvector (:class:`~marsys_mem.model.vector_index.VectorIndex`, or its fields
+            as a mapping). The graph settings apply to indexes built from now on; see
+            :meth:`rebuild_vector_index`.
 
     Attributes:
         found_schema_version: the database's schema version when this store opened it
@@ -457,6 +462,7 @@ class PostgresStore(MemoryStore):
         StoreError: the database holds a newer schema, or a table of the same name that
             is not marsys-mem's.
         ValueError: a size or timeout is invalid.
+        pydantic.ValidationError: ``vector_index`` is invalid (the field and value named).
 
     Example:
         >>> import os
@@ -476,7 +482,13 @@ class PostgresStore(MemoryStore):
         max_size: int = 10,
         connect_timeout: float = 10.0,
         retry_timeout: float = 60.0,
+        vector_index: VectorIndex | Mapping[str, Any] | None = None,
     ) -> None:
+        index = (
+            vector_index
+            if isinstance(vector_index, VectorIndex)
+            else VectorIndex.model_validate(vector_index or {})
+        )
         for name, value, low in (("min_size", min_size, 0), ("max_size", max_size, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
@@ -518,12 +530,15 @@ class PostgresStore(MemoryStore):
         with self._connect_once() as conn:
             try:
                 self.found_schema_version = _migrate(conn, self.where)
-                self._search = postgres_search.open_search(conn, self.where, _MIGRATION_LOCK)
+                self._search = postgres_search.open_search(
+                    conn, self.where, _MIGRATION_LOCK, index
+                )
             except psycopg.Error as exc:
                 raise StoreError(
                     f"cannot set up the marsys-mem tables on {self.where}: {self._clean(exc)}"
                 ) from exc
         self.supports_search = self._search is not None
+        self.vector_index = index
         self._pool: ConnectionPool[Connection] | None = ConnectionPool(
             dsn,
             min_size=min_size,
@@ -605,6 +620,38 @@ class PostgresStore(MemoryStore):
         if pool is not None:
             pool.close()
             self._apools.close()
+
+    def rebuild_vector_index(self) -> list[str]:
+        """Build each model's HNSW index again with this store's :attr:`vector_index`.
+
+        For a store whose index was built with other settings (an earlier version, or
+        before a bulk load): each new index is built beside the old one without blocking
+        writes or searches (``CREATE INDEX CONCURRENTLY``; the old one serves meanwhile),
+        then replaces it. Give the server ``maintenance_work_mem`` to hold the graph (about
+        1.2 KB per 384-D vector) or the build slows down many times.
+
+        Returns:
+            The models whose index was rebuilt (none without pgvector).
+
+        Example:
+            >>> import os
+            >>> with PostgresStore(  # doctest: +SKIP
+            ...     os.environ["MARSYS_MEM_PG_DSN"], vector_index={"m": 24, "ef_construction": 128}
+            ... ) as store:
+            ...     store.rebuild_vector_index()
+            ['all-MiniLM-L6-v2']
+        """
+        if self.closed:
+            raise StoreError(f"PostgresStore ({self.where}) is closed")
+        if self._search is None:
+            return []
+        with self._connect_once() as conn:
+            try:
+                return postgres_search.rebuild_indexes(conn, self._search)
+            except psycopg.Error as exc:
+                raise StoreError(
+                    f"cannot rebuild the vector index on {self.where}: {self._clean(exc)}"
+                ) from exc
 
     # ------------------------------------------------------------------ core
     def _batch(self, ops: Sequence[Op]) -> list[Any]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,7 @@ import psycopg
 from psycopg import sql
 
 from marsys_mem.model.messages import MESSAGE_LIST_ADAPTER, Message
+from marsys_mem.model.vector_index import VectorIndex
 from marsys_mem.store.base import (
     CountMatches,
     Key,
@@ -53,6 +54,7 @@ __all__ = [
     "TSV_STATISTICS",
     "SearchSetup",
     "count_matches",
+    "index_name",
     "key_filter",
     "keyword_text",
     "literals",
@@ -62,6 +64,7 @@ __all__ = [
     "nearest_once",
     "open_search",
     "prepare_search",
+    "rebuild_indexes",
     "scans_exactly",
     "score_around",
     "score_vectors",
@@ -100,9 +103,8 @@ def scans_exactly(candidates: int, total: int) -> bool:
         >>> scans_exactly(10_000, 1_000_000), scans_exactly(30_000, 1_000_000)
         (True, False)
     """
-    return candidates < EXACT_ALWAYS_BELOW or (
-        candidates < EXACT_BELOW and candidates * 20 < total
-    )
+    return candidates < EXACT_ALWAYS_BELOW or (candidates < EXACT_BELOW and candidates * 20 < total)
+
 
 COUNT_EXACT = 1_000
 """Over a big scope, a word the planner's statistics put in at least this many of its
@@ -122,12 +124,17 @@ _CHUNK = 2_000
 class SearchSetup:
     """Where the ``vector`` extension lives in the store's database (its types, operators).
 
+    Attributes:
+        schema: the extension's schema.
+        index: how vector indexes are built and searched (:class:`VectorIndex`).
+
     Example:
         >>> SearchSetup("public").schema
         'public'
     """
 
     schema: str
+    index: VectorIndex = field(default_factory=VectorIndex)
 
     def halfvec(self, dim: int | None = None) -> sql.Composable:
         """The ``halfvec`` type, qualified (``halfvec(dim)`` with a dimension)."""
@@ -202,12 +209,16 @@ def migrate_search(conn: Connection) -> None:
         _install(conn, SearchSetup(schema))
 
 
-def open_search(conn: Connection, where: str, lock: int) -> SearchSetup | None:
+def open_search(
+    conn: Connection, where: str, lock: int, index: VectorIndex | None = None
+) -> SearchSetup | None:
     """At open: the store's search setup, or ``None`` (said once, in a log line).
 
     A database whose extension was installed after its schema reached version 4 gets the
     search columns now, under the migration lock ``lock`` (hosts opening together do it once).
+    ``index``: how this store builds and searches vector indexes (default: :class:`VectorIndex`).
     """
+    index = index or VectorIndex()
     schema = _extension_schema(conn)
     if schema is not None and _installed(conn):
         if not _has_thread_index(conn) or not _has_tsv_statistics(conn):  # an older store
@@ -219,7 +230,7 @@ def open_search(conn: Connection, where: str, lock: int) -> SearchSetup | None:
             finally:
                 if not conn.closed:
                     conn.execute("SELECT pg_advisory_unlock(%s)", (lock,))
-        return SearchSetup(schema)
+        return SearchSetup(schema, index)
     if schema is None and not _available(conn):
         log.info(
             "%s has no 'vector' extension (pgvector): search stays on the hosts "
@@ -232,7 +243,7 @@ def open_search(conn: Connection, where: str, lock: int) -> SearchSetup | None:
         with conn.transaction():
             schema = _extension_schema(conn) or _create_extension(conn)
             if schema is not None and not _installed(conn):
-                _install(conn, SearchSetup(schema))
+                _install(conn, SearchSetup(schema, index))
     finally:
         if not conn.closed:
             conn.execute("SELECT pg_advisory_unlock(%s)", (lock,))
@@ -243,7 +254,7 @@ def open_search(conn: Connection, where: str, lock: int) -> SearchSetup | None:
             where,
         )
         return None
-    return SearchSetup(schema)
+    return SearchSetup(schema, index)
 
 
 def _has_thread_index(conn: Connection) -> bool:
@@ -334,20 +345,72 @@ def _fill_embeddings(conn: Connection, setup: SearchSetup) -> None:
 
 
 # ---------------------------------------------------------------------- writing
-def model_index(conn: Connection, setup: SearchSetup, model: str, dim: int) -> None:
-    """The HNSW cosine index of ``model``'s vectors (created once, when the model appears)."""
-    name = "marsys_hnsw_" + hashlib.md5(model.encode(), usedforsecurity=False).hexdigest()[:16]
+def index_name(model: str) -> str:
+    """The name of ``model``'s HNSW index.
+
+    Example:
+        >>> index_name("minilm")
+        'marsys_hnsw_...'
+    """
+    return "marsys_hnsw_" + hashlib.md5(model.encode(), usedforsecurity=False).hexdigest()[:16]
+
+
+def model_index(
+    conn: Connection,
+    setup: SearchSetup,
+    model: str,
+    dim: int,
+    *,
+    name: str | None = None,
+    concurrently: bool = False,
+) -> None:
+    """The HNSW cosine index of ``model``'s vectors (created once, when the model appears).
+
+    Built with ``setup.index``'s ``m`` and ``ef_construction``. ``name``: another name than
+    :func:`index_name` (a rebuild); ``concurrently``: without blocking writes (outside a
+    transaction).
+    """
     conn.execute(
         sql.SQL(
-            "CREATE INDEX IF NOT EXISTS {} ON marsys_vectors USING hnsw"
-            " ((embedding::{}) {}.halfvec_cosine_ops) WHERE model = {}"
+            "CREATE INDEX {c}IF NOT EXISTS {n} ON marsys_vectors USING hnsw"
+            " ((embedding::{t}) {s}.halfvec_cosine_ops) WITH (m = {m}, ef_construction = {e})"
+            " WHERE model = {model}"
         ).format(
-            sql.Identifier(name),
-            setup.halfvec(dim),
-            sql.Identifier(setup.schema),
-            sql.Literal(model),
+            c=sql.SQL("CONCURRENTLY " if concurrently else ""),
+            n=sql.Identifier(name or index_name(model)),
+            t=setup.halfvec(dim),
+            s=sql.Identifier(setup.schema),
+            m=sql.Literal(setup.index.m),
+            e=sql.Literal(setup.index.ef_construction),
+            model=sql.Literal(model),
         )
     )
+
+
+def rebuild_indexes(conn: Connection, setup: SearchSetup) -> list[str]:
+    """Build every model's HNSW index again with ``setup.index``; the models rebuilt.
+
+    Each new index is built beside the old one without blocking writes (``CREATE INDEX
+    CONCURRENTLY``; searches keep using the old one), then takes its place. ``conn`` is in
+    autocommit mode.
+    """
+    models = [
+        (str(r[0]), int(r[1]))
+        for r in conn.execute("SELECT model, dim FROM marsys_vector_models ORDER BY model")
+    ]
+    for model, dim in models:
+        name = index_name(model)
+        fresh = name[: len("marsys_hnsw_")] + "new_" + name[len("marsys_hnsw_") :]
+        conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(fresh)))
+        model_index(conn, setup, model, dim, name=fresh, concurrently=True)
+        with conn.transaction():
+            conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(name)))
+            conn.execute(
+                sql.SQL("ALTER INDEX {} RENAME TO {}").format(
+                    sql.Identifier(fresh), sql.Identifier(name)
+                )
+            )
+    return [model for model, _ in models]
 
 
 def literals(vectors: np.ndarray[Any, Any]) -> list[str]:
@@ -383,9 +446,7 @@ def key_filter(
     return [int(i) for i in row[0]], int(row[1])
 
 
-def _key_query(
-    keys: tuple[Key, ...] | None, namespace: str | None
-) -> tuple[str, list[Any]] | None:
+def _key_query(keys: tuple[Key, ...] | None, namespace: str | None) -> tuple[str, list[Any]] | None:
     """The query of :func:`key_filter` and its parameters (``None``: no filter)."""
     if keys is None and namespace is None:
         return None
@@ -420,20 +481,20 @@ def _hits(rows: list[tuple[Any, ...]]) -> tuple[SearchHit, ...]:
 
 
 def prepare_search(
-    conn: Connection, op: SearchVectors
+    conn: Connection, op: SearchVectors, setup: SearchSetup | None = None
 ) -> tuple[int | None, list[int] | None, int]:
     """Set the connection's HNSW scan for ``op``; the model's dimension and the key filter.
 
     Returns ``(dim, key_ids, count)``: the model's dimension (``None``: unknown model) and
     :func:`key_filter`'s ids and count, in the same round trip. ``hnsw.ef_search`` suits
-    ``k``; ``hnsw.iterative_scan`` lets a filtered scan go on until it has ``k`` rows
-    that pass. Session settings: they only steer HNSW scans, which only a search runs, and
-    each search sets them first.
+    ``k`` (:meth:`VectorIndex.search_width` of ``setup.index``); ``hnsw.iterative_scan``
+    lets a filtered scan go on until it has ``k`` rows that pass. Session settings: they
+    only steer HNSW scans, which only a search runs, and each search sets them first.
 
     Raises:
         ValueError: the query vector's dimension is not the one ``op.model`` is stored in.
     """
-    ef = min(1000, max(100, 2 * op.k))
+    ef = VectorIndex().search_width(op.k) if setup is None else setup.index.search_width(op.k)
     query = (
         "SELECT (SELECT dim FROM marsys_vector_models WHERE model = %s),"
         " set_config('hnsw.ef_search', %s, false),"
@@ -471,7 +532,7 @@ def search_vectors(
     rows = nearest_once(conn, setup, op)
     if len(rows) >= op.k:
         return _hits(rows)
-    dim, key_ids, candidates = prepare_search(conn, op)  # raises on another dimension
+    dim, key_ids, candidates = prepare_search(conn, op, setup)  # raises on another dimension
     if dim is None or (key_ids is not None and not key_ids):
         return ()
     if key_ids is not None and scans_exactly(candidates, _total(conn)):
@@ -509,14 +570,12 @@ def nearest_once(
         "model": op.model,
         "k": op.k,
         "dim": dim,
-        "ef": str(min(1000, max(100, 2 * op.k))),
+        "ef": str(setup.index.search_width(op.k)),
         "exact": EXACT_BELOW,
         "always": EXACT_ALWAYS_BELOW,
     }
     head = sql.SQL("EXPLAIN " if explain else "")
-    tail = sql.SQL(
-        " JOIN marsys_keys k ON k.id = c.key_id ORDER BY c.d, c.key_id, c.message_id"
-    )
+    tail = sql.SQL(" JOIN marsys_keys k ON k.id = c.key_id ORDER BY c.d, c.key_id, c.message_id")
     data = sql.SQL(", m.data" if op.with_data else "")
     if op.with_data:  # each hit's message, by its unique index, in the same query
         tail = sql.SQL(
@@ -540,8 +599,9 @@ def nearest_once(
     keys_sql = parts[0] + "".join(f"%(p{n})s{rest}" for n, rest in enumerate(parts[1:]))
     keys_sql = keys_sql.replace("{", "{{").replace("}", "}}")  # literal braces in a template
     keys_sql = keys_sql.replace(
-        " FROM marsys_keys WHERE", ", (SELECT coalesce(sum(n), 0) FROM marsys_keys) AS total"
-        " FROM marsys_keys WHERE", 1
+        " FROM marsys_keys WHERE",
+        ", (SELECT coalesce(sum(n), 0) FROM marsys_keys) AS total FROM marsys_keys WHERE",
+        1,
     )
     exact = "(kf.sum < %(always)s OR (kf.sum < %(exact)s AND kf.sum * 20 < kf.total))"
     # the same two searches as nearest(): the index (its filter hidden from the planner's

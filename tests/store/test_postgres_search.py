@@ -8,6 +8,7 @@ arrives later, and filtered searches over an HNSW index that still return ``k``.
 """
 
 import logging
+from pathlib import Path
 from urllib.parse import quote
 
 import numpy as np
@@ -16,6 +17,8 @@ import pytest
 
 from marsys_mem import Message
 from marsys_mem.exceptions import StoreError
+from marsys_mem.manager import MemoryManager
+from marsys_mem.model.vector_index import VectorIndex
 from marsys_mem.store import postgres_search, postgres_vectors
 from marsys_mem.store.base import Append, CountMatches, PutVectors, SearchText, SearchVectors
 from marsys_mem.store.postgres import MIGRATIONS, PostgresStore, _Prepared
@@ -261,3 +264,84 @@ def test_a_dense_search_can_return_its_messages(pgvector_dsn: str) -> None:
         assert store.search_vectors(MODEL, vectors[4], 1)[0].data is None  # not asked
         with pytest.raises(TypeError, match="with_data must be a bool"):
             store.batch([SearchVectors(MODEL, vectors[4], 3, with_data=1)])  # type: ignore[arg-type]
+
+
+def _index_options(dsn: str) -> list[tuple[str, list[str]]]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT c.relname, c.reloptions FROM pg_class c JOIN pg_namespace n"
+            " ON n.oid = c.relnamespace WHERE n.nspname = current_schema()"
+            " AND c.relname LIKE 'marsys_hnsw_%%' ORDER BY c.relname"
+        ).fetchall()
+    return [(str(r[0]), sorted(r[1] or [])) for r in rows]
+
+
+def test_the_vector_index_is_built_and_searched_with_the_store_settings(
+    pgvector_dsn: str,
+) -> None:
+    """``vector_index``: the graph's m / ef_construction at build, ef_search per search."""
+    vectors = unit_vectors(40, dim=8, seed=3)
+    msgs = [Message.user(f"v{i}", message_id=f"v{i}") for i in range(40)]
+    with PostgresStore(pgvector_dsn, vector_index={"m": 8, "ef_construction": 32}) as store:
+        assert store.vector_index == VectorIndex(m=8, ef_construction=32)
+        store.append_messages(KEY, msgs)
+        store.put_vectors(KEY, MODEL, [m.message_id for m in msgs], vectors)
+        assert store.search_vectors(MODEL, vectors[5], 1)[0].message_id == "v5"
+    ((_, options),) = _index_options(pgvector_dsn)
+    assert options == ["ef_construction=32", "m=8"]
+    # each search sets hnsw.ef_search from the settings (at least 2k)
+    setup = postgres_search.SearchSetup("public", VectorIndex(ef_search=321))
+    with psycopg.connect(pgvector_dsn, autocommit=True) as conn:
+        postgres_search.nearest_once(conn, setup, SearchVectors(MODEL, vectors[0], 3))
+        assert conn.execute("SHOW hnsw.ef_search").fetchone() == ("321",)
+        postgres_search.nearest_once(conn, setup, SearchVectors(MODEL, vectors[0], 400))
+        assert conn.execute("SHOW hnsw.ef_search").fetchone() == ("800",)
+
+
+def test_rebuilding_the_vector_index_applies_new_settings_and_keeps_searching(
+    pgvector_dsn: str,
+) -> None:
+    """An index built with other settings is rebuilt in place; searches find the same."""
+    vectors = unit_vectors(60, dim=8, seed=4)
+    msgs = [Message.user(f"r{i}", message_id=f"r{i}") for i in range(60)]
+    with PostgresStore(pgvector_dsn) as old:
+        old.append_messages(KEY, msgs)
+        old.put_vectors(KEY, MODEL, [m.message_id for m in msgs], vectors)
+        before = [h.message_id for h in old.search_vectors(MODEL, vectors[9], 5)]
+    ((name, options),) = _index_options(pgvector_dsn)
+    assert options == ["ef_construction=64", "m=16"]
+    with PostgresStore(pgvector_dsn, vector_index=VectorIndex(m=24, ef_construction=96)) as new:
+        assert new.rebuild_vector_index() == [MODEL]
+        assert [h.message_id for h in new.search_vectors(MODEL, vectors[9], 5)] == before
+        new.put_vectors(KEY, MODEL, ["r0"], vectors[1:2])  # writes go to the new index
+        assert new.search_vectors(MODEL, vectors[1], 2)[1].message_id in {"r0", "r1"}
+    assert _index_options(pgvector_dsn) == [(name, ["ef_construction=96", "m=24"])]
+
+
+def test_bad_vector_index_settings_are_refused_before_connecting() -> None:
+    """The field and the value are named; nothing is opened."""
+    with pytest.raises(ValueError, match=r"vector_index|m\b") as info:
+        PostgresStore("postgresql://nobody@127.0.0.1:1/none", vector_index={"m": 1})
+    assert "greater than or equal to 2" in str(info.value)
+    with pytest.raises(ValueError, match=r"ef_construction \(20\) must be at least 2 \* m"):
+        PostgresStore(
+            "postgresql://x@127.0.0.1:1/none", vector_index={"m": 16, "ef_construction": 20}
+        )
+    with pytest.raises(ValueError, match="ef_search"):
+        PostgresStore("postgresql://x@127.0.0.1:1/none", vector_index={"ef_search": "wide"})
+
+
+def test_the_config_file_sets_the_vector_index(
+    tmp_path: Path, pgvector_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``store.vector_index`` in a config file reaches the store a MemoryManager opens."""
+    path = tmp_path / "memory.yaml"
+    path.write_text(
+        "store:\n  backend: postgres\n  dsn_env: TEST_VECTOR_INDEX_DSN\n"
+        "  vector_index: {m: 12, ef_construction: 48, ef_search: 150}\n"
+    )
+    monkeypatch.setenv("TEST_VECTOR_INDEX_DSN", pgvector_dsn)
+    with MemoryManager.from_config(path) as manager:
+        store = manager.store
+        assert isinstance(store, PostgresStore)
+        assert store.vector_index == VectorIndex(m=12, ef_construction=48, ef_search=150)
