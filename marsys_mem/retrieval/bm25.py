@@ -353,6 +353,26 @@ class BM25Index:
         terms = self._query_terms(query)
         return {ids[slot]: s for slot, s in self._score_dict(terms).items()}  # type: ignore[misc]
 
+    def doc_freqs(self, query: str) -> dict[str, int]:
+        """How many documents hold each distinct term of ``query`` (0: none).
+
+        With the document count and ``k1``, what a score is out of (see
+        :func:`~marsys_mem.retrieval.calibration.bm25_ceiling`).
+
+        Raises:
+            TypeError: ``query`` is not a string.
+
+        Example:
+            >>> index = BM25Index()
+            >>> index.add_many([("a", "red car"), ("b", "blue car")])
+            >>> index.doc_freqs("the red cars, a zebra")
+            {'red': 1, 'car': 2, 'zebra': 0}
+        """
+        if not isinstance(query, str):
+            raise TypeError(f"query must be a string, got {type(query).__name__}")
+        postings = self._postings
+        return {t: len(postings.get(t, ())) for t in dict.fromkeys(tokenize(query))}
+
     def score_docs(self, query: str, doc_ids: Iterable[str]) -> dict[str, float]:
         """BM25 score of ``query`` for each of ``doc_ids`` that is indexed (0.0: no match).
 
