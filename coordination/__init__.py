@@ -19,7 +19,6 @@ from marsys_mem.coordination.envelope import (
     FactDelivery,
     FactEnvelope,
     MergeResult,
-    inbox_key,
 )
 from marsys_mem.coordination.graph import (
     BranchGraph,
@@ -32,25 +31,13 @@ from marsys_mem.coordination.mqtt import MqttTransport
 from marsys_mem.coordination.signing import SIGNING_KEY_ENV, EnvelopeSigner, ReplayWindow
 from marsys_mem.coordination.transport import InProcessBroker, InProcessTransport, Transport
 from marsys_mem.coordination.wire import DEFAULT_MAX_PAYLOAD, fact_topic, facts_filter
-from marsys_mem.exceptions import (
-    AuthenticationError,
-    BranchError,
-    CoordinationError,
-    MergeCycleError,
-    SignatureError,
-    TransportError,
-    UnknownBranchError,
-)
 
 __all__ = [
     "DEFAULT_MAX_PAYLOAD",
     "SIGNING_KEY_ENV",
-    "AuthenticationError",
-    "BranchError",
     "BranchGraph",
     "BranchInfo",
     "BranchStatus",
-    "CoordinationError",
     "Coordinator",
     "EnvelopeSigner",
     "FactCallback",
@@ -59,17 +46,12 @@ __all__ = [
     "GraphChange",
     "InProcessBroker",
     "InProcessTransport",
-    "MergeCycleError",
     "MergeResult",
     "MergeStrategy",
     "MqttTransport",
     "ReplayWindow",
-    "SignatureError",
     "Transport",
-    "TransportError",
-    "UnknownBranchError",
     "attach_memory",
     "fact_topic",
     "facts_filter",
-    "inbox_key",
 ]

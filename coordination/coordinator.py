@@ -42,7 +42,6 @@ from marsys_mem.coordination.envelope import (
     MergeResult,
     ResendRequest,
     RetractEnvelope,
-    inbox_key,
 )
 from marsys_mem.coordination.graph import BranchGraph, BranchInfo, GraphChange, MergeStrategy
 from marsys_mem.coordination.merging import merge_memories
@@ -65,6 +64,7 @@ from marsys_mem.exceptions import (
 from marsys_mem.lifecycle import AsyncClosing
 from marsys_mem.model.facts import FactScope, SharedFact
 from marsys_mem.model.messages import Message
+from marsys_mem.model.names import inbox_key
 from marsys_mem.patterns.shared import ConflictRule, SharedMemoryPool
 
 if TYPE_CHECKING:
@@ -109,9 +109,7 @@ class _Targets:
     def subset(self, positions: Iterable[int]) -> _Targets:
         """The members at ``positions`` only."""
         picked = list(positions)
-        return _Targets(
-            tuple(self.members[i] for i in picked), tuple(self.keys[i] for i in picked)
-        )
+        return _Targets(tuple(self.members[i] for i in picked), tuple(self.keys[i] for i in picked))
 
 
 def attach_memory(
@@ -233,8 +231,11 @@ class Coordinator(AsyncClosing):
         # our own facts echoed back by the broker (MQTT 3.1.1 has no "no local") are
         # dropped on this prefix, before the JSON is parsed.
         self._echo_prefix = (
-            b'{"v":1,"namespace":' + to_json(self.namespace) + b',"sender":'
-            + to_json(self.sender_id) + b","
+            b'{"v":1,"namespace":'
+            + to_json(self.namespace)
+            + b',"sender":'
+            + to_json(self.sender_id)
+            + b","
         )
         self.max_log = max_log
         self.error: BaseException | None = None  # why receiving stopped, if it did
@@ -589,7 +590,10 @@ class Coordinator(AsyncClosing):
         sender, epoch = stream
         try:
             ask = ResendRequest(
-                namespace=self.namespace, sender=self.sender_id, to=sender, epoch=epoch,
+                namespace=self.namespace,
+                sender=self.sender_id,
+                to=sender,
+                epoch=epoch,
                 ranges=ranges,
             )
         except ValueError:  # pragma: no cover - the ranges come from validated envelopes
@@ -602,8 +606,9 @@ class Coordinator(AsyncClosing):
         task.add_done_callback(lambda _t: self._asking.discard(stream))
 
     async def _send_mark(self, seq: int) -> None:
-        mark = HighWaterMark(namespace=self.namespace, sender=self.sender_id, epoch=self.epoch,
-                             seq=seq)
+        mark = HighWaterMark(
+            namespace=self.namespace, sender=self.sender_id, epoch=self.epoch, seq=seq
+        )
         await self.transport.publish(self._control_topic, mark.model_dump_json().encode())
 
     async def _publish_control(self, message: ResendRequest) -> None:

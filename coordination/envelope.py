@@ -22,8 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from marsys_mem.coordination.graph import MergeStrategy
 from marsys_mem.model.facts import FactScope, SharedFact
-from marsys_mem.model.names import NAME_PATTERN
-from marsys_mem.patterns.shared import ConflictRule, member_key
+from marsys_mem.model.names import NAME_PATTERN, inbox_key
+from marsys_mem.patterns.shared import ConflictRule
 
 __all__ = [
     "CONTROL_ADAPTER",
@@ -37,15 +37,11 @@ __all__ = [
     "MergeResult",
     "ResendRequest",
     "RetractEnvelope",
-    "inbox_key",
 ]
 
 _NAME_PATTERN = NAME_PATTERN  # the one naming rule (marsys_mem.model.names)
 _MAX_SEQ = 2**63 - 1
 _Seq = Annotated[int, Field(ge=1, le=_MAX_SEQ)]
-
-inbox_key = member_key
-"""The :class:`SharedMemoryPool` member name of an agent on a branch (``member_key``)."""
 
 
 class FactEnvelope(BaseModel):
@@ -194,7 +190,7 @@ class FactDelivery:
 
     @property
     def key(self) -> str:
-        """The agent's inbox key (:func:`inbox_key`)."""
+        """The agent's inbox key (:func:`~marsys_mem.model.names.inbox_key`)."""
         return inbox_key(self.agent, self.branch)
 
 

@@ -47,7 +47,6 @@ __all__ = [
     "ReplayGuard",
     "ReplayWindow",
     "Sealed",
-    "SignatureError",
     "SignedWire",
     "as_signer",
     "rejected_counts",
@@ -218,8 +217,10 @@ class ReplayGuard:
         elif signed_at > now + window.max_skew:
             why = f"signed {signed_at - now:.1f}s ahead, over max_skew {window.max_skew:g}s"
         elif signed_at <= self.floor:
-            why = (f"signed {now - signed_at:.1f}s ago, before this receiver's session "
-                   f"began (less max_skew {window.max_skew:g}s)")
+            why = (
+                f"signed {now - signed_at:.1f}s ago, before this receiver's session "
+                f"began (less max_skew {window.max_skew:g}s)"
+            )
         if why is not None:
             raise SignatureError(f"stale payload on {_short(topic)} ({why})", reason="stale")
         if nonce in seen:
@@ -301,8 +302,7 @@ class EnvelopeSigner:
         """Every key id accepted when verifying (the active one first)."""
         return tuple(k.decode("ascii") for k in self._keys)
 
-    def _mac(self, base: hmac.HMAC, stamp: bytes, nonce: bytes, topic: bytes,
-             body: bytes) -> bytes:
+    def _mac(self, base: hmac.HMAC, stamp: bytes, nonce: bytes, topic: bytes, body: bytes) -> bytes:
         h = base.copy()
         for part in (stamp, nonce, topic):
             h.update(part)
@@ -324,8 +324,7 @@ class EnvelopeSigner:
             raise ValueError(f"at must be a time from 1970 on, got {when!r}")
         stamp = str(int(when * 1000)).encode("ascii")
         nonce = base64.urlsafe_b64encode(os.urandom(_NONCE_BYTES))
-        mac = self._mac(self._keys[kid], stamp, nonce, topic.encode("utf-8", "surrogatepass"),
-                        body)
+        mac = self._mac(self._keys[kid], stamp, nonce, topic.encode("utf-8", "surrogatepass"), body)
         return b".".join((_VERSION, kid, stamp, nonce, mac, body))
 
     def verify(self, topic: str, data: bytes) -> bytes:
@@ -423,9 +422,7 @@ def signed_wire(
         ValueError: a ``replay_window`` without a ``signing_key``.
     """
     if replay_window is not None and not isinstance(replay_window, ReplayWindow):
-        raise TypeError(
-            f"replay_window must be a ReplayWindow, got {type(replay_window).__name__}"
-        )
+        raise TypeError(f"replay_window must be a ReplayWindow, got {type(replay_window).__name__}")
     signer = as_signer(signing_key)
     if signer is None:
         if replay_window is not None:

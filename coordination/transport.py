@@ -2,17 +2,16 @@
 
 A transport moves opaque payloads (bytes) between coordinators on MQTT-style topics. The
 topic scheme and the checks every transport makes (the namespace fence, payload size) are
-in :mod:`marsys_mem.coordination.wire`; they are re-exported here, where they were first
-defined. Every transport is bound to one namespace and refuses topics outside
-``marsys/<namespace>/``, so no payload crosses namespaces.
+in :mod:`marsys_mem.coordination.wire`. Every transport is bound to one namespace and
+refuses topics outside ``marsys/<namespace>/``, so no payload crosses namespaces.
 
 :class:`InProcessTransport` talks to an :class:`InProcessBroker` (one per process by default)
 with asyncio queues. It mirrors what the MQTT transport guarantees with QoS 1 and a persistent
 session: a client that disconnects and reconnects with the same ``client_id`` receives what
 was published on its subscriptions while it was away (up to ``max_queued`` payloads).
 
-The errors of the coordination layer (:class:`CoordinationError` and below) are defined in
-:mod:`marsys_mem.exceptions`, with the rest of the library's, and re-exported here.
+The errors of the coordination layer (:class:`CoordinationError` and below) are in
+:mod:`marsys_mem.exceptions`, with the rest of the library's.
 """
 
 from __future__ import annotations
@@ -37,49 +36,18 @@ from marsys_mem.coordination.wire import (
     DEFAULT_MAX_PAYLOAD,
     check_in_namespace,
     check_payload,
-    control_topic,
-    fact_topic,
-    facts_filter,
     levels_match,
-    namespace_prefix,
-    parse_fact_topic,
-    topic_matches,
     validate_filter,
     validate_topic,
 )
 from marsys_mem.exceptions import (
-    AuthenticationError,
-    BranchError,
     CoordinationError,
-    MergeCycleError,
     TransportError,
-    UnknownBranchError,
 )
 from marsys_mem.lifecycle import AsyncClosing
 from marsys_mem.model.names import validate_name
 
-__all__ = [
-    "DEFAULT_MAX_PAYLOAD",
-    "AuthenticationError",
-    "BranchError",
-    "BrokerSession",
-    "CoordinationError",
-    "InProcessBroker",
-    "InProcessTransport",
-    "MergeCycleError",
-    "Transport",
-    "TransportError",
-    "UnknownBranchError",
-    "control_topic",
-    "fact_topic",
-    "facts_filter",
-    "namespace_prefix",
-    "parse_fact_topic",
-    "topic_matches",
-    "validate_filter",
-    "validate_name",
-    "validate_topic",
-]
+__all__ = ["BrokerSession", "InProcessBroker", "InProcessTransport", "Transport"]
 
 log = logging.getLogger("marsys_mem.coordination")
 
@@ -160,7 +128,14 @@ class BrokerSession:
     """
 
     __slots__ = (
-        "clean", "client_id", "dropped", "filters", "no_local", "pending", "queue", "resumed",
+        "clean",
+        "client_id",
+        "dropped",
+        "filters",
+        "no_local",
+        "pending",
+        "queue",
+        "resumed",
     )
 
     def __init__(self, client_id: str, clean: bool, max_queued: int) -> None:

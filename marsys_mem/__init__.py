@@ -22,6 +22,7 @@ from marsys_mem.config.models import (
     StoreConfig,
     parse_duration,
 )
+from marsys_mem.context.policy import ContextPolicy, ContextWindow, Strategy, Summarizer
 from marsys_mem.context.summarize import ExtractiveSummarizer
 from marsys_mem.context.tokens import (
     CallableCounter,
@@ -31,14 +32,7 @@ from marsys_mem.context.tokens import (
     count_message,
     get_counter,
 )
-from marsys_mem.context.window import (
-    ContextPolicy,
-    ContextWindow,
-    Strategy,
-    Summarizer,
-    abuild_context,
-    build_context,
-)
+from marsys_mem.context.window import abuild_context, build_context
 from marsys_mem.conversation import ConversationMemory
 from marsys_mem.exceptions import (
     ConfigError,
@@ -132,6 +126,7 @@ def __getattr__(name: str) -> _typing.Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "MESSAGE_LIST_ADAPTER",

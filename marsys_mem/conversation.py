@@ -166,6 +166,15 @@ class _View:
             out.extend(seg.messages[:bound])
         return out
 
+    def position(self, message_id: str) -> int | None:
+        """Global position of the message with this id, or ``None``."""
+        for i in range(len(self._segs) - 1, -1, -1):
+            seg, bound = self._segs[i]
+            local = seg.ids.get(message_id)
+            if local is not None and local < bound:
+                return self._starts[i] + local
+        return None
+
     def protected_positions(self) -> list[int]:
         out: list[int] = []
         for (seg, bound), start in zip(self._segs, self._starts, strict=True):
@@ -205,6 +214,10 @@ class _FlatView(_View):
 
     def messages(self) -> list[Message]:
         return self._seg.messages[: self._len]
+
+    def position(self, message_id: str) -> int | None:
+        local = self._seg.ids.get(message_id)
+        return local if local is not None and local < self._len else None
 
     def protected_positions(self) -> list[int]:
         protected = self._seg.protected
@@ -338,14 +351,7 @@ class ConversationMemory:
         if isinstance(position, slice):
             return self.read()[position]
         with self._lock:
-            if position < 0:
-                position += self._offset + len(self._own.messages)
-            if position >= self._offset:
-                return self._own.messages[position - self._offset]
-            if position < 0:
-                raise IndexError("message position out of range")
-            i = bisect.bisect_right(self._starts, position) - 1
-            return self._borrowed[i][0].messages[position - self._starts[i]]
+            return self._view()[position]
 
     def __iter__(self) -> Iterator[Message]:
         with self._lock:
@@ -358,21 +364,10 @@ class ConversationMemory:
         with self._lock:
             return self._position(message_id) is not None
 
-    def _segments(self) -> Iterator[tuple[_Segment, int, int]]:
-        """(segment, bound, global start), newest first."""
-        yield self._own, len(self._own.messages), self._offset
-        for i in range(len(self._borrowed) - 1, -1, -1):
-            seg, bound = self._borrowed[i]
-            yield seg, bound, self._starts[i]
-
     def _position(self, message_id: str) -> int | None:
         if not self._borrowed:  # fast path: nothing forked (offset is 0)
             return self._own.ids.get(message_id)
-        for seg, bound, start in self._segments():
-            local = seg.ids.get(message_id)
-            if local is not None and local < bound:
-                return start + local
-        return None
+        return self._view().position(message_id)
 
     def protected_positions(self) -> list[int]:
         """Global positions of system and pinned messages, ascending."""
@@ -390,23 +385,14 @@ class ConversationMemory:
             return self._call_results(call_id)
 
     def _call_owner(self, call_id: str, before: int | None = None) -> int | None:
-        if not self._borrowed:
+        if not self._borrowed:  # fast path: nothing forked
             return latest_before(self._own.owners.get(call_id), before)
-        for seg, bound, start in self._segments():
-            limit = bound if before is None else min(bound, before - start)
-            local = latest_before(seg.owners.get(call_id), limit)
-            if local is not None:
-                return start + local
-        return None
+        return self._view().call_owner(call_id, before)
 
     def _call_results(self, call_id: str) -> list[int]:
         if not self._borrowed:
             return list(self._own.results.get(call_id, ()))
-        out: list[int] = []
-        for seg, bound, start in self._segments():
-            out.extend(start + p for p in seg.results.get(call_id, ()) if p < bound)
-        out.sort()
-        return out
+        return self._view().call_results(call_id)
 
     # ------------------------------------------------------------------ writing
     def _check(

@@ -19,12 +19,12 @@ from typing import Any, Literal
 
 from marsys_mem.config.models import RetentionPolicy
 from marsys_mem.context.policy import ContextWindow
-from marsys_mem.coordination import BranchGraph, Coordinator, InProcessTransport, inbox_key
+from marsys_mem.coordination import BranchGraph, Coordinator, InProcessTransport
 from marsys_mem.exceptions import DuplicateMessageError
 from marsys_mem.manager import MemoryManager
 from marsys_mem.model.facts import FactScope, SharedFact, fact_message, fact_of_message
 from marsys_mem.model.messages import Message, to_llm_format
-from marsys_mem.model.names import validate_name
+from marsys_mem.model.names import inbox_key, validate_name
 from marsys_mem.patterns.rag import RAGMemory, ScoredMessage, SearchMode
 from marsys_mem.retrieval.embeddings import Embedder, HashingEmbedder, default_embedder
 from marsys_mem.store import InMemoryStore

@@ -478,7 +478,7 @@ for branch in ["pt", "es"]:
 HTML(report_html(results, title="Merge results"))  # any report, one section per branch
 """),
     code("""
-from marsys_mem.coordination import MergeCycleError
+from marsys_mem.exceptions import MergeCycleError
 
 coord.fork("it", "it-north")
 try:

@@ -17,7 +17,7 @@ from marsys_mem.patterns.extraction import (
 from marsys_mem.patterns.hierarchical import HierarchicalMemory, Tier
 from marsys_mem.patterns.importance import default_importance
 from marsys_mem.patterns.rag import Fusion, RAGMemory, ScoredMessage, SearchMode
-from marsys_mem.patterns.shared import ConflictRule, SharedMemoryPool, member_key
+from marsys_mem.patterns.shared import ConflictRule, SharedMemoryPool
 from marsys_mem.patterns.threads import CrossThreadRecall, ThreadHit
 from marsys_mem.patterns.user_facts import (
     Fact,
@@ -58,5 +58,4 @@ __all__ = [
     "default_importance",
     "extract_facts_offline",
     "is_trivial",
-    "member_key",
 ]

@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from marsys_mem.context.blocks import BlockItem, block_message
+from marsys_mem.context.policy import ContextPolicy
 from marsys_mem.context.tokens import TokenCounter, count_message, get_counter
-from marsys_mem.context.window import ContextPolicy
 from marsys_mem.exceptions import (
     ContextOverflowError,
     DuplicateMessageError,
@@ -57,7 +57,7 @@ from marsys_mem.store.base import Append, Delete, Key, MemoryStore, validate_key
 from marsys_mem.store.memory import InMemoryStore
 from marsys_mem.store.owners import DeletionFeed
 
-__all__ = ["HierarchicalMemory", "Tier", "default_importance"]
+__all__ = ["HierarchicalMemory", "Tier"]
 
 log = logging.getLogger("marsys_mem.patterns.hierarchical")
 
@@ -225,9 +225,7 @@ class HierarchicalMemory(Closing):
             return []
         gone_by_key, complete = self._feed.poll()
         dropped = self.archive.sync()
-        if complete and not (
-            gone_by_key.get(self.core_key) or gone_by_key.get(self.working_key)
-        ):
+        if complete and not (gone_by_key.get(self.core_key) or gone_by_key.get(self.working_key)):
             return dropped
         with self._lock:  # tiers are small: compare with what the store holds now
             stored_core = {m.message_id for m in self.store.load_messages(self.core_key)}

@@ -25,26 +25,11 @@ from marsys_mem.context.blocks import BlockItem, block_message
 from marsys_mem.conversation import ConversationMemory
 from marsys_mem.model.facts import FactScope, SharedFact
 from marsys_mem.model.messages import Message
-from marsys_mem.model.names import inbox_key
 
-__all__ = ["ConflictRule", "SharedMemoryPool", "member_key"]
+__all__ = ["ConflictRule", "SharedMemoryPool"]
 
 ConflictRule = Literal["newest", "confidence", "keep_both"]
 _RULES = ("newest", "confidence", "keep_both")
-
-
-def member_key(agent: str, branch: str = "main") -> str:
-    """The pool member name of ``agent`` on ``branch``: ``agent`` on main, else ``agent@branch``.
-
-    Agents of different branches have separate inboxes, so facts scoped to one branch do
-    not leak into a sibling's context. The coordinator and the manager both use this. It
-    is :func:`marsys_mem.model.names.inbox_key`: both names are checked (no ``@`` in either), so
-    no other pair spells the same member.
-
-    Raises:
-        InvalidNameError: ``agent`` or ``branch`` is not a name.
-    """
-    return inbox_key(agent, branch)
 
 
 def _wins(new: SharedFact, old: SharedFact, rule: ConflictRule) -> bool:

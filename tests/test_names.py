@@ -16,15 +16,14 @@ from marsys_mem.coordination import (
     InProcessTransport,
     MqttTransport,
     fact_topic,
-    inbox_key,
 )
 from marsys_mem.coordination.envelope import FactEnvelope
-from marsys_mem.coordination.transport import parse_fact_topic
+from marsys_mem.coordination.wire import parse_fact_topic
 from marsys_mem.exceptions import ConfigError, InvalidNameError
 from marsys_mem.model.facts import SharedFact
-from marsys_mem.model.names import NAME_PATTERN, is_name, parse_inbox_key, validate_name
+from marsys_mem.model.names import NAME_PATTERN, inbox_key, is_name, parse_inbox_key, validate_name
 from marsys_mem.model.names import validate_name as names_validate_name
-from marsys_mem.patterns import EpisodicMemory, HierarchicalMemory, RAGMemory, member_key
+from marsys_mem.patterns import EpisodicMemory, HierarchicalMemory, RAGMemory
 from marsys_mem.patterns.agent import AgentPatterns
 from marsys_mem.store import InMemoryStore, SQLiteStore
 from marsys_mem.store.keys import facts_key, internal_key
@@ -104,7 +103,6 @@ def _other_entry_points(tmp_store: Any) -> list[Callable[[Any], object]]:
         lambda n: validate_name("branch", n),  # the transports' (same function)
         lambda n: inbox_key(n, "main"),
         lambda n: inbox_key("writer", n),
-        lambda n: member_key(n),
         lambda n: graph.add_branch(n),
         lambda n: graph.fork("main", n),
         lambda n: graph.add_branch("other", agents=[n]),
@@ -255,8 +253,20 @@ def test_coordinator_inboxes_use_the_rule():
 
 @pytest.mark.parametrize(
     "char",
-    ["\u202e", "\u202a", "\u2066", "\u200b", "\u200d", "\u200e", "\u2028", "\u2029",
-     "\ufeff", "\u2060", "\u061c", "\u180e"],
+    [
+        "\u202e",
+        "\u202a",
+        "\u2066",
+        "\u200b",
+        "\u200d",
+        "\u200e",
+        "\u2028",
+        "\u2029",
+        "\ufeff",
+        "\u2060",
+        "\u061c",
+        "\u180e",
+    ],
 )
 def test_invisible_and_bidi_characters_are_not_in_names(char: str) -> None:
     """issue 25 item 9: look-alike names (a bidi override, a zero-width space, a line

@@ -49,7 +49,6 @@ __all__ = [
     "InternalKeySummary",
     "InvalidRow",
     "SearchHit",
-    "StoreNotFoundError",
     "StoreSummary",
     "StoredFact",
     "find_store",

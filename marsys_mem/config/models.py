@@ -41,7 +41,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from marsys_mem.config.files import short_repr
 from marsys_mem.config.schema_forms import AlsoAccepts, SchemaAs, SchemaOf
 from marsys_mem.context.compose import BudgetSplit
-from marsys_mem.context.window import ContextPolicy
+from marsys_mem.context.policy import ContextPolicy
 from marsys_mem.exceptions import ConfigError
 from marsys_mem.model.names import NAME_PATTERN
 

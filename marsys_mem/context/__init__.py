@@ -24,7 +24,6 @@ from marsys_mem.context.window import (
     abuild_window,
     build_context,
     build_window,
-    is_user_turn,
     latest_before,
 )
 
@@ -53,7 +52,6 @@ __all__ = [
     "build_window",
     "count_message",
     "get_counter",
-    "is_user_turn",
     "latest_before",
     "parse_block",
 ]

@@ -24,8 +24,6 @@ from marsys_mem.context.blocks import render_lines
 from marsys_mem.context.policy import (
     ContextPolicy,
     ContextWindow,
-    StartOn,
-    Strategy,
     Summarizer,
 )
 from marsys_mem.context.summarize import SUMMARY_HEADER, ExtractiveSummarizer
@@ -35,23 +33,15 @@ from marsys_mem.model.messages import Message, is_user_turn
 
 __all__ = [
     "SUMMARY_NAME",
-    "ContextPolicy",
-    "ContextWindow",
     "HistoryIndex",
-    "StartOn",
-    "Strategy",
-    "Summarizer",
     "SummaryState",
     "WindowBuild",
     "abuild_context",
     "abuild_window",
     "build_context",
     "build_window",
-    "is_user_turn",
     "latest_before",
 ]
-# ContextPolicy, ContextWindow, StartOn, Strategy and Summarizer live in context.policy; they are
-# re-exported here for the modules that import them from context.window.
 
 
 # ---------------------------------------------------------------------- history index

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from marsys_mem.llm.anthropic import AnthropicLLM
     from marsys_mem.llm.openai import OpenAILLM
 
-__all__ = ["PROVIDERS", "LLMSpec", "key_env", "llm_problems", "make_llm"]
+__all__ = ["PROVIDERS", "LLMSpec", "llm_problems", "make_llm"]
 
 PROVIDERS: dict[str, tuple[str, str]] = {
     "openai": ("marsys_mem.llm.openai", "openai"),

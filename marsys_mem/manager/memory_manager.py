@@ -48,8 +48,8 @@ from marsys_mem.config.load import load_config
 from marsys_mem.config.models import MemoryConfig, RetentionPolicy
 from marsys_mem.context.blocks import BlockItem
 from marsys_mem.context.compose import Block, aassemble, assemble
+from marsys_mem.context.policy import ContextPolicy, Summarizer
 from marsys_mem.context.tokens import TokenCounter, get_counter
-from marsys_mem.context.window import ContextPolicy, Summarizer
 from marsys_mem.conversation import ConversationMemory
 from marsys_mem.exceptions import ContextOverflowError, MarsysMemError, MessageNotFoundError
 from marsys_mem.lifecycle import Closing
@@ -59,11 +59,11 @@ from marsys_mem.manager.sinks import AgentSink, MemoryBound, StoreWriter
 from marsys_mem.model.events import EventBus
 from marsys_mem.model.facts import SharedFact, fact_of_message
 from marsys_mem.model.messages import Message, Provider, to_llm_format
-from marsys_mem.model.names import validate_name
+from marsys_mem.model.names import inbox_key, validate_name
 from marsys_mem.model.runs import RunContext, RunSnapshot, history
 from marsys_mem.model.traces import TraceStep
 from marsys_mem.patterns.agent import AgentPatterns, resolve_embedder
-from marsys_mem.patterns.shared import SharedMemoryPool, member_key
+from marsys_mem.patterns.shared import SharedMemoryPool
 from marsys_mem.patterns.threads import CrossThreadRecall
 from marsys_mem.patterns.user_facts import FactMemory
 from marsys_mem.retrieval.embeddings import (
@@ -350,7 +350,7 @@ class MemoryManager(Closing):
             else:
                 memory.sink = None
         self._memories[slot] = memory
-        self.shared.register(member_key(*slot), memory)
+        self.shared.register(inbox_key(*slot), memory)
 
     def _embedder(self, spelling: str) -> Embedder | None:
         """One embedder per spelling for the whole manager (the model loads once)."""
@@ -748,7 +748,7 @@ class MemoryManager(Closing):
         """The end of a session / single run: the memory goes, with what was derived from it."""
         mem = self._memories.pop(slot, None)
         self._sinks.pop(slot, None)
-        self.shared.forget(member_key(*slot))
+        self.shared.forget(inbox_key(*slot))
         patterns = self._patterns.pop(slot, None)
         if patterns is not None:
             if mem is not None:  # facts learned from its messages go with them
@@ -964,7 +964,7 @@ class MemoryManager(Closing):
         counter = get_counter(policy.token_counter) if policy.token_counter else mem.counter
         budget = self.config.policy_for(agent).patterns.budget
         blocks: list[Block] = []
-        facts = self.shared.facts_for(member_key(agent, branch))
+        facts = self.shared.facts_for(inbox_key(agent, branch))
         if facts:
             blocks.append(
                 Block(

@@ -15,7 +15,7 @@ from marsys_mem.model.messages import (
     ToolCall,
     to_llm_format,
 )
-from marsys_mem.model.names import validate_name
+from marsys_mem.model.names import inbox_key, validate_name
 from marsys_mem.model.runs import RunSnapshot, history
 from marsys_mem.model.traces import TraceStep, trace_of
 
@@ -33,6 +33,7 @@ __all__ = [
     "ToolCall",
     "TraceStep",
     "history",
+    "inbox_key",
     "to_llm_format",
     "trace_of",
     "validate_name",

@@ -15,7 +15,7 @@ builds (:func:`internal_key`, :func:`facts_key`) and reads back (:func:`parse_ke
 * ``threads``: ``(ns, "#threads", subject)``, the conversations held with a subject
   (:func:`subject_threads_key`, for cross-thread recall).
 
-The spellings are those of earlier versions, so existing stores read as before. They
+These spellings are a stored format (changing one needs a store migration). They
 cannot be forged from names: every internal spelling contains ``#``, which no name may
 contain, and a store accepts a key part that is not a name only when this module built it
 (or the store itself returned it from ``list_keys``). A plain string such as

@@ -23,6 +23,7 @@ from marsys_mem.config.load import load_config_file
 from marsys_mem.config.models import MemoryConfig
 from marsys_mem.config.report import raise_errors, read_data
 from marsys_mem.config.sourcemap import LocatedError, locate
+from marsys_mem.exceptions import WorkflowError, WorkflowRunError
 from marsys_mem.llm.factory import llm_problems
 from marsys_mem.llm.trust import FileTrust
 from marsys_mem.workflow.models import (
@@ -48,8 +49,6 @@ from marsys_mem.workflow.models import (
     Step,
     ToolStep,
     Workflow,
-    WorkflowError,
-    WorkflowRunError,
 )
 from marsys_mem.workflow.plan import (
     PlannedStep,

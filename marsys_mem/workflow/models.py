@@ -33,7 +33,6 @@ from marsys_mem.config.models import LLMConfig, MemoryConfig
 from marsys_mem.config.schema_forms import AlsoAccepts
 from marsys_mem.config.sourcemap import Located, PathPart, SourceMap, did_you_mean, locate
 from marsys_mem.coordination.graph import MergeStrategy
-from marsys_mem.exceptions import WorkflowError, WorkflowRunError
 from marsys_mem.model.facts import FactScope
 from marsys_mem.model.names import NAME_PATTERN
 from marsys_mem.patterns.shared import ConflictRule
@@ -65,9 +64,7 @@ __all__ = [
     "ToolStep",
     "TransportSpec",
     "Workflow",
-    "WorkflowError",
     "WorkflowOrigin",
-    "WorkflowRunError",
     "normalize_agent",
     "normalize_step",
     "validate_step",

@@ -50,7 +50,7 @@ from marsys_mem.config.sourcemap import (
     located_errors,
 )
 from marsys_mem.coordination.graph import BranchGraph
-from marsys_mem.coordination.transport import BranchError
+from marsys_mem.exceptions import BranchError, WorkflowError
 from marsys_mem.llm.factory import llm_problems
 from marsys_mem.workflow.models import (
     UNION_TAGS,
@@ -60,7 +60,6 @@ from marsys_mem.workflow.models import (
     MemorySpec,
     RepeatStep,
     Workflow,
-    WorkflowError,
     WorkflowOrigin,
     normalize_agent,
     normalize_step,

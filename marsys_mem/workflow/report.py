@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from marsys_mem.display import report_html
 
 if TYPE_CHECKING:
-    from marsys_mem.context.window import ContextPolicy, ContextWindow
+    from marsys_mem.context.policy import ContextPolicy, ContextWindow
     from marsys_mem.model.facts import SharedFact
     from marsys_mem.model.messages import Message
     from marsys_mem.patterns.user_facts import Fact

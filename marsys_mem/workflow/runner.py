@@ -52,27 +52,21 @@ from marsys_mem.coordination import (
     MqttTransport,
     Transport,
 )
-from marsys_mem.coordination.envelope import inbox_key
-from marsys_mem.exceptions import LLMError, MarsysMemError
+from marsys_mem.exceptions import LLMError, MarsysMemError, WorkflowRunError
 from marsys_mem.llm.base import LLM
 from marsys_mem.llm.factory import make_llm
 from marsys_mem.llm.trust import FileTrust
 from marsys_mem.manager import MemoryManager
 from marsys_mem.model.facts import SharedFact
 from marsys_mem.model.messages import AgentCall, Message, ToolCall
-from marsys_mem.model.names import MAX_NAME_LENGTH, is_name
+from marsys_mem.model.names import MAX_NAME_LENGTH, inbox_key, is_name
 from marsys_mem.model.runs import RunContext
 from marsys_mem.patterns.user_facts import FactCandidate, FactMemory
 from marsys_mem.retrieval.embeddings import INSTALL_HINT, Embedder, default_embedder
 from marsys_mem.store.base import Key
 from marsys_mem.store.keys import FACTS_AGENT, facts_key
 from marsys_mem.workflow.evidence import best_evidence, gather_evidence
-from marsys_mem.workflow.models import (
-    MqttSettings,
-    MqttTransportSpec,
-    Workflow,
-    WorkflowRunError,
-)
+from marsys_mem.workflow.models import MqttSettings, MqttTransportSpec, Workflow
 from marsys_mem.workflow.plan import PlannedStep, PreparedWorkflow
 from marsys_mem.workflow.report import (
     AskReport,

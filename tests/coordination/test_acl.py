@@ -24,13 +24,13 @@ import aiomqtt
 import pytest
 
 from marsys_mem.coordination import (
-    AuthenticationError,
     BranchGraph,
     Coordinator,
     FactEnvelope,
     MqttTransport,
     fact_topic,
 )
+from marsys_mem.exceptions import AuthenticationError
 from marsys_mem.model.facts import SharedFact
 from marsys_mem.patterns.shared import SharedMemoryPool
 from tests.coordination.conftest import Broker, _mosquitto_passwd

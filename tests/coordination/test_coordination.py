@@ -11,27 +11,29 @@ import pytest
 
 from marsys_mem.conversation import ConversationMemory
 from marsys_mem.coordination import (
-    AuthenticationError,
-    BranchError,
     BranchGraph,
-    CoordinationError,
     Coordinator,
     FactDelivery,
     FactEnvelope,
     InProcessBroker,
     InProcessTransport,
     MqttTransport,
-    TransportError,
-    UnknownBranchError,
     fact_topic,
-    inbox_key,
 )
 from marsys_mem.coordination.envelope import HighWaterMark, ResendRequest
 from marsys_mem.coordination.repair import Outbox
 from marsys_mem.coordination.wire import control_topic
+from marsys_mem.exceptions import (
+    AuthenticationError,
+    BranchError,
+    CoordinationError,
+    TransportError,
+    UnknownBranchError,
+)
 from marsys_mem.manager import MemoryManager
 from marsys_mem.model.facts import SharedFact
 from marsys_mem.model.messages import Message
+from marsys_mem.model.names import inbox_key
 from marsys_mem.patterns.shared import SharedMemoryPool
 
 WAIT = 10.0  # upper bound of any single wait

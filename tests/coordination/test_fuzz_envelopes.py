@@ -28,11 +28,11 @@ from marsys_mem.coordination import (
     InProcessBroker,
     InProcessTransport,
     MqttTransport,
-    SignatureError,
     fact_topic,
 )
 from marsys_mem.coordination.signing import SIGNATURE_OVERHEAD, SignedWire
 from marsys_mem.coordination.wire import parse_fact_topic
+from marsys_mem.exceptions import SignatureError
 from marsys_mem.model.facts import SharedFact
 from marsys_mem.model.names import is_name
 from marsys_mem.patterns.shared import SharedMemoryPool

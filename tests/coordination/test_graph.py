@@ -4,14 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from marsys_mem.coordination import (
-    BranchError,
-    BranchGraph,
-    GraphChange,
-    MergeCycleError,
-    UnknownBranchError,
-)
-from marsys_mem.exceptions import MarsysMemError
+from marsys_mem.coordination import BranchGraph, GraphChange
+from marsys_mem.exceptions import BranchError, MarsysMemError, MergeCycleError, UnknownBranchError
 
 
 @pytest.fixture

@@ -31,10 +31,10 @@ from marsys_mem.coordination import (
     InProcessTransport,
     MqttTransport,
     ReplayWindow,
-    SignatureError,
     fact_topic,
 )
 from marsys_mem.coordination.signing import ReplayGuard, SignedWire
+from marsys_mem.exceptions import SignatureError
 from marsys_mem.model.facts import SharedFact
 from marsys_mem.patterns.shared import SharedMemoryPool
 

@@ -20,18 +20,16 @@ import pytest
 from marsys_mem.coordination import (
     SIGNING_KEY_ENV,
     BranchGraph,
-    CoordinationError,
     Coordinator,
     EnvelopeSigner,
     FactEnvelope,
     InProcessBroker,
     InProcessTransport,
     MqttTransport,
-    SignatureError,
     fact_topic,
 )
 from marsys_mem.coordination.signing import SIGNATURE_OVERHEAD, SignedWire, as_signer
-from marsys_mem.exceptions import ConfigError
+from marsys_mem.exceptions import ConfigError, CoordinationError, SignatureError
 from marsys_mem.model.facts import SharedFact
 from marsys_mem.patterns.shared import SharedMemoryPool
 

@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from marsys_mem.context.policy import ContextPolicy
 from marsys_mem.context.tokens import HeuristicCounter, count_message
-from marsys_mem.context.window import ContextPolicy
 from marsys_mem.exceptions import (
     ContextOverflowError,
     DuplicateMessageError,
@@ -15,7 +15,8 @@ from marsys_mem.exceptions import (
     StoreError,
 )
 from marsys_mem.model.messages import Message, ToolCall
-from marsys_mem.patterns.hierarchical import HierarchicalMemory, default_importance
+from marsys_mem.patterns.hierarchical import HierarchicalMemory
+from marsys_mem.patterns.importance import default_importance
 from marsys_mem.patterns.rag import RAGMemory
 from marsys_mem.retrieval.embeddings import HashingEmbedder
 from marsys_mem.store import InMemoryStore, SQLiteStore

@@ -17,7 +17,8 @@ from marsys_mem import MemoryManager
 from marsys_mem.cli.main import main
 from marsys_mem.config.models import LLMConfig, MemoryConfig
 from marsys_mem.exceptions import LLMError
-from marsys_mem.llm.factory import key_env, llm_problems, make_llm
+from marsys_mem.llm.factory import llm_problems, make_llm
+from marsys_mem.llm.trust import key_env
 from marsys_mem.model.traces import trace_of
 from marsys_mem.store.sqlite import SQLiteStore
 from marsys_mem.testing.llm_server import (
