@@ -13,13 +13,12 @@ memory does not grow with the store, and every host sees every other host's mess
 and deletions the moment they commit: there is nothing to catch up.
 
 The ranker sees what the in-process path would: the candidates' context turns are read
-from the store (``LoadAround``: the turns before and after each hit in its thread, as the
-in-process thread links have them), every candidate and context turn gets its exact cosine
-(``ScoreVectors``, for those the dense search did not return), and the keyword side is
+from the store with their exact cosines (``ScoreAround``: the turns before and after each
+hit in its thread, as the in-process thread links have them), and the keyword side is
 scored with BM25 on the host from the database's document frequencies of the query's
-words (``CountMatches``: every word counted in one query). A hybrid search costs three
-round trips after the forward pass: the dense search (the keyword page and the counts
-meanwhile, in a helper thread), the context turns, their cosines.
+words (``CountMatches``). A hybrid search after the forward pass: the dense search, then
+the dense hits' turns, while a helper thread counts the words and asks for the keyword
+page; then the keyword hits' other turns, and the hits it keeps.
 """
 
 from __future__ import annotations
@@ -428,28 +427,34 @@ class StoreSearch:
         if qvec is not None:
             assert self.embedder is not None
             # alone, the dense hits are the result: their messages come with them
-            search = SearchVectors(
-                self.embedder.name, qvec[0], depth, (self.key,), with_data=alone
-            )
+            search = SearchVectors(self.embedder.name, qvec[0], depth, (self.key,), with_data=alone)
             hits: tuple[SearchHit, ...] = self.store.batch([search])[0]
             dense = [(h.message_id, h.score) for h in hits]
             dense_done = len(dense) < depth
             stored = [h.data for h in hits if h.data is not None]
         cosines = dict(dense)
+        light = qvec is not None and around is not None
+        rows: list[TurnRow] = []
+        read: set[str] = set()  # the ids whose turns are read
+        if light and dense:  # the dense hits' turns, while the keyword side may still run
+            rows = self._score_around([mid for mid, _ in dense], qvec, around)
+            read = {mid for mid, _ in dense}
         pages = text_pages() if text_pages is not None else None
         matched = pages.ids() if pages is not None else []
         ids = list(dict.fromkeys([mid for mid, _ in dense] + matched))
         messages: Mapping[str, TurnLike] = {}
-        light = qvec is not None and around is not None
         if ids and len(stored) == len(ids):  # every hit came with its message
             parsed = MESSAGE_LIST_ADAPTER.validate_json("[" + ",".join(stored) + "]")
             messages = {m.message_id: m for m in parsed}
-        elif light and ids:  # the turns and their cosines in one query, parsed lightly
-            assert qvec is not None
-            assert around is not None
-            assert self.embedder is not None
-            op = ScoreAround(self.key, tuple(ids), self.embedder.name, qvec[0], *around)
-            rows: tuple[TurnRow, ...] = self.store.batch([op])[0]
+        elif light and ids:  # the turns and their cosines, parsed lightly
+            # a turn's window does not depend on the other ids: the keyword hits' turns
+            # are read apart and the two sets merged in the key's order
+            rest = [mid for mid in ids if mid not in read]
+            if rest:
+                rows = sorted(
+                    {r.position: r for r in rows + self._score_around(rest, qvec, around)}.values(),
+                    key=lambda r: r.position,
+                )
             messages = {r.message_id: Turn.of(r) for r in rows}
             cosines.update((r.message_id, r.cosine) for r in rows if r.cosine is not None)
         elif ids:
@@ -468,6 +473,21 @@ class StoreSearch:
             )[:depth]
         exhausted = dense_done and (pages is None or pages.exhausted)
         return Found(dense, text, cosines, keyword, messages, None, exhausted, light)
+
+    def _score_around(
+        self,
+        ids: Sequence[str],
+        qvec: npt.NDArray[np.float32] | None,
+        around: tuple[int, int] | None,
+    ) -> list[TurnRow]:
+        """``ids`` and the turns ``around`` them, with their cosines (``ScoreAround``)."""
+        assert self.store is not None
+        assert self.embedder is not None
+        assert qvec is not None
+        assert around is not None
+        op = ScoreAround(self.key, tuple(ids), self.embedder.name, qvec[0], *around)
+        rows: tuple[TurnRow, ...] = self.store.batch([op])[0]
+        return list(rows)
 
     def _keyword_scores(
         self, query: str, messages: Mapping[str, TurnLike], pages: TextPages

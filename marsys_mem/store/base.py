@@ -398,6 +398,7 @@ class TurnRow:
         message_id: the message's id.
         data: the message as stored (its JSON; ``Message.model_validate_json`` reads it).
         cosine: its vector's cosine similarity to the query (``None``: it has none).
+        position: its place in the key's order (the rows of two searches merge by it).
 
     Example:
         >>> TurnRow("m1", '{"role": "user", "content": "hi"}', 0.5).cosine
@@ -407,6 +408,7 @@ class TurnRow:
     message_id: str
     data: str
     cosine: float | None
+    position: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -854,7 +854,10 @@ def score_around(conn: Connection, setup: SearchSetup, op: ScoreAround) -> tuple
         raise ValueError(
             f"vector is {op.vector.shape[0]}-D; model {op.model!r} is stored {stored.pop()}-D here"
         )
-    return tuple(TurnRow(str(r[1]), str(r[0]), None if r[2] is None else float(r[2])) for r in rows)
+    return tuple(
+        TurnRow(str(r[1]), str(r[0]), None if r[2] is None else float(r[2]), int(r[4]))
+        for r in rows
+    )
 
 
 def _around_params(op: LoadAround | ScoreAround) -> dict[str, Any]:
@@ -894,7 +897,7 @@ def _around_query(thread: str | None, setup: SearchSetup | None = None) -> sql.C
     columns: sql.Composable = sql.SQL("s.data")
     scored: sql.Composable = sql.SQL("")
     if setup is not None:
-        columns = sql.SQL("s.data, s.message_id, c.s, c.dim")
+        columns = sql.SQL("s.data, s.message_id, c.s, c.dim, s.seq")
         # the same half-precision column and operator as a search, so the scales agree
         scored = sql.SQL(
             " LEFT JOIN LATERAL (SELECT CASE WHEN {dims}(v.embedding) = %(dim)s"
