@@ -44,6 +44,7 @@ from marsys_mem.context.compose import BudgetSplit
 from marsys_mem.context.policy import ContextPolicy
 from marsys_mem.exceptions import ConfigError
 from marsys_mem.model.names import NAME_PATTERN
+from marsys_mem.model.vector_index import VectorIndex
 
 __all__ = [
     "DATA_DIR_ENV",
@@ -459,8 +460,10 @@ class StoreConfig(BaseModel):
     to the config file's folder; without one, :func:`default_store_path` in the user's data
     folder) or ``postgres`` (one database shared by many hosts: ``dsn``, or, so that no
     password sits in a file, the environment variable named by ``dsn_env``, by default
-    ``MARSYS_MEM_PG_DSN``; ``pool``: connections per process). ``namespace`` separates
-    projects sharing a store.
+    ``MARSYS_MEM_PG_DSN``; ``pool``: connections per process; ``vector_index``: the HNSW
+    index's settings where the database has pgvector,
+    :class:`~marsys_mem.model.vector_index.VectorIndex`). ``namespace`` separates projects
+    sharing a store.
 
     Example:
         >>> StoreConfig(backend="sqlite", path="mem.db").namespace
@@ -478,13 +481,14 @@ class StoreConfig(BaseModel):
     dsn_env: str = Field(default=PG_DSN_ENV, pattern=_ENV_NAME)
     pool: PoolConfig = PoolConfig()
     connect_timeout: float = Field(default=10.0, gt=0, le=3600)
+    vector_index: VectorIndex = VectorIndex()
 
     @model_validator(mode="after")
     def _check(self) -> StoreConfig:
         if self.backend != "sqlite" and self.path is not None:
             raise ValueError(f"path is only used by backend 'sqlite', not {self.backend!r}")
         if self.backend != "postgres":
-            for name in ("dsn", "dsn_env", "pool", "connect_timeout"):
+            for name in ("dsn", "dsn_env", "pool", "connect_timeout", "vector_index"):
                 # a default written out (as model_dump writes every field) is no setting
                 default = type(self).model_fields[name].default
                 if name in self.model_fields_set and getattr(self, name) != default:

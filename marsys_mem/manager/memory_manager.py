@@ -242,6 +242,7 @@ class MemoryManager(Closing):
                 min_size=cfg.pool.min,
                 max_size=cfg.pool.max,
                 connect_timeout=cfg.connect_timeout,
+                vector_index=cfg.vector_index,
             )
         return InMemoryStore()
 
