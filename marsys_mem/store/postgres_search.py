@@ -53,7 +53,9 @@ __all__ = [
     "THREAD_FIELD",
     "TSV_STATISTICS",
     "SearchSetup",
+    "build_missing_indexes",
     "count_matches",
+    "drop_indexes",
     "index_name",
     "key_filter",
     "keyword_text",
@@ -127,6 +129,8 @@ class SearchSetup:
     Attributes:
         schema: the extension's schema.
         index: how vector indexes are built and searched (:class:`VectorIndex`).
+        deferred: a new model's vectors are written without building its index (a bulk
+            load builds it at the end: :func:`build_missing_indexes`).
 
     Example:
         >>> SearchSetup("public").schema
@@ -135,6 +139,7 @@ class SearchSetup:
 
     schema: str
     index: VectorIndex = field(default_factory=VectorIndex)
+    deferred: bool = False
 
     def halfvec(self, dim: int | None = None) -> sql.Composable:
         """The ``halfvec`` type, qualified (``halfvec(dim)`` with a dimension)."""
@@ -385,6 +390,35 @@ def model_index(
             model=sql.Literal(model),
         )
     )
+
+
+def drop_indexes(conn: Connection) -> list[str]:
+    """Drop every model's HNSW index (a bulk load, which builds them after); their names."""
+    names = [
+        str(r[0])
+        for r in conn.execute(
+            "SELECT c.relname FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid"
+            " WHERE i.indrelid = to_regclass('marsys_vectors') AND c.relname LIKE 'marsys_hnsw_%%'"
+        )
+    ]
+    for name in names:
+        conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(name)))
+    return names
+
+
+def build_missing_indexes(conn: Connection, setup: SearchSetup) -> list[str]:
+    """Build the HNSW index of every model that has none (after a bulk load); the models.
+
+    A plain ``CREATE INDEX`` (writes wait for it, searches do not): the fastest build, with
+    the server's parallel maintenance workers.
+    """
+    rows = conn.execute("SELECT model, dim FROM marsys_vector_models ORDER BY model").fetchall()
+    built = []
+    for model, dim in rows:
+        if conn.execute("SELECT to_regclass(%s)", (index_name(str(model)),)).fetchone() == (None,):
+            model_index(conn, setup, str(model), int(dim))
+            built.append(str(model))
+    return built
 
 
 def rebuild_indexes(conn: Connection, setup: SearchSetup) -> list[str]:

@@ -151,7 +151,7 @@ def put_vectors(conn: Connection, op: PutVectors, search: SearchSetup | None = N
                 literals(op.vectors),
             ),
         )
-        if new is not None:  # a new model: its index, built from this first batch at once
+        if new is not None and not search.deferred:  # a new model: its index, built at once
             model_index(conn, search, op.model, dim)
         return len(ids)
     conn.execute(

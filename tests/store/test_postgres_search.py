@@ -345,3 +345,29 @@ def test_the_config_file_sets_the_vector_index(
         store = manager.store
         assert isinstance(store, PostgresStore)
         assert store.vector_index == VectorIndex(m=12, ef_construction=48, ef_search=150)
+
+
+def test_a_bulk_load_builds_the_indexes_once_at_the_end(pgvector_dsn: str) -> None:
+    """Inside ``bulk_load`` no HNSW index is kept up to date; searches stay right; after it,
+    every model (an old one and one that appeared during the load) has its index."""
+    vectors = unit_vectors(80, dim=8, seed=5)
+    msgs = [Message.user(f"b{i}", message_id=f"b{i}") for i in range(80)]
+    ids = [m.message_id for m in msgs]
+    with PostgresStore(pgvector_dsn, vector_index={"m": 10, "ef_construction": 40}) as store:
+        store.append_messages(KEY, msgs[:40])
+        store.put_vectors(KEY, MODEL, ids[:40], vectors[:40])
+        assert len(_index_options(pgvector_dsn)) == 1
+        with store.bulk_load():
+            assert _index_options(pgvector_dsn) == []
+            store.append_messages(KEY, msgs[40:])
+            store.put_vectors(KEY, MODEL, ids[40:], vectors[40:])
+            store.put_vectors(KEY, "other", ids, unit_vectors(80, dim=4, seed=6))
+            assert _index_options(pgvector_dsn) == []
+            assert store.search_vectors(MODEL, vectors[70], 1)[0].message_id == "b70"
+        options = _index_options(pgvector_dsn)
+        assert [o for _, o in options] == [["ef_construction=40", "m=10"]] * 2
+        assert store.search_vectors(MODEL, vectors[55], 1)[0].message_id == "b55"
+        # an error inside still leaves the indexes built
+        with pytest.raises(RuntimeError, match="boom"), store.bulk_load():
+            raise RuntimeError("boom")
+        assert len(_index_options(pgvector_dsn)) == 2
