@@ -165,7 +165,7 @@ plt.show()
 """),
     md("A budget too small for what must be kept raises `ContextOverflowError` with the numbers:"),
     code("""
-from marsys_mem import ContextOverflowError
+from marsys_mem.exceptions import ContextOverflowError
 
 try:
     mem.context(ContextPolicy(max_tokens=30))
@@ -235,7 +235,8 @@ Most cells use `HashingEmbedder`: fast, deterministic and offline, but it matche
 not meaning. One cell uses the packaged all-MiniLM-L6-v2 model to show the difference.
 """),
     code("""
-from marsys_mem import ContextPolicy, HashingEmbedder, Message
+from marsys_mem import ContextPolicy, Message
+from marsys_mem.retrieval import HashingEmbedder
 from marsys_mem.patterns import EpisodicMemory, HierarchicalMemory, RAGMemory, SharedMemoryPool
 
 embedder = HashingEmbedder()

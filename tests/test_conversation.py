@@ -12,25 +12,22 @@ import pydantic
 import pytest
 
 from marsys_mem import (
-    AddEvent,
-    ClearEvent,
     ContextPolicy,
     ConversationMemory,
-    DuplicateMessageError,
-    DuplicateToolCallError,
-    EventBus,
-    ForkEvent,
     HeuristicCounter,
     MarsysMemError,
     Message,
+    ToolCall,
+)
+from marsys_mem.context import build_context
+from marsys_mem.context.tokens import count_message
+from marsys_mem.exceptions import (
+    DuplicateMessageError,
+    DuplicateToolCallError,
     MessageNotFoundError,
     OrphanToolResultError,
-    RemoveEvent,
-    ToolCall,
-    build_context,
-    to_llm_format,
 )
-from marsys_mem.context.tokens import count_message
+from marsys_mem.model import AddEvent, ClearEvent, EventBus, ForkEvent, RemoveEvent, to_llm_format
 
 
 def recount(mem: ConversationMemory) -> int:

@@ -7,16 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from marsys_mem import (
-    ContextWindow,
-    ConversationMemory,
-    MarsysMemError,
-    Message,
-    MessageNotFoundError,
-    ToolCall,
-)
+from marsys_mem import ContextWindow, ConversationMemory, MarsysMemError, Message, ToolCall
 from marsys_mem.config.load import load_config
 from marsys_mem.config.models import MemoryConfig
+from marsys_mem.exceptions import MessageNotFoundError
 from marsys_mem.manager import MemoryManager
 from marsys_mem.store import InMemoryStore, SQLiteStore
 

@@ -112,7 +112,7 @@ def test_bm25_only_when_no_embedder(tmp_path):
 def test_patterns_config_errors_name_the_field(tmp_path):
     import pytest
 
-    from marsys_mem import ConfigError
+    from marsys_mem.exceptions import ConfigError
 
     path = tmp_path / "bad.yaml"
     path.write_text("version: 1\nagents: {a: {patterns: {rag: {k: 0}}}}\n")

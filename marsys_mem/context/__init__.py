@@ -15,7 +15,14 @@ from marsys_mem.context.blocks import BlockItem, BlockRole, parse_block
 from marsys_mem.context.compose import Block, BudgetSplit, ContextSource, aassemble, assemble
 from marsys_mem.context.policy import ContextPolicy, ContextWindow, StartOn, Strategy, Summarizer
 from marsys_mem.context.summarize import ExtractiveSummarizer
-from marsys_mem.context.tokens import HeuristicCounter, TokenCounter, count_message, get_counter
+from marsys_mem.context.tokens import (
+    CallableCounter,
+    HeuristicCounter,
+    TiktokenCounter,
+    TokenCounter,
+    count_message,
+    get_counter,
+)
 from marsys_mem.context.window import (
     HistoryIndex,
     SummaryState,
@@ -32,6 +39,7 @@ __all__ = [
     "BlockItem",
     "BlockRole",
     "BudgetSplit",
+    "CallableCounter",
     "ContextPolicy",
     "ContextSource",
     "ContextWindow",
@@ -42,6 +50,7 @@ __all__ = [
     "Strategy",
     "Summarizer",
     "SummaryState",
+    "TiktokenCounter",
     "TokenCounter",
     "WindowBuild",
     "aassemble",

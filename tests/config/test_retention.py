@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from marsys_mem import ConfigError, MemoryManager, Message
+from marsys_mem import MemoryManager, Message
 from marsys_mem.config.load import load_config
 from marsys_mem.config.models import (
     MemoryConfig,
@@ -14,6 +14,7 @@ from marsys_mem.config.models import (
     default_store_path,
     parse_duration,
 )
+from marsys_mem.exceptions import ConfigError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "policies"
 # the policy files only: a store or an editor's file left in the folder is not an example

@@ -3,9 +3,10 @@
 import pytest
 from pydantic import ValidationError
 
-from marsys_mem import ConfigError, MemoryManager, Message
+from marsys_mem import MemoryManager, Message
 from marsys_mem.config.load import load_config
 from marsys_mem.config.models import PG_DSN_ENV, MemoryConfig, PoolConfig, StoreConfig
+from marsys_mem.exceptions import ConfigError
 from marsys_mem.testing.postgres import PostgresServer
 
 

@@ -1,9 +1,10 @@
 import pytest
 
-from marsys_mem import ContextOverflowError, ContextPolicy, MemoryConfig, MemoryManager, Message
+from marsys_mem import ContextPolicy, MemoryConfig, MemoryManager, Message
 from marsys_mem.context.compose import Block, BudgetSplit, assemble
 from marsys_mem.context.tokens import HeuristicCounter, count_message
 from marsys_mem.conversation import ConversationMemory
+from marsys_mem.exceptions import ContextOverflowError
 
 
 def _manager(**context):

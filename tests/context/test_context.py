@@ -9,25 +9,18 @@ import pydantic
 import pytest
 
 from marsys_mem import (
-    CallableCounter,
-    ContextOverflowError,
     ContextPolicy,
     ContextWindow,
     ConversationMemory,
-    EventBus,
     HeuristicCounter,
     Message,
-    SummarizeEvent,
-    SummarizerError,
     ToolCall,
-    TrimEvent,
-    WindowEvent,
-    abuild_context,
-    build_context,
-    to_llm_format,
 )
+from marsys_mem.context import CallableCounter, abuild_context, build_context
 from marsys_mem.context.blocks import parse_block
 from marsys_mem.context.tokens import count_message
+from marsys_mem.exceptions import ContextOverflowError, SummarizerError
+from marsys_mem.model import EventBus, SummarizeEvent, TrimEvent, WindowEvent, to_llm_format
 
 
 def said(message: Message) -> str:

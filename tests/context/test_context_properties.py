@@ -21,17 +21,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from marsys_mem import (
-    ContextOverflowError,
     ContextPolicy,
     ContextWindow,
     ConversationMemory,
     HeuristicCounter,
     Message,
     ToolCall,
-    build_context,
 )
+from marsys_mem.context import build_context
 from marsys_mem.context.tokens import TokenCounter, count_message, get_counter
 from marsys_mem.context.window import _summary_block
+from marsys_mem.exceptions import ContextOverflowError
 
 WORDS = (
     "alpha beta gamma delta budget 4000 EUR weather Tokyo report growth plan agent tool "

@@ -23,18 +23,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from marsys_mem import (
-    ContextOverflowError,
     ContextPolicy,
     ContextWindow,
     ConversationMemory,
     MemoryManager,
     Message,
     ToolCall,
-    build_context,
 )
 from marsys_mem.config import MemoryConfig
+from marsys_mem.context import build_context
 from marsys_mem.context.blocks import parse_block
 from marsys_mem.context.tokens import count_message, get_counter
+from marsys_mem.exceptions import ContextOverflowError
 from marsys_mem.model.messages import is_user_turn, to_llm_format
 from marsys_mem.testing.provider_rules import (
     anthropic_violations,

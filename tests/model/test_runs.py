@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from marsys_mem import ConversationMemory, Message, RunContext, RunSnapshot, history
+from marsys_mem import ConversationMemory, Message
 from marsys_mem.exceptions import MessageNotFoundError
+from marsys_mem.model import RunContext, RunSnapshot, history
 from marsys_mem.model.messages import content_text, freeze_json
 from marsys_mem.model.runs import RunMemory
 
