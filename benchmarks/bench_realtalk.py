@@ -305,7 +305,7 @@ STEPS: tuple[Step, ...] = (
     Step(
         "before issue 27",
         "RAGMemory() as it shipped: each turn a message with speaker and date",
-        options={"speaker_weight": 0.0},
+        options={"speaker_weight": 0.0, "strip_names": False},
     ),
     Step(
         "thread per session",
@@ -331,6 +331,12 @@ STEPS: tuple[Step, ...] = (
         "a question naming one participant lifts that participant's turns (speaker_weight=0.5; "
         "names exact or fuzzy, aliases learned from the conversation)",
         options={"speaker_weight": 0.5},
+    ),
+    Step(
+        "names out",
+        "a hybrid search looks for the question without the participants' names and aliases "
+        "(strip_names=True): who it is about is left to the speaker cue",
+        options={"strip_names": True},
     ),
 )
 """The changes, in order; a new change to the ranking adds a row here."""

@@ -40,6 +40,7 @@ from marsys_mem.retrieval.dates import Period, asks_when, mentions_time, query_p
 from marsys_mem.retrieval.embeddings import Embedder, default_embedder, embed_query
 from marsys_mem.retrieval.index import FaissIndex, QueryScores
 from marsys_mem.retrieval.ingest import EmbeddingQueue
+from marsys_mem.retrieval.query_names import PARTICIPANT_SHARE, without_names
 from marsys_mem.retrieval.scoring import (
     FUSIONS,
     MODES,
@@ -103,11 +104,14 @@ class _Cues:
 
     ``bm25`` holds the best ``depth`` keyword hits and ``bm25_slots`` their thread slots,
     read when the keyword index was at ``generation`` (used only while it still is, for
-    the same depth: the thread links change with the keyword index).
+    the same depth: the thread links change with the keyword index). ``speaker``: the one
+    participant the query as asked names (the keyword hits are of its content, without
+    the names: ``strip_names``).
     """
 
     period: Period | None
     when: bool
+    speaker: str | None
     bm25: list[tuple[str, float]]
     bm25_slots: SlotArray
     depth: int
@@ -287,6 +291,13 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
             participant a query names, by name or by an alias learned from the conversation
             (:class:`~marsys_mem.retrieval.speakers.SpeakerNames`): a question about Maya is
             mostly answered by Maya's own turns. 0: off.
+        strip_names: a hybrid search looks for the query without the names and aliases
+            of the conversation's participants (those who wrote at least a fifth of the
+            messages: :mod:`~marsys_mem.retrieval.query_names`), leaving who it is about to
+            the speaker cue: a participant's name matches the turns that address them
+            ("What about Maya?"), not their own turns that answer. The names of the many
+            people of a shared memory are kept (they tell its conversations apart). On
+            only while ``speaker_weight`` is.
 
     Thread-safe: one lock guards the indexes; the background thread takes it only to add
     the vectors of a finished batch.
@@ -344,6 +355,7 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         when_weight: float = 0.3,
         index_names: bool = True,
         speaker_weight: float = 0.5,
+        strip_names: bool = True,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {sorted(MODES)}, got {mode!r}")
@@ -376,6 +388,7 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         self.when_weight = finite_number("when_weight", when_weight, minimum=0.0)
         self.speaker_weight = finite_number("speaker_weight", speaker_weight, minimum=0.0)
         self._speakers = SpeakerNames()  # who takes part, and what the others call them
+        self.strip_names = bool(strip_names)
         self.index_names = bool(index_names)
         self.max_chars = positive_int("max_chars", max_chars)
         positive_int("batch_size", batch_size)
@@ -857,7 +870,7 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
             min_score = finite_number("min_score", min_score)
         resolved = self._resolve_mode(mode)
         keep = make_filter(agent, role, since, until, metadata)
-        if self._stateless:
+        if self._stateless:  # the query as asked (strip_names: see _search_in_store)
             return self._search_in_store(query, k, min_score, resolved, keep)
         self.sync()
         if self._shared:
@@ -867,9 +880,11 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
             with self._lock:
                 return self._search_locked(query, None, k, min_score, resolved, keep)
         cues: WorkAhead[_Cues] | None = None
+        asked = query
         if resolved == "hybrid":  # the keyword side runs beside the model's forward pass
             depth = self._depth(k, keep)
-            cues = WorkAhead.start(lambda: self._query_cues(query, depth))
+            query = self._content(query)  # both sides look for its content
+            cues = WorkAhead.start(lambda: self._query_cues(query, depth, asked))
         qvec = self._embed_query(query)
         # (the cues before the lock: their job takes it)
         ready = cues.result() if cues is not None else None
@@ -887,7 +902,10 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         """:meth:`search` on a store that searches: its candidates, ranked here.
 
         The keyword side is asked for beside the model's forward pass and the dense search
-        (database round trips, which let go of the GIL).
+        (database round trips, which let go of the GIL). Both look for the query as asked,
+        names included (``strip_names`` does not apply): this memory observes none of a
+        searching store's messages, so it knows no participant's name before the store's
+        candidates come, and the speaker cue learns their names from those candidates.
         """
         # one side alone is an ordering the store makes: its k best are the hits
         first = self._depth(k, keep) if mode == "hybrid" else k if keep is None else 4 * k
@@ -972,16 +990,33 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         """How many candidates a search fetches first."""
         return max(k, self.candidates) if keep is None else max(4 * k, self.candidates)
 
-    def _query_cues(self, query: str, depth: int) -> _Cues:
-        """The query's time cues and best ``depth`` keyword hits (see :class:`_Cues`)."""
-        period = query_period(query) if self.time_weight else None
-        when = bool(self.when_weight) and asks_when(query)
+    def _content(self, query: str) -> str:
+        """What a hybrid search looks for: ``query`` without the participants' names.
+
+        Only with ``strip_names`` and the speaker cue on (who the query is about is then
+        the cue's), and only the names of those who wrote at least ``PARTICIPANT_SHARE``
+        of the messages: see :mod:`~marsys_mem.retrieval.query_names`.
+        """
+        if not (self.strip_names and self.speaker_weight):
+            return query
+        return without_names(query, self._speakers.name_words(PARTICIPANT_SHARE))
+
+    def _query_cues(self, query: str, depth: int, asked: str | None = None) -> _Cues:
+        """The best ``depth`` keyword hits of ``query`` and the cues of the query as ``asked``.
+
+        ``query``: what the retrievers look for (:meth:`_content`); ``asked``: the query as
+        asked (default ``query``). See :class:`_Cues`.
+        """
+        asked = query if asked is None else asked
+        period = query_period(asked) if self.time_weight else None
+        when = bool(self.when_weight) and asks_when(asked)
+        speaker = self._speakers.named(asked) if self.speaker_weight else None
         with self._lock:
             bm25 = self._bm25
             bm25.prepare(query)  # every document's score: the candidates' are read later
             hits = bm25.search(query, depth)
             slots = self._links.slots([mid for mid, _ in hits])
-            return _Cues(period, when, hits, slots, depth, bm25.generation)
+            return _Cues(period, when, speaker, hits, slots, depth, bm25.generation)
 
     def _embed_query(self, query: str) -> npt.NDArray[np.float32]:
         """The query's vector, through the embedder's query cache when it has one."""
@@ -1295,15 +1330,15 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         found = self._messages if messages is None else messages
         if not len(ranked):
             return ranked
-        if cues is not None:
-            period, when = cues.period, cues.when
+        speaker = None
+        if cues is not None:  # of the query as asked: `query` may lack its names
+            period, when, speaker = cues.period, cues.when, cues.speaker
         else:
             period = query_period(query) if self.time_weight else None
             when = bool(self.when_weight) and asks_when(query)
-        speaker = None
-        if self.speaker_weight:
-            others = (speaker_of(m) or "" for m in messages.values()) if messages else ()
-            speaker = self._speakers.named(query, others)
+            if self.speaker_weight:
+                others = (speaker_of(m) or "" for m in messages.values()) if messages else ()
+                speaker = self._speakers.named(query, others)
         if period is not None or when or speaker is not None:
             # only the best candidates are looked at (regex per text)
             best, rest = ranked.split(_CUED)

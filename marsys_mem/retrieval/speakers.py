@@ -26,7 +26,15 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
-__all__ = ["ALIAS_VOTES", "FUZZY", "Authored", "SpeakerNames", "speaker_of"]
+__all__ = [
+    "ALIAS_VOTES",
+    "FUZZY",
+    "Authored",
+    "SpeakerNames",
+    "normal_word",
+    "same_name",
+    "speaker_of",
+]
 
 ALIAS_VOTES = 3
 """How many times a word must be used to address a participant to become their alias."""
@@ -72,13 +80,20 @@ def speaker_of(message: Authored) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
+def normal_word(word: str) -> str:
+    """A word as names are compared: lowercased, a possessive ``'s`` dropped.
+
+    Example:
+        >>> normal_word("Kate\u2019s"), normal_word("Miami")
+        ('kate', 'miami')
+    """
+    lower = word.lower().replace(_QUOTE, "'")
+    return lower[:-2] if lower.endswith("'s") else lower
+
+
 def _words(text: str) -> list[str]:
     """Lowercased words, a possessive ``'s`` dropped."""
-    out = []
-    for word in _WORD.findall(text):
-        lower = word.lower().replace(_QUOTE, "'")
-        out.append(lower[:-2] if lower.endswith("'s") else lower)
-    return out
+    return [normal_word(word) for word in _WORD.findall(text)]
 
 
 class SpeakerNames:
@@ -108,6 +123,7 @@ class SpeakerNames:
         self._total: Counter[str] = Counter()  # capitalised word -> turns that have it
         self._votes: Counter[tuple[str, str]] = Counter()  # (addressee, word)
         self._last: dict[str, str] = {}  # thread -> its last speaker
+        self._turns: Counter[str] = Counter()  # speaker -> messages observed
         self._forms: dict[str, frozenset[str]] | None = None  # speaker -> names and aliases
 
     def __len__(self) -> int:
@@ -125,6 +141,7 @@ class SpeakerNames:
             return
         with self._lock:
             self._forms = None
+            self._turns[speaker] += 1
             if speaker not in self._names:
                 self._names[speaker] = {w for w in _words(speaker) if len(w) >= 2}
             for word in set(_CAPITALISED.findall(text)):
@@ -152,6 +169,31 @@ class SpeakerNames:
         """
         with self._lock:
             return {s: set(f) - self._names[s] for s, f in self._forms_locked().items()}
+
+    def name_words(self, min_share: float = 0.0) -> frozenset[str]:
+        """The name words and learned aliases (lowercased) of the participants, together.
+
+        Args:
+            min_share: only of the participants who wrote at least this share of the
+                messages observed (0.2: a conversation of a few people, not one of the
+                many people of a shared memory, whose names tell conversations apart).
+
+        Example:
+            >>> names = SpeakerNames()
+            >>> names.observe("Fahim Khan", "Hello, I'm Fay")
+            >>> for _ in range(4):
+            ...     names.observe("Akib", "hi")
+            >>> sorted(names.name_words()), sorted(names.name_words(min_share=0.5))
+            (['akib', 'fahim', 'fay', 'khan'], ['akib'])
+        """
+        with self._lock:
+            least = min_share * sum(self._turns.values())
+            return frozenset(
+                word
+                for speaker, forms in self._forms_locked().items()
+                if self._turns[speaker] >= least
+                for word in forms
+            )
 
     def _forms_locked(self) -> dict[str, frozenset[str]]:
         if self._forms is None:
@@ -186,14 +228,28 @@ class SpeakerNames:
         named = {
             speaker
             for speaker, names in forms.items()
-            if any(_same_name(word, name) for word in words for name in names)
+            if any(same_name(word, name) for word in words for name in names)
         }
         return named.pop() if len(named) == 1 else None
 
 
-def _same_name(word: str, name: str) -> bool:
+def same_name(word: str, name: str) -> bool:
+    """Whether ``word`` is ``name`` (both as :func:`normal_word` gives them), or a spelling of it.
+
+    Exactly, or for words and names of 4 letters or more with the same first letter, a
+    :class:`difflib.SequenceMatcher` ratio of at least :data:`FUZZY`.
+
+    Example:
+        >>> same_name("muhammad", "muhhamed"), same_name("max", "maxi"), same_name("kate", "kate")
+        (True, False, True)
+    """
     if word == name:
         return True
     if len(name) < 4 or len(word) < 4 or word[0] != name[0]:
         return False
-    return difflib.SequenceMatcher(None, word, name).ratio() >= FUZZY
+    match = difflib.SequenceMatcher(None, word, name)  # its cheap upper bounds first
+    return (
+        match.real_quick_ratio() >= FUZZY
+        and match.quick_ratio() >= FUZZY
+        and (match.ratio() >= FUZZY)
+    )
