@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from marsys_mem.callables import discard, is_async_callable
+from marsys_mem.config.coordination import CoordinatorSettings
 
 __all__ = [
     "DEFAULT_MAX_CALLBACK_QUEUE",
@@ -37,9 +38,10 @@ __all__ = [
 
 log = logging.getLogger("marsys_mem.coordination")
 
-DEFAULT_MAX_CALLBACK_TASKS: Final = 16
-"""Async calls of one callback running at once, unless told otherwise."""
-DEFAULT_MAX_CALLBACK_QUEUE: Final = 1_000
+_DEFAULTS = CoordinatorSettings()
+DEFAULT_MAX_CALLBACK_TASKS: Final = _DEFAULTS.max_callback_tasks
+"""Async calls of one callback running at once, unless told otherwise (the settings')."""
+DEFAULT_MAX_CALLBACK_QUEUE: Final = _DEFAULTS.max_callback_queue
 """Deliveries waiting for one callback, unless told otherwise (the oldest is dropped)."""
 
 

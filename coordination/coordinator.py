@@ -17,17 +17,16 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self, cast, get_args
 
 from pydantic import ValidationError
 from pydantic_core import to_json
 
+from marsys_mem.config.coordination import CoordinatorSettings
 from marsys_mem.conversation import ConversationMemory
 from marsys_mem.coordination.callbacks import (
-    DEFAULT_MAX_CALLBACK_QUEUE,
-    DEFAULT_MAX_CALLBACK_TASKS,
     CallbackQueue,
     CallbackStats,
 )
@@ -49,7 +48,6 @@ from marsys_mem.coordination.ordering import SenderOrdering
 from marsys_mem.coordination.repair import Outbox, heartbeats
 from marsys_mem.coordination.transport import InProcessTransport, Transport
 from marsys_mem.coordination.wire import (
-    DEFAULT_MAX_PAYLOAD,
     control_topic,
     fact_topic,
     facts_filter,
@@ -137,22 +135,12 @@ class Coordinator(AsyncClosing):
         namespace: the namespace (default: the transport's; must agree with it).
         pool: where facts are delivered (default: ``manager.shared`` if the manager has
             one, else a new :class:`SharedMemoryPool`).
-        max_payload: largest envelope sent or accepted (bytes).
         sender_id: this coordinator's unique id on the wire (default: random).
-        max_log: envelopes kept for late joiners and merges.
-        gap_timeout: seconds an ordering gap may stay open before it is skipped.
-        max_pending: most early envelopes buffered per sender before a gap is skipped.
-        resend_after: seconds a gap stays open before the sender is asked to send it
-            again, and between asks.
-        heartbeat: seconds between high-water marks while sharing (30 s when idle).
-        max_outbox: envelopes this coordinator keeps to send again on request (at least
-            the broker's per-client queue: what a crashed broker held for a receiver
-            further behind cannot be repaired).
-        max_outbox_bytes: payload bytes it keeps for that, at most.
-        max_callback_tasks: async calls of one ``on_fact`` callback running at once
-            (default for :meth:`on_fact`).
-        max_callback_queue: deliveries waiting for one async ``on_fact`` callback; when
-            full the oldest is dropped and counted (default for :meth:`on_fact`).
+        settings: the tuning numbers (payload size, log, ordering gaps, resends,
+            heartbeat, outbox, callback limits): a
+            :class:`~marsys_mem.config.coordination.CoordinatorSettings` or a mapping
+            validated into one; default: its defaults. A policy file's ``coordination:``
+            section is the same model (``manager.config.coordination``).
 
     Example:
         >>> import asyncio
@@ -177,35 +165,22 @@ class Coordinator(AsyncClosing):
         *,
         namespace: str | None = None,
         pool: SharedMemoryPool | None = None,
-        max_payload: int = DEFAULT_MAX_PAYLOAD,
         sender_id: str | None = None,
-        max_log: int = 10_000,
-        gap_timeout: float = 10.0,
-        max_pending: int = 10_000,
-        resend_after: float = 0.25,
-        heartbeat: float = 0.5,
-        max_outbox: int = 100_000,
-        max_outbox_bytes: int = 64 * 2**20,
-        max_callback_tasks: int = DEFAULT_MAX_CALLBACK_TASKS,
-        max_callback_queue: int = DEFAULT_MAX_CALLBACK_QUEUE,
+        settings: CoordinatorSettings | Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(graph, BranchGraph):
             raise TypeError(f"graph must be a BranchGraph, got {type(graph).__name__}")
-        if min(max_payload, max_log, max_pending, max_outbox, max_outbox_bytes) < 1:
-            raise ValueError(
-                "max_payload, max_log, max_pending, max_outbox and max_outbox_bytes must be >= 1"
+        if settings is None:
+            settings = CoordinatorSettings()
+        elif isinstance(settings, Mapping):
+            settings = CoordinatorSettings.model_validate(settings)  # names field and value
+        elif not isinstance(settings, CoordinatorSettings):
+            raise TypeError(
+                f"settings must be a CoordinatorSettings, got {type(settings).__name__}"
             )
-        if min(gap_timeout, resend_after, heartbeat) <= 0:
-            raise ValueError("gap_timeout, resend_after and heartbeat must be > 0")
-        for name, value in (
-            ("max_callback_tasks", max_callback_tasks),
-            ("max_callback_queue", max_callback_queue),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if transport is None:
             transport = InProcessTransport(
-                namespace=namespace or "default", max_payload=max_payload
+                namespace=namespace or "default", max_payload=settings.max_payload
             )
         if namespace is not None and namespace != transport.namespace:
             raise ValueError(
@@ -223,10 +198,10 @@ class Coordinator(AsyncClosing):
         self.transport = transport
         self.namespace = transport.namespace
         self.pool = pool
-        self.max_payload = min(max_payload, transport.max_payload)
+        self.settings = settings
+        self.max_payload = min(settings.max_payload, transport.max_payload)
         self.sender_id = sender_id or f"coord-{uuid.uuid4().hex}"
         self.epoch = _new_epoch()  # this start's sequence: (sender_id, epoch, seq) is unique
-        self.heartbeat = heartbeat
         # How every envelope this coordinator sends begins (field order is the model's):
         # our own facts echoed back by the broker (MQTT 3.1.1 has no "no local") are
         # dropped on this prefix, before the JSON is parsed.
@@ -237,31 +212,28 @@ class Coordinator(AsyncClosing):
             + to_json(self.sender_id)
             + b","
         )
-        self.max_log = max_log
         self.error: BaseException | None = None  # why receiving stopped, if it did
         self._stats = dict.fromkeys(_STAT_KEYS, 0)
         self._seq = 0
         self._log: OrderedDict[tuple[str, int, int], FactEnvelope] = OrderedDict()
         self._order: SenderOrdering[tuple[str, int], Envelope] = SenderOrdering(
             self._deliver,
-            gap_timeout=gap_timeout,
-            max_pending=max_pending,
+            gap_timeout=settings.gap_timeout,
+            max_pending=settings.max_pending,
             request=self._ask_resend,
-            resend_after=resend_after,
+            resend_after=settings.resend_after,
         )
         self._control_topic = control_topic(self.namespace)
         self._outbox = Outbox(
             self.transport.publish,
-            max_size=max_outbox,
-            max_bytes=max_outbox_bytes,
-            quiet=resend_after / 2,
+            max_size=settings.max_outbox,
+            max_bytes=settings.max_outbox_bytes,
+            quiet=settings.resend_after / 2,
         )
         self._topics: dict[str, str] = {}  # fact topic by branch (branches we share on)
         self._asking: set[tuple[str, int]] = set()  # senders with a resend request in flight
         self._control_tasks: set[asyncio.Task[None]] = set()
         self._beat: asyncio.Task[None] | None = None
-        self.max_callback_tasks = max_callback_tasks
-        self.max_callback_queue = max_callback_queue
         self._callbacks: list[tuple[CallbackQueue, str | None, str | None]] = []
         self._callback_agents: set[str] | None = set()  # None: some callback takes every agent
         self._callback_stats = CallbackStats()
@@ -298,8 +270,8 @@ class Coordinator(AsyncClosing):
             heartbeats(
                 lambda: self._seq,
                 self._send_mark,
-                interval=self.heartbeat,
-                max_interval=max(self.heartbeat, _HEARTBEAT_MAX),
+                interval=self.settings.heartbeat,
+                max_interval=max(self.settings.heartbeat, _HEARTBEAT_MAX),
             ),
             name=f"heartbeat-{self.sender_id}",
         )
@@ -413,7 +385,7 @@ class Coordinator(AsyncClosing):
 
         Filtered by ``agent`` / ``branch`` if given; sync or async callbacks. A sync
         callback runs on the receive path; async calls run in at most ``max_tasks`` tasks
-        with at most ``max_queue`` deliveries waiting (defaults: the coordinator's
+        with at most ``max_queue`` deliveries waiting (defaults: the coordinator settings'
         ``max_callback_tasks`` / ``max_callback_queue``); when full the oldest waiting
         delivery is dropped, counted in ``stats["callbacks_dropped"]``. Returns an
         unsubscribe function (what is still waiting is dropped). Exceptions in callbacks
@@ -428,8 +400,8 @@ class Coordinator(AsyncClosing):
         queue = CallbackQueue(
             callback,
             self._callback_stats,
-            max_tasks=self.max_callback_tasks if max_tasks is None else max_tasks,
-            max_queue=self.max_callback_queue if max_queue is None else max_queue,
+            max_tasks=self.settings.max_callback_tasks if max_tasks is None else max_tasks,
+            max_queue=self.settings.max_callback_queue if max_queue is None else max_queue,
         )
         entry = (queue, agent, branch)
         self._callbacks.append(entry)
@@ -521,7 +493,7 @@ class Coordinator(AsyncClosing):
             return  # forgotten: a resend or late copy does not bring it back
         log_ = self._log
         log_[(env.sender, env.epoch, env.seq)] = env
-        if len(log_) > self.max_log:
+        if len(log_) > self.settings.max_log:
             log_.popitem(last=False)
         self._deliver_to(env, self._targets(env.branch, env.scope))
 

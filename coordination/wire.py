@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
+from marsys_mem.config.coordination import CoordinatorSettings
 from marsys_mem.model.names import is_name, validate_name
 
 __all__ = [
@@ -45,8 +46,9 @@ __all__ = [
     "validate_topic",
 ]
 
-DEFAULT_MAX_PAYLOAD: Final = 64 * 1024
-"""The largest payload a transport publishes unless told otherwise (bytes)."""
+DEFAULT_MAX_PAYLOAD: Final = CoordinatorSettings().max_payload
+"""The largest payload a transport publishes unless told otherwise (bytes; the default of
+:attr:`CoordinatorSettings.max_payload`)."""
 
 
 # ---------------------------------------------------------------------------- topics

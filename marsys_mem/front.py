@@ -499,7 +499,9 @@ class Memory:
         """Start the coordinator (once); it shares the facts the store recorded again."""
         if self.coordinator is None:
             transport = InProcessTransport(namespace=self.manager.namespace)
-            coordinator = Coordinator(self.graph, self.manager, transport)
+            coordinator = Coordinator(
+                self.graph, self.manager, transport, settings=self.manager.config.coordination
+            )
             await coordinator.__aenter__()
             self.coordinator = coordinator
             for fact in self.recorded_facts():

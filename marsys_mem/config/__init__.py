@@ -4,6 +4,7 @@
 the file, the line and the field.
 """
 
+from marsys_mem.config.coordination import CoordinatorSettings
 from marsys_mem.config.load import ConfigFile, load_config, load_config_file
 from marsys_mem.config.models import (
     AgentConfig,
@@ -16,6 +17,7 @@ from marsys_mem.config.models import (
 __all__ = [
     "AgentConfig",
     "ConfigFile",
+    "CoordinatorSettings",
     "MemoryConfig",
     "RetentionPolicy",
     "StoreConfig",

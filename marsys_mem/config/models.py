@@ -38,6 +38,7 @@ from pydantic import (
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from marsys_mem.config.coordination import CoordinatorSettings
 from marsys_mem.config.files import short_repr
 from marsys_mem.config.schema_forms import AlsoAccepts, SchemaAs, SchemaOf
 from marsys_mem.context.compose import BudgetSplit
@@ -738,7 +739,11 @@ def _merge_errors(name: str, raw: object, defaults: object) -> list[InitErrorDet
 
 
 class MemoryConfig(_FromFile):
-    """A whole config file: store, defaults and per-agent policies.
+    """A whole config file: store, defaults, per-agent policies, the model, coordination.
+
+    ``coordination`` is a :class:`~marsys_mem.config.CoordinatorSettings`: the settings
+    every :class:`~marsys_mem.coordination.Coordinator` made over this config's manager
+    uses (the front door's and a workflow's).
 
     :func:`load_config` records the file a config came from (:attr:`source`, and
     :attr:`base_dir` for relative store paths) by validating with the context
@@ -764,6 +769,10 @@ class MemoryConfig(_FromFile):
     agents: dict[str, AgentConfig] = Field(default_factory=dict)
     llm: LLMConfig | None = Field(
         default=None, description="The model agents use (ask steps, fact extraction)."
+    )
+    coordination: CoordinatorSettings = Field(
+        default_factory=CoordinatorSettings,
+        description="The coordinator's tuning numbers (payload size, ordering, repair).",
     )
 
     @field_validator("agents", mode="wrap")

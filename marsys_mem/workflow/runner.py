@@ -550,7 +550,12 @@ class WorkflowRunner:
             await self._close_llm()
             raise
         try:
-            self.coord = Coordinator(self.graph, self.manager, self._transport())
+            self.coord = Coordinator(
+                self.graph,
+                self.manager,
+                self._transport(),
+                settings=self.manager.config.coordination,
+            )
             await self.coord.__aenter__()
             try:
                 self._initial()
@@ -763,7 +768,12 @@ class WorkflowRunner:
         self._manager.close()
         self.graph = BranchGraph.from_dict(self.graph.to_dict())
         self.manager = self._new_manager()
-        self.coord = Coordinator(self.graph, self.manager, self._transport())
+        self.coord = Coordinator(
+            self.graph,
+            self.manager,
+            self._transport(),
+            settings=self.manager.config.coordination,
+        )
         await self.coord.__aenter__()
 
     # ------------------------------------------------------------------ ask

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from marsys_mem.config import CoordinatorSettings
 from marsys_mem.conversation import ConversationMemory
 from marsys_mem.coordination import (
     BranchGraph,
@@ -250,7 +251,8 @@ async def test_out_of_order_envelopes_are_buffered(net, ns):
 async def test_a_gap_is_skipped_after_the_timeout_and_filled_late(net, ns):
     graph = fork_tree()
     pool = SharedMemoryPool()
-    b = Coordinator(graph, transport=net.transport(ns), pool=pool, gap_timeout=0.2)
+    b = Coordinator(graph, transport=net.transport(ns), pool=pool,
+                    settings=CoordinatorSettings(gap_timeout=0.2))
     raw = net.raw(ns)
     async with b, raw:
         for seq in (1, 3, 4):
@@ -355,7 +357,8 @@ async def test_malformed_and_oversized_payloads_are_dropped_and_counted(net, ns)
     graph = fork_tree()
     pool = SharedMemoryPool()
     a = Coordinator(graph, transport=net.transport(ns), pool=SharedMemoryPool())
-    b = Coordinator(graph, transport=net.transport(ns), pool=pool, max_payload=4096)
+    b = Coordinator(graph, transport=net.transport(ns), pool=pool,
+                    settings=CoordinatorSettings(max_payload=4096))
     raw = net.raw(ns)
     good = raw_bytes(envelope(ns, 1, "fine"))
     wrong_topic = raw_bytes(envelope(ns, 2, "claims main", branch="main"))
@@ -735,11 +738,11 @@ async def test_what_the_broker_lost_is_sent_again(away, ns):
     graph = fork_tree()
     pool = SharedMemoryPool()
     a = Coordinator(graph, transport=InProcessTransport(broker, namespace=ns),
-                    pool=SharedMemoryPool(), heartbeat=0.02)
+                    pool=SharedMemoryPool(), settings=CoordinatorSettings(heartbeat=0.02))
     clean = away == "session lost"
     b = Coordinator(graph, transport=InProcessTransport(
         broker, namespace=ns, client_id=f"b-{ns}", clean_session=clean), pool=pool,
-        resend_after=0.02)
+        settings=CoordinatorSettings(resend_after=0.02))
     texts = [f"fact {i}" for i in range(21)]
     async with a:
         async with b:
@@ -779,7 +782,7 @@ async def test_control_payloads_are_checked_and_resend_requests_answered_once(ne
     graph = fork_tree()
     pool = SharedMemoryPool()
     a = Coordinator(graph, transport=net.transport(ns), pool=SharedMemoryPool(),
-                    resend_after=1.0)
+                    settings=CoordinatorSettings(resend_after=1.0))
     b = Coordinator(graph, transport=net.transport(ns), pool=pool)
     raw = net.raw(ns)
     topic = control_topic(ns)

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from marsys_mem.config import CoordinatorSettings
 from marsys_mem.coordination import (
     BranchGraph,
     Coordinator,
@@ -161,7 +162,7 @@ async def receive_one(topic: str, payload: bytes, *, signed: bool) -> dict[str, 
     broker = InProcessBroker()
     pool = SharedMemoryPool()
     coord = Coordinator(
-        graph(), pool=pool, max_payload=MAX_PAYLOAD,
+        graph(), pool=pool, settings=CoordinatorSettings(max_payload=MAX_PAYLOAD),
         transport=InProcessTransport(broker, namespace=NS, max_payload=MAX_PAYLOAD,
                                      signing_key=KEY if signed else None),
     )

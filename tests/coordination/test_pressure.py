@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from marsys_mem.config import CoordinatorSettings
 from marsys_mem.coordination import (
     BranchGraph,
     Coordinator,
@@ -43,12 +44,12 @@ def graph() -> BranchGraph:
     return g
 
 
-def pair(broker: InProcessBroker, **kwargs: Any) -> tuple[Coordinator, Coordinator]:
+def pair(broker: InProcessBroker, **knobs: Any) -> tuple[Coordinator, Coordinator]:
     ns = f"press-{uuid.uuid4().hex[:8]}"
     a = Coordinator(graph(), transport=InProcessTransport(broker, namespace=ns),
                     pool=SharedMemoryPool())
     b = Coordinator(graph(), transport=InProcessTransport(broker, namespace=ns),
-                    pool=SharedMemoryPool(), **kwargs)
+                    pool=SharedMemoryPool(), settings=CoordinatorSettings(**knobs))
     return a, b
 
 
@@ -73,7 +74,8 @@ async def test_a_slow_async_callback_over_mqtt_keeps_tasks_and_memory_bounded(mq
     a = Coordinator(graph(), transport=transport(), pool=SharedMemoryPool())
     pool_b = SharedMemoryPool()
     b = Coordinator(graph(), transport=transport(), pool=pool_b,
-                    max_callback_tasks=max_tasks, max_callback_queue=max_queue)
+                    settings=CoordinatorSettings(max_callback_tasks=max_tasks,
+                                                 max_callback_queue=max_queue))
     release = asyncio.Event()
     started: list[str] = []
 
@@ -209,15 +211,15 @@ async def test_errors_unsubscribe_and_close_are_counted():
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"max_callback_tasks": 0}, "max_callback_tasks must be an int >= 1, got 0"),
-        ({"max_callback_queue": -1}, "max_callback_queue must be an int >= 1, got -1"),
-        ({"max_callback_queue": True}, "max_callback_queue must be an int >= 1, got True"),
-        ({"max_callback_tasks": 2.5}, "max_callback_tasks must be an int >= 1, got 2.5"),
+        ({"max_callback_tasks": 0}, r"max_callback_tasks\n.*input_value=0,"),
+        ({"max_callback_queue": -1}, r"max_callback_queue\n.*input_value=-1,"),
+        ({"max_callback_queue": True}, r"max_callback_queue\n.*input_value=True,"),
+        ({"max_callback_tasks": 2.5}, r"max_callback_tasks\n.*input_value=2.5,"),
     ],
 )
 def test_bad_limits_are_refused_with_the_field_and_value(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        Coordinator(graph(), pool=SharedMemoryPool(), **kwargs)
+    with pytest.raises(ValueError, match=match):  # pydantic's ValidationError is a ValueError
+        Coordinator(graph(), pool=SharedMemoryPool(), settings=kwargs)
 
 
 def test_bad_per_subscription_limits_change_nothing():

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from marsys_mem.config import CoordinatorSettings
 from marsys_mem.coordination import (
     SIGNING_KEY_ENV,
     BranchGraph,
@@ -102,9 +103,9 @@ async def test_a_forged_sender_with_a_higher_seq_cannot_silence_the_real_one(net
     # issue 9 item 8: before, 0 of the 5 real facts after the forgery arrived (5 of 5 trials)
     pool_b = SharedMemoryPool()
     a = Coordinator(graph(), transport=net.transport(ns, signing_key=KEY), sender_id="coord-A",
-                    pool=SharedMemoryPool(), gap_timeout=0.05)
+                    pool=SharedMemoryPool(), settings=CoordinatorSettings(gap_timeout=0.05))
     b = Coordinator(graph(), transport=net.transport(ns, signing_key=KEY), sender_id="coord-B",
-                    pool=pool_b, gap_timeout=0.05)
+                    pool=pool_b, settings=CoordinatorSettings(gap_timeout=0.05))
     attacker = net.transport(ns)  # a raw client on the namespace's topics, without the key
     wrong_key = net.transport(ns, signing_key=OTHER_KEY)  # signs, with another namespace's key
     async with a, b, attacker, wrong_key:
@@ -227,7 +228,7 @@ async def test_own_echoes_are_still_ignored_when_signed_over_mqtt_3_1_1(mqtt_bro
 
 async def test_an_oversized_signed_payload_is_dropped_before_the_mac(net, ns):
     b = Coordinator(graph(), transport=net.transport(ns, signing_key=KEY, max_payload=4096),
-                    pool=SharedMemoryPool(), max_payload=1024)
+                    pool=SharedMemoryPool(), settings=CoordinatorSettings(max_payload=1024))
     big = net.transport(ns, signing_key=KEY, max_payload=1024 * 1024)
     async with b, big:
         await big.publish(fact_topic(ns, "main"), b"x" * (4096 + SIGNATURE_OVERHEAD + 1))
@@ -242,9 +243,9 @@ async def test_signing_limits_the_body_not_the_signed_payload(net, ns):
     # a body exactly at max_payload still goes out: the signature is on top of it
     pool_b = SharedMemoryPool()
     a = Coordinator(graph(), transport=net.transport(ns, signing_key=KEY), pool=SharedMemoryPool(),
-                    max_payload=2048)
+                    settings=CoordinatorSettings(max_payload=2048))
     b = Coordinator(graph(), transport=net.transport(ns, signing_key=KEY), pool=pool_b,
-                    max_payload=2048)
+                    settings=CoordinatorSettings(max_payload=2048))
     async with a, b:
         overhead = len(a._envelope(SharedFact.create("z", agent="writer"), "main", "branch")[1])
         text = "z" * (2048 - overhead - 8)  # (timestamps vary by a few bytes)
