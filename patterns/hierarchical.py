@@ -52,6 +52,7 @@ from marsys_mem.lifecycle import Closing
 from marsys_mem.model.messages import Message
 from marsys_mem.patterns.importance import Scorer, check_importance, default_importance
 from marsys_mem.patterns.rag import RAGMemory, ScoredMessage
+from marsys_mem.retrieval.calibration import DEFAULT_MIN_SCORE
 from marsys_mem.retrieval.embeddings import Embedder
 from marsys_mem.store.base import Append, Delete, Key, MemoryStore, validate_key
 from marsys_mem.store.memory import InMemoryStore
@@ -613,7 +614,7 @@ class HierarchicalMemory(Closing):
             return len(self._core) + len(self._working) + len(self.archive)
 
     def archive_search(
-        self, query: str, k: int = 5, min_score: float | None = None
+        self, query: str, k: int = 5, min_score: float | None = DEFAULT_MIN_SCORE
     ) -> list[ScoredMessage]:
         """Search the archive (dense + keyword hybrid); best first.
 
@@ -624,7 +625,7 @@ class HierarchicalMemory(Closing):
         return self.archive.search(query, k, min_score)
 
     async def aarchive_search(
-        self, query: str, k: int = 5, min_score: float | None = None
+        self, query: str, k: int = 5, min_score: float | None = DEFAULT_MIN_SCORE
     ) -> list[ScoredMessage]:
         """Async twin of :meth:`archive_search`."""
         self._check_open()

@@ -36,6 +36,12 @@ from marsys_mem.patterns.shared_vectors import SharedVectors
 from marsys_mem.patterns.store_search import Found, StoreSearch, TextPages, TurnLike
 from marsys_mem.retrieval.ahead import WorkAhead
 from marsys_mem.retrieval.bm25 import BM25Index
+from marsys_mem.retrieval.calibration import (
+    DEFAULT_MIN_SCORE,
+    EVIDENCE_DEPTH,
+    bm25_ceiling,
+    calibrated,
+)
 from marsys_mem.retrieval.dates import Period, asks_when, mentions_time, query_period
 from marsys_mem.retrieval.embeddings import Embedder, default_embedder, embed_query
 from marsys_mem.retrieval.index import FaissIndex, QueryScores
@@ -830,7 +836,7 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         self,
         query: str,
         k: int = 5,
-        min_score: float | None = None,
+        min_score: float | None = DEFAULT_MIN_SCORE,
         *,
         mode: SearchMode | None = None,
         agent: str | None = None,
@@ -850,8 +856,10 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         Args:
             query: the search text.
             k: how many hits at most.
-            min_score: drop hits scoring below it (see :class:`ScoredMessage` for what
-                ``score`` means in each mode).
+            min_score: drop hits whose calibrated score (a probability of relevance,
+                the same scale for every query, memory and store: see
+                :mod:`~marsys_mem.retrieval.calibration`) is below it; ``None``: keep all.
+                The default, 0.8, drops what a query with no answer finds (``"x"``).
             mode: ``"hybrid"``, ``"dense"`` or ``"bm25"``; default: the memory's mode.
             agent: keep only this agent's messages.
             role: keep only this role.
@@ -932,12 +940,19 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
             if not found.light:
                 return ranked, found.exhausted, found.messages  # type: ignore[return-value]
             # the ranker read turns: load the messages that can be returned (a filter
-            # may pass any of them; else the best k, and as many again for races)
-            best = ranked if keep is not None else ranked[: 2 * k]
+            # may pass any of them; else the best k, and as many again for races, and
+            # those whose evidence the calibration pools)
+            best = ranked if keep is not None else ranked[: max(2 * k, EVIDENCE_DEPTH)]
             loaded = self._load([mid for mid, *_ in best])
             return ranked, found.exhausted, {m.message_id: m for m in loaded}
 
-        return self._collect(rank, k, min_score, keep, first)
+        def ceiling() -> float:  # the store's statistics, as the keyword side scored with
+            if text is None:
+                return 0.0
+            pages = text.result()
+            return bm25_ceiling(pages.doc_freq().values(), pages.count, self._bm25.k1)
+
+        return self._collect(rank, k, min_score, keep, first, mode=mode, ceiling=ceiling)
 
     def _rank_found(self, query: str, found: Found) -> Sequence[Candidate]:
         """Rank a store's candidates (hybrid) with the in-process ranker.
@@ -1033,7 +1048,7 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         self,
         query: str,
         k: int = 5,
-        min_score: float | None = None,
+        min_score: float | None = DEFAULT_MIN_SCORE,
         *,
         mode: SearchMode | None = None,
         agent: str | None = None,
@@ -1086,7 +1101,11 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
             ranked, exhausted = self._rank(query, qvec, mode, depth, cues)
             return ranked, exhausted or depth >= total, self._messages
 
-        return self._collect(rank, k, min_score, keep)
+        def ceiling() -> float:
+            bm25 = self._bm25
+            return bm25_ceiling(bm25.doc_freqs(query).values(), len(bm25), bm25.k1)
+
+        return self._collect(rank, k, min_score, keep, mode=mode, ceiling=ceiling)
 
     def _collect(
         self,
@@ -1095,30 +1114,47 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         min_score: float | None,
         keep: MessageFilter | None,
         first: int | None = None,
+        *,
+        mode: SearchMode = "hybrid",
+        ceiling: Callable[[], float] = lambda: 0.0,
     ) -> list[ScoredMessage]:
         """The ``k`` best hits that pass ``keep`` and ``min_score``, ranked deeper until found.
 
         ``rank(depth)``: the candidates ranked from each retriever's ``depth`` best, best
         first, whether no deeper search can add any, and the candidates' messages;
-        ``first``: the first depth (default :meth:`_depth`).
+        ``first``: the first depth (default :meth:`_depth`). The hits are scored by
+        :func:`~marsys_mem.retrieval.calibration.calibrated` (``ceiling()``: the query's
+        BM25 ceiling), over at least the first ``EVIDENCE_DEPTH`` that pass ``keep``, so a
+        hit's score does not depend on ``k``; scores fall in ranking order.
         """
         depth = first if first is not None else self._depth(k, keep)
+        want = max(k, EVIDENCE_DEPTH)
         while True:
             ranked, exhausted, messages = rank(depth)
-            hits: list[ScoredMessage] = []
-            for mid, score, dense, bm25 in ranked:
-                if min_score is not None and score < min_score:
-                    exhausted = True  # ranked best first: nothing later passes either
-                    break
-                m = messages.get(mid)
+            kept: list[tuple[Message, Candidate]] = []
+            for candidate in ranked:
+                m = messages.get(candidate[0])
                 if m is None or (keep is not None and not keep(m)):
                     continue
-                hits.append(ScoredMessage(m, score, dense, bm25, len(hits) + 1))
-                if len(hits) == k:
-                    return hits
-            if exhausted:
-                return hits
-            depth *= 4
+                kept.append((m, candidate))
+                if len(kept) == want:
+                    break
+            if len(kept) < k and not exhausted:
+                depth *= 4
+                continue
+            scores = calibrated(
+                [c[1] for _, c in kept],
+                [c[2] for _, c in kept],
+                [c[3] for _, c in kept],
+                ceiling() if mode != "dense" and kept else 0.0,
+                mode=mode,
+            )
+            hits: list[ScoredMessage] = []
+            for (m, (_, fused, dense, bm25)), score in zip(kept[:k], scores, strict=False):
+                if min_score is not None and score < min_score:
+                    break  # scores fall in ranking order: nothing later passes either
+                hits.append(ScoredMessage(m, score, dense, bm25, len(hits) + 1, fused))
+            return hits
 
     def _rank(
         self,

@@ -32,6 +32,12 @@ from marsys_mem.model.messages import Message
 from marsys_mem.model.names import validate_name
 from marsys_mem.patterns.store_search import text_pages
 from marsys_mem.retrieval.bm25 import BM25Index, score_with_stats
+from marsys_mem.retrieval.calibration import (
+    DEFAULT_MIN_SCORE,
+    EVIDENCE_DEPTH,
+    bm25_ceiling,
+    calibrated,
+)
 from marsys_mem.retrieval.embeddings import Embedder, HashingEmbedder, default_embedder
 from marsys_mem.retrieval.scoring import check_query, finite_number, positive_int
 from marsys_mem.store.base import (
@@ -204,7 +210,11 @@ class FactChange:
 
 @dataclass(frozen=True, slots=True)
 class ScoredFact:
-    """One search hit: the fact, its hybrid score, cosine and BM25 score, rank (1: best)."""
+    """One search hit: the fact, its calibrated score, cosine and BM25 score, rank (1: best).
+
+    ``score`` is a probability of relevance on the scale of every search
+    (:mod:`~marsys_mem.retrieval.calibration`), so facts and messages merge by it.
+    """
 
     fact: Fact
     score: float
@@ -1002,17 +1012,21 @@ class FactMemory(Closing):
         self,
         query: str,
         k: int = 5,
-        min_score: float | None = 0.60,
+        min_score: float | None = DEFAULT_MIN_SCORE,
         *,
         subject: str | None = None,
         user_id: str | None = None,
         agent_id: str | None = None,
         include_invalid: bool = False,
     ) -> list[ScoredFact]:
-        """The ``k`` facts that best match ``query``, best first (hybrid score, see module).
+        """The ``k`` facts that best match ``query``, best first, scored on the calibrated scale.
 
-        ``subject`` (or mem0's ``user_id`` / ``agent_id``, at most one): only that
-        subject's facts; none: every subject's.
+        Ranked by the cosine raised by keyword matches (``cosine + bm25_weight * (1 -
+        cosine) * bm25 / best bm25``); the score each carries, which ``min_score``
+        compares, is :func:`~marsys_mem.retrieval.calibration.calibrated` (a probability
+        of relevance that falls in ranking order, the scale of every search). ``subject``
+        (or mem0's ``user_id`` / ``agent_id``, at most one): only that subject's facts;
+        none: every subject's.
 
         Raises:
             ValueError: an empty query, ``k <= 0``, a bad ``min_score`` / ``subject``, or
@@ -1029,7 +1043,9 @@ class FactMemory(Closing):
         self.sync()
         qvec = self._embed([query])[0]
         if self._stateless:
-            pool, vectors, bm25 = self._candidates(query, qvec, k, subject, include_invalid)
+            pool, vectors, bm25, ceiling = self._candidates(
+                query, qvec, k, subject, include_invalid
+            )
         else:
             with self._lock:
                 pool = [
@@ -1039,6 +1055,8 @@ class FactMemory(Closing):
                 ]
                 vectors = {f.fact_id: self._vectors[f.fact_id] for f in pool}
                 bm25 = self._bm25.score_docs(query, [f.fact_id for f in pool])
+                index = self._bm25
+                ceiling = bm25_ceiling(index.doc_freqs(query).values(), len(index), index.k1)
         if not pool:
             return []
         best = max(bm25.values(), default=0.0)
@@ -1047,14 +1065,18 @@ class FactMemory(Closing):
             cos = max(-1.0, min(1.0, float(vectors[f.fact_id] @ qvec)))
             kw = bm25.get(f.fact_id, 0.0)
             boost = self.bm25_weight * (1.0 - max(cos, 0.0)) * (kw / best if best > 0 else 0.0)
-            score = cos + boost
-            if min_score is None or score >= min_score:
-                scored.append((score, cos, kw, f))
+            scored.append((cos + boost, cos, kw, f))
         scored.sort(key=lambda s: (-s[0], -s[3].confidence))
-        return [
-            ScoredFact(f, score, cos, kw, rank)
-            for rank, (score, cos, kw, f) in enumerate(scored[:k], 1)
-        ]
+        head = scored[: max(k, EVIDENCE_DEPTH)]
+        scores = calibrated(
+            [s[0] for s in head], [s[1] for s in head], [s[2] for s in head], ceiling
+        )
+        hits: list[ScoredFact] = []
+        for (_, cos, kw, f), score in zip(head[:k], scores, strict=False):
+            if min_score is not None and score < min_score:
+                break  # scores fall in ranking order
+            hits.append(ScoredFact(f, score, cos, kw, len(hits) + 1))
+        return hits
 
     def _candidates(
         self,
@@ -1063,16 +1085,17 @@ class FactMemory(Closing):
         k: int,
         subject: str | None,
         include_invalid: bool,
-    ) -> tuple[list[Fact], dict[str, npt.NDArray[np.float32]], dict[str, float]]:
+    ) -> tuple[list[Fact], dict[str, npt.NDArray[np.float32]], dict[str, float], float]:
         """A store that searches: its dense and keyword candidates, their vectors and BM25.
 
         The BM25 scores use the store's document frequencies (see
-        :func:`~marsys_mem.patterns.store_search.text_pages`).
+        :func:`~marsys_mem.patterns.store_search.text_pages`), and so does the query's
+        BM25 ceiling, returned last.
         """
         assert self.store is not None
         keys = self._fact_keys(subject)
         if not keys:
-            return [], {}, {}
+            return [], {}, {}, 0.0
         depth = max(4 * k, 50)
         pages = text_pages(self.store, query, depth, keys)
         hits = self.store.search_vectors(self.embedder.name, qvec, depth, keys=keys)
@@ -1098,13 +1121,15 @@ class FactMemory(Closing):
         scores = score_with_stats(
             query, [f.text for f in pool], doc_count=pages.count, doc_freq=pages.doc_freq()
         )
-        return pool, vectors, dict(zip((f.fact_id for f in pool), scores.tolist(), strict=True))
+        ceiling = bm25_ceiling(pages.doc_freq().values(), pages.count, 1.5)  # score_with_stats'
+        by_id = dict(zip((f.fact_id for f in pool), scores.tolist(), strict=True))
+        return pool, vectors, by_id, ceiling
 
     async def asearch(
         self,
         query: str,
         k: int = 5,
-        min_score: float | None = 0.60,
+        min_score: float | None = DEFAULT_MIN_SCORE,
         *,
         subject: str | None = None,
         user_id: str | None = None,

@@ -26,12 +26,24 @@ def test_users_are_kept_apart() -> None:
     with Memory() as memory:
         memory.remember("I like green tea", user_id="alice")
         memory.remember("I like black coffee", user_id="bob")
-        assert [h["text"] for h in memory.recall("drink", user_id="bob", k=5)["hits"]] == [
+        found = memory.recall("drink", user_id="bob", k=5, min_score=None)["hits"]
+        assert [h["text"] for h in found] == ["I like black coffee"]  # alice's: not there
+        # the default threshold: "drink" is no word of bob's, and no close meaning here
+        assert [h["text"] for h in memory.recall("coffee", user_id="bob")["hits"]] == [
             "I like black coffee"
         ]
         window = memory.context(user_id="alice")
         assert [m["content"] for m in window["messages"]] == ["I like green tea"]
         assert window["agent"] == "alice"
+
+
+def test_recall_checks_min_score() -> None:
+    with Memory() as memory:
+        memory.remember("I like black coffee", user_id="bob")
+        for bad in (-0.1, 1.5, "high", True):
+            with pytest.raises(ValueError, match="min_score"):
+                memory.recall("coffee", user_id="bob", min_score=bad)  # type: ignore[arg-type]
+        assert memory.recall("x", user_id="bob")["hits"] == []  # nonsense: below the default
 
 
 def test_forget_by_id_and_everything() -> None:
@@ -40,7 +52,8 @@ def test_forget_by_id_and_everything() -> None:
         drop = memory.remember("drop me", user_id="alice")["id"]
         assert memory.forget(user_id="alice", message_ids=[drop])["left"] == 1
         assert [m["message_id"] for m in memory.messages(user_id="alice")] == [keep]
-        assert memory.recall("drop", user_id="alice")["hits"][0]["id"] == keep
+        assert memory.recall("drop", user_id="alice", min_score=None)["hits"][0]["id"] == keep
+        assert memory.recall("drop", user_id="alice")["hits"] == []  # "keep me" is no match
         assert memory.forget(user_id="alice", everything=True)["removed"] == 1
         assert memory.messages(user_id="alice") == []
 

@@ -36,8 +36,9 @@ from marsys_mem.model.messages import Message
 from marsys_mem.patterns.agent import index_file
 from marsys_mem.patterns.rag import RAGMemory
 from marsys_mem.retrieval.bm25 import BM25Index
+from marsys_mem.retrieval.calibration import DEFAULT_MIN_SCORE, bm25_ceiling, calibrated
 from marsys_mem.retrieval.embeddings import Embedder, default_embedder
-from marsys_mem.retrieval.scoring import ScoredMessage, fuse_scores
+from marsys_mem.retrieval.scoring import ScoredMessage
 from marsys_mem.store.base import Key
 from marsys_mem.store.keys import KeyInfo, parse_key
 from marsys_mem.store.rows import StoredRow, error_reason
@@ -473,6 +474,7 @@ def search_store(
     mode: SearchMode = "auto",
     status: Callable[[str], None] | None = None,
     on_invalid: Callable[[InvalidRow], None] | None = None,
+    min_score: float | None = DEFAULT_MIN_SCORE,
 ) -> tuple[list[SearchHit], str]:
     """Search the stored messages and facts for ``query``; returns ``(hits, how)``.
 
@@ -489,14 +491,24 @@ def search_store(
     hit, on the branch it was shared on; one that lost a conflict on its topic on some
     branch (a merge kept another) says where and to what (:attr:`SearchHit.lost_to`).
 
+    Scores are calibrated (:mod:`~marsys_mem.retrieval.calibration`: a probability of
+    relevance, one scale for every memory), so every memory's hits merge by score; hits
+    below ``min_score`` are left out (``None``: keep all).
+
     Raises:
-        ValueError: an empty query, or ``k < 1``.
+        ValueError: an empty query, ``k < 1``, or ``min_score`` not a number from 0 to 1.
         StoreNotFoundError: no store there.
     """
     if not isinstance(query, str) or not query.strip():
         raise ValueError("the query must be a non-empty string")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive integer, got {k!r}")
+    if min_score is not None and (
+        isinstance(min_score, bool)
+        or not isinstance(min_score, int | float)
+        or not 0.0 <= min_score <= 1.0
+    ):
+        raise ValueError(f"min_score must be a number from 0 to 1, got {min_score!r}")
     with _open(path) as store:
         all_keys = store.list_keys(namespace)
         keys = [
@@ -514,7 +526,7 @@ def search_store(
                 if status is not None:
                     status("loading the embedding model and the RAG indexes")
                 try:
-                    hits = _search_rag(store, rag_keys, facts, lost, query, k, embedder)
+                    hits = _search_rag(store, rag_keys, facts, lost, query, k, embedder, min_score)
                     return hits, "hybrid (RAG index)"
                 except StoreError as exc:
                     if not isinstance(exc.__cause__, ValidationError):
@@ -525,7 +537,8 @@ def search_store(
         elif mode == "hybrid":
             how = "bm25 (no agent in this store has a RAG memory)"
         conv_keys = [key for key in keys if _internal_kind(key) is None]
-        return _search_bm25(store, conv_keys, facts, lost, query, k, skipped), how
+        hits = _search_bm25(store, conv_keys, facts, lost, query, k, skipped, min_score)
+        return hits, how
 
 
 def _valid_messages(
@@ -624,6 +637,7 @@ def _search_bm25(
     query: str,
     k: int,
     skipped: Callable[[InvalidRow], None],
+    min_score: float | None = DEFAULT_MIN_SCORE,
 ) -> list[SearchHit]:
     index = BM25Index()
     found: dict[str, tuple[Key, Message] | tuple[str, SharedFact]] = {}
@@ -639,8 +653,14 @@ def _search_bm25(
         doc_id = f"{len(found)}"
         found[doc_id] = recorded
         index.add(doc_id, recorded[1].text)
+    ranked = index.search(query, k=k)
+    ceiling = bm25_ceiling(index.doc_freqs(query).values(), len(index), index.k1)
+    scores = [s for _, s in ranked]
+    calibrated_scores = calibrated(scores, [None] * len(scores), scores, ceiling, mode="bm25")
     hits = []
-    for rank, (doc_id, score) in enumerate(index.search(query, k=k), 1):
+    for rank, ((doc_id, _), score) in enumerate(zip(ranked, calibrated_scores, strict=True), 1):
+        if min_score is not None and score < min_score:
+            break  # calibrated in ranking order: nothing later passes
         where, item = found[doc_id]
         if isinstance(item, SharedFact):
             assert isinstance(where, str)
@@ -673,13 +693,11 @@ def _search_rag(
     query: str,
     k: int,
     embedder: Embedder,
+    min_score: float | None = DEFAULT_MIN_SCORE,
 ) -> list[SearchHit]:
     db = Path(store.path)
-    # every memory's candidates, fused once: hybrid scores are relative to a memory's own
-    # candidates (its best scores 1.0), so they cannot be compared across memories; the
-    # cosines and BM25 scores each hit carries can
+    # every memory's hits, merged by their calibrated scores (one scale for all memories)
     found: list[tuple[ScoredMessage, Key | str, Message | SharedFact]] = []
-    weights = (1.0, 1.0)
     for key in keys:
         saved = _index_file(db, key)
         rag = RAGMemory(
@@ -688,10 +706,9 @@ def _search_rag(
             key=key,
             index_path=saved if saved.is_file() else None,
         )
-        weights = (rag.dense_weight, rag.bm25_weight)
         try:
             rag.flush()  # messages without a saved vector are embedded first
-            found.extend((hit, key, hit.message) for hit in rag.search(query, k=k))
+            found.extend((hit, key, hit.message) for hit in rag.search(query, k, min_score))
         finally:
             rag.close()
     if facts:  # ranked by the same hybrid retrieval, in a memory of their own (not saved)
@@ -699,23 +716,13 @@ def _search_rag(
         try:
             ids = rag.add_many(fact.text for _, fact in facts)  # embedded in one batch
             by_id = dict(zip(ids, facts, strict=True))
-            for hit in rag.search(query, k=k):
+            for hit in rag.search(query, k, min_score):
                 scope, fact = by_id[hit.message.message_id]
                 found.append((hit, scope, fact))
         finally:
             rag.close()
-    cosine = {str(i): h.dense_score or 0.0 for i, (h, _, _) in enumerate(found)}
-    keyword = {str(i): h.bm25_score or 0.0 for i, (h, _, _) in enumerate(found)}
-    fused = fuse_scores(
-        sorted(((i, c) for i, c in cosine.items()), key=lambda p: -p[1]),
-        sorted(((i, b) for i, b in keyword.items() if b > 0), key=lambda p: -p[1]),
-        cosine,
-        keyword,
-        fusion="zscore",
-        dense_weight=weights[0],
-        bm25_weight=weights[1],
-    )
-    ranked = [(score, found[int(i)][1], found[int(i)][2]) for i, score, _, _ in fused]
+    found.sort(key=lambda f: -f[0].score)  # stable: a memory's own order on ties
+    ranked = [(h.score, where, item) for h, where, item in found]
     hits = []
     for rank, (score, where, item) in enumerate(ranked[:k], 1):
         if isinstance(item, SharedFact):

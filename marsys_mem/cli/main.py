@@ -13,6 +13,7 @@ Commands::
     marsys-mem migrate STORE [--no-backup]  upgrade a SQLite store's schema, whole or not at all
     marsys-mem migrate --postgres [--dsn-env NAME]  the same for PostgreSQL ($MARSYS_MEM_PG_DSN)
     marsys-mem search STORE QUERY [--agent A] [--branch B] [-k K] [--mode auto|bm25|hybrid]
+                                  [--min-score S]
     marsys-mem mcp [--config POLICY] [--transport stdio|http] [--host H] [--port N]
                    [--tokens FILE] [--allow-host H] [--allow-origin O] [--insecure]
 
@@ -51,6 +52,7 @@ from marsys_mem.config.load import config_schema
 from marsys_mem.config.models import PG_DSN_ENV
 from marsys_mem.exceptions import ConfigError, MarsysMemError, StoreError, StoreNotFoundError
 from marsys_mem.manager import MemoryManager
+from marsys_mem.retrieval.calibration import DEFAULT_MIN_SCORE
 from marsys_mem.store.sqlite import SCHEMA_VERSION, migrate_file
 from marsys_mem.workflow import (
     FileTrust,
@@ -255,6 +257,7 @@ def cmd_search(out: Output, args: argparse.Namespace) -> int:
             mode=args.mode,
             status=status,
             on_invalid=invalid.append,
+            min_score=args.min_score,
         )
     if args.json:
         data = {
@@ -486,6 +489,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--agent")
     p.add_argument("--branch")
     p.add_argument("-k", type=int, default=5, help="number of hits (default 5)")
+    p.add_argument(
+        "--min-score",
+        type=float,
+        default=DEFAULT_MIN_SCORE,
+        help="leave out hits whose calibrated score (0 to 1) is below it (default 0.8)",
+    )
     p.add_argument(
         "--mode",
         choices=["auto", "bm25", "hybrid"],

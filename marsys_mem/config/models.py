@@ -230,7 +230,8 @@ class RagPatternConfig(BaseModel):
     conversation (ttl, ``max_stored_messages``, forget and the end of a session remove
     both); ``archive`` keeps entries beyond the conversation's bound, as an archive, up to
     its own ``max_stored_messages`` and ``ttl`` (default: the agent's ttl). Forget always
-    reaches the archive.
+    reaches the archive. ``min_score``: hits whose calibrated score (the one scale of every
+    search, a probability of relevance) is below it are left out; ``null`` keeps all.
 
     Example:
         >>> RagPatternConfig(k=4, mode="bm25").k
@@ -242,7 +243,8 @@ class RagPatternConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     k: int = Field(default=4, ge=1, le=100)
-    min_score: float | None = None
+    # calibration.DEFAULT_MIN_SCORE (retrieval is a sibling layer: not imported here)
+    min_score: float | None = Field(default=0.8, ge=0.0, le=1.0)
     mode: Literal["hybrid", "dense", "bm25"] = "hybrid"
     dense_weight: float = Field(default=1.0, ge=0.0)  # RAGMemory's defaults
     bm25_weight: float = Field(default=1.0, ge=0.0)
@@ -295,8 +297,9 @@ class FactsPatternConfig(BaseModel):
     (``add`` never waits); the facts it learns show as a "user facts" block in
     ``MemoryManager.context_for``. ``extractor``: ``offline`` (fixed first-person patterns,
     no model) or ``llm`` (the manager's ``llm``, one call per batch). ``subject``: whom the
-    facts are about. ``k``: most facts in the block; facts scoring ``min_score`` or more
-    for the query come first, then the others by confidence.
+    facts are about. ``k``: most facts in the block; facts whose calibrated score for the
+    query is ``min_score`` or more (the one default of every search: 0.8) come first, then
+    the others by confidence.
 
     Example:
         >>> cfg = FactsPatternConfig.model_validate({"subject": "alice", "extractor": "llm"})
@@ -312,7 +315,7 @@ class FactsPatternConfig(BaseModel):
     debounce: float = Field(default=2.0, ge=0.0, le=3600.0)
     max_batch: int = Field(default=32, ge=1, le=10_000)
     k: int = Field(default=10, ge=1, le=200)
-    min_score: float = Field(default=0.3, ge=-1.0, le=1.0)
+    min_score: float = Field(default=0.8, ge=0.0, le=1.0)  # calibration.DEFAULT_MIN_SCORE
     maintain: bool = False
 
 

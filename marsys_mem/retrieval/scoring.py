@@ -61,12 +61,16 @@ class ScoredMessage:
 
     Attributes:
         message: the message found.
-        score: what the hits are ranked by: the cosine similarity (``dense``), the BM25
-            score (``bm25``) or the fused score, at most 1.0 (``hybrid``).
+        score: its calibrated relevance, a probability from 0 to 1 with the same meaning
+            for every query, memory and store (:mod:`~marsys_mem.retrieval.calibration`;
+            what ``min_score`` compares): it falls in ranking order.
         dense_score: cosine similarity to the query (``None`` in ``bm25`` mode, or when
             the message has no vector yet).
         bm25_score: BM25 score (``None`` in ``dense`` mode).
         rank: 1 for the best hit.
+        fused: what the hits were ranked by: the cosine (``dense``), the BM25 score
+            (``bm25``) or the fused score, relative to this search's candidates (its best
+            near 1.0 whatever it matched: ``hybrid``); ``None`` when not given.
 
     Example:
         >>> hit = ScoredMessage(Message.user("hi"), score=0.9, dense_score=0.9, rank=1)
@@ -79,6 +83,7 @@ class ScoredMessage:
     dense_score: float | None = None
     bm25_score: float | None = None
     rank: int = 1
+    fused: float | None = None
 
     @property
     def id(self) -> str:

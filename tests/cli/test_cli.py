@@ -477,20 +477,26 @@ def test_search(capsys, support_store):
 
 def test_search_finds_the_facts_a_run_recorded(capsys, research_store):
     # the research agents keep session memory only: the store's only text is its facts
-    code, out, _ = run(capsys, "search", research_store, "market size")
+    # (every hit, whatever its calibrated score: --min-score 0)
+    code, out, _ = run(capsys, "search", research_store, "market size", "--min-score", "0")
     assert code == 0
     first = out.splitlines()[2]
     assert "market@market" in first
     assert " fact " in first
     assert "61,000 units" in first
-    code, out, _ = run(capsys, "search", research_store, "market size", "--json", "-k", "9")
+    code, out, _ = run(
+        capsys, "search", research_store, "market size", "--json", "-k", "9", "--min-score", "0"
+    )
     hits = json.loads(out)["hits"]
     assert {h["kind"] for h in hits} == {"fact"}
     assert {h["role"] for h in hits} == {"fact"}
     assert len({h["message_id"] for h in hits}) == len(hits)  # a merged fact is one hit
-    code, out, _ = run(capsys, "search", research_store, "market", "--agent", "market", "--json")
+    args = ["market", "--agent", "market", "--json", "--min-score", "0"]
+    code, out, _ = run(capsys, "search", research_store, *args)
     assert {h["agent"] for h in json.loads(out)["hits"]} == {"market"}
-    code, out, _ = run(capsys, "search", research_store, "market", "--branch", "main", "--json")
+    code, out, _ = run(
+        capsys, "search", research_store, "market", "--branch", "main", "--json", "--min-score", "0"
+    )
     hits = json.loads(out)["hits"]
     assert hits
     assert {h["branch"] for h in hits} == {"main"}
@@ -521,7 +527,14 @@ def test_hybrid_search_ranks_facts_beside_rag_messages(capsys, tmp_path):
     first = data["hits"][0]
     assert (first["kind"], first["source"], first["agent"]) == ("fact", "rag", "a")
     assert first["text"] == "Maria prefers to be contacted by email."
-    assert {h["kind"] for h in data["hits"]} == {"fact", "message"}
+    assert first["score"] >= 0.8  # calibrated: above the default min_score
+    # every memory's hits merge by their calibrated scores (facts and messages alike)
+    code, out, _ = run(capsys, "search", store, "Maria", "--json", "--min-score", "0")
+    hits = json.loads(out)["hits"]
+    assert {h["kind"] for h in hits} == {"fact", "message"}
+    assert [h["score"] for h in hits] == sorted((h["score"] for h in hits), reverse=True)
+    code, out, _ = run(capsys, "search", store, "qzvoe mprk")
+    assert "0 hit(s)" in out  # a query nothing answers: nothing above the default
     code, out, _ = run(capsys, "search", store, "Where is the van?", "-k", "1")
     assert "a@main" in out
     assert "behind the warehouse" in out

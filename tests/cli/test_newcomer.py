@@ -98,7 +98,7 @@ def test_inspect_counts_what_the_store_holds(capsys, demo_store):
 
 
 def test_search_says_when_a_fact_lost_a_merge(capsys, demo_store):
-    code, out, _ = run(capsys, "search", demo_store, "market size")
+    code, out, _ = run(capsys, "search", demo_store, "market size", "--min-score", "0")
     assert code == 0
     rows = {line.split()[0]: line for line in out.splitlines()[2:] if line[:1].isdigit()}
     lost = next(line for line in rows.values() if "45,000" in line)
@@ -108,13 +108,17 @@ def test_search_says_when_a_fact_lost_a_merge(capsys, demo_store):
     rank = lost.split()[0]
     assert f"   #{rank} lost on main to market@market: The Dutch cargo e-bike market" in out
 
-    code, out, _ = run(capsys, "search", demo_store, "market size", "--json", "-k", "9")
+    code, out, _ = run(
+        capsys, "search", demo_store, "market size", "--json", "-k", "9", "--min-score", "0"
+    )
     hits = {h["text"][:20]: h for h in json.loads(out)["hits"]}
     assert hits["A trade blog puts th"]["lost_to"].startswith("on main to market@market: ")
     assert [h for h in hits.values() if h["lost_to"]] == [hits["A trade blog puts th"]]
 
     # filtered to the branch it was shared on, it still says it lost the merge into main
-    code, out, _ = run(capsys, "search", demo_store, "trade blog", "--branch", "competitors")
+    code, out, _ = run(
+        capsys, "search", demo_store, "trade blog", "--branch", "competitors", "--min-score", "0"
+    )
     assert "fact, lost" in out
 
     code, out, _ = run(capsys, "inspect", demo_store)

@@ -209,13 +209,14 @@ def test_search_hybrid_fields(corpus):
 
 def test_search_modes(corpus):
     dense = corpus.search("I parked the car on level 4 of the garage", k=2, mode="dense")
-    assert dense[0].score == pytest.approx(1.0, abs=1e-5)
+    assert dense[0].fused == pytest.approx(1.0, abs=1e-5)  # ranked by the cosine
     assert dense[0].bm25_score is None
-    assert dense[0].dense_score == dense[0].score
+    assert dense[0].dense_score == dense[0].fused
+    assert dense[0].score > 0.99  # calibrated: a cosine of 1.0 is a match
     bm = corpus.search("garage", k=5, mode="bm25")
     assert _texts(bm) == ["I parked the car on level 4 of the garage"]
     assert bm[0].dense_score is None
-    assert bm[0].score == bm[0].bm25_score
+    assert bm[0].fused == bm[0].bm25_score
     with pytest.raises(ValueError, match="mode"):
         corpus.search("garage", mode="fuzzy")  # type: ignore[arg-type]
 
@@ -246,11 +247,11 @@ def test_convex_fusion_is_the_weighted_mean_of_cosine_and_relative_bm25(emb):
         emb, fusion="convex", dense_weight=3, bm25_weight=1, context_weight=0, reply_weight=0
     ) as mem:
         mem.add_many(CHITCHAT)
-        hits = mem.search("coffee machine broken", k=5)
+        hits = mem.search("coffee machine broken", k=5, min_score=None)
         top_bm25 = max(h.bm25_score for h in hits)
         for h in hits:
             expected = (3 * h.dense_score + h.bm25_score / top_bm25) / 4
-            assert h.score == pytest.approx(expected, abs=1e-6)
+            assert h.fused == pytest.approx(expected, abs=1e-6)
     with pytest.raises(ValueError, match="fusion"):
         RAGMemory(emb, fusion="max")  # type: ignore[arg-type]
 
@@ -282,27 +283,31 @@ def test_search_on_empty_memory(mem):
 
 
 def test_k_larger_than_memory(corpus):
-    assert len(corpus.search("car", k=500, mode="dense")) == len(corpus)
+    assert len(corpus.search("car", k=500, mode="dense", min_score=None)) == len(corpus)
 
 
 def test_min_score(corpus):
-    hits = corpus.search("parked car garage", k=10, mode="dense", min_score=0.2)
+    hits = corpus.search("parked car garage", k=10, mode="dense", min_score=0.05)
     assert hits
-    assert all(h.score >= 0.2 for h in hits)
+    assert all(h.score >= 0.05 for h in hits)
     assert corpus.search("parked car garage", k=10, mode="dense", min_score=1.01) == []
     bm = corpus.search("garage car", k=10, mode="bm25", min_score=0.0)
     assert all(h.score >= 0 for h in bm)
     fused = corpus.search("I parked the car on level 4 of the garage", k=10, min_score=0.99)
-    assert _texts(fused) == ["I parked the car on level 4 of the garage"]
+    assert _texts(fused)[0] == "I parked the car on level 4 of the garage"
+    assert all(h.score >= 0.99 for h in fused)
+    # the default (calibrated) threshold: nothing for a query nothing answers
+    assert corpus.search("x") == []
+    assert corpus.search("x", min_score=None)
     with pytest.raises(ValueError, match="min_score"):
         corpus.search("car", min_score=float("nan"))
 
 
 def test_filter_by_agent_uses_name_or_metadata(corpus):
-    assert _texts(corpus.search("Lisbon car", k=5, agent="alice")) == [
+    assert _texts(corpus.search("Lisbon car", 5, None, agent="alice")) == [
         "I parked the car on level 4 of the garage"
     ]
-    assert _texts(corpus.search("Lisbon car", k=5, agent="bob")) == [
+    assert _texts(corpus.search("Lisbon car", 5, None, agent="bob")) == [
         "My sister Clara lives in Lisbon"
     ]
     assert corpus.search("Lisbon", k=5, agent="nobody") == []
@@ -337,9 +342,9 @@ def test_filters_widen_the_candidate_pool(emb):
         a = mem.add("a short note about the budget", name="carol")
         b = mem.add("carol asked about lunch", name="carol")
         for mode in ("hybrid", "dense", "bm25"):
-            hits = mem.search("budget review meeting numbers", k=2, agent="carol", mode=mode)
+            hits = mem.search("budget review meeting numbers", 2, None, agent="carol", mode=mode)
             assert a in {h.id for h in hits}, mode
-        hits = mem.search("budget review meeting numbers", k=5, agent="carol", mode="dense")
+        hits = mem.search("budget review meeting numbers", 5, None, agent="carol", mode="dense")
         assert {h.id for h in hits} == {a, b}
 
 
@@ -519,7 +524,7 @@ def test_concurrent_adds_and_searches():
         assert not errors
         mem.flush()
         assert len(mem) == 150
-        assert len(mem.search("writer line topic3", k=200, mode="dense")) == 150
+        assert len(mem.search("writer line topic3", 200, None, mode="dense")) == 150
 
 
 # --------------------------------------------------------------------- construction
@@ -652,7 +657,7 @@ def test_rebuild_when_the_index_file_is_deleted(tmp_path, caplog, shared):
     with caplog.at_level(logging.WARNING, logger="marsys_mem.patterns.rag"):
         store, mem = _open(tmp_path, emb, shared)
     assert "missing" in caplog.text
-    assert mem.search("parked car garage", k=1, mode="dense")[0].id == car
+    assert mem.search("parked car garage", 1, None, mode="dense")[0].id == car
     if shared:  # rebuilt from the vectors in the store: only the query is embedded
         assert emb.texts == ["parked car garage"]
     else:
@@ -681,8 +686,9 @@ def test_rebuild_when_the_index_file_is_corrupt(tmp_path, caplog, shared):
     with caplog.at_level(logging.WARNING, logger="marsys_mem.patterns.rag"):
         store, mem = _open(tmp_path, emb, shared)
     assert "unusable" in caplog.text
-    assert mem.search("parked car garage", k=1, mode="dense")[0].id == car
-    assert len(mem.search("anything at all", k=100, mode="dense")) == len(CHITCHAT) + 1
+    assert mem.search("parked car garage", 1, None, mode="dense")[0].id == car
+    everything = mem.search("anything at all", k=100, min_score=None, mode="dense")
+    assert len(everything) == len(CHITCHAT) + 1
     assert len(emb.texts) == (2 if shared else len(CHITCHAT) + 1 + 2)  # + the two queries
     mem.close()
     store.close()
@@ -697,7 +703,7 @@ def test_rebuild_when_the_embedder_changed(tmp_path, caplog, shared):
     with caplog.at_level(logging.WARNING, logger="marsys_mem.patterns.rag"):
         store, mem = _open(tmp_path, emb, shared)
     assert "unusable" in caplog.text
-    assert len(mem.search("coffee machine", k=100, mode="dense")) == len(CHITCHAT)
+    assert len(mem.search("coffee machine", k=100, min_score=None, mode="dense")) == len(CHITCHAT)
     assert len(emb.texts) == len(CHITCHAT) + 1  # another model: every message re-embedded
     if shared:  # each model's vectors are kept apart
         assert len(store.load_vectors(KEY, emb.name)) == len(CHITCHAT)
@@ -721,7 +727,7 @@ def test_repair_when_the_index_is_stale(tmp_path, caplog, shared):
     with caplog.at_level(logging.WARNING, logger="marsys_mem.patterns.rag"):
         store, mem = _open(tmp_path, emb, shared)
     assert "stale" in caplog.text
-    hits = mem.search("spare key flowerpot", k=100, mode="dense")
+    hits = mem.search("spare key flowerpot", k=100, min_score=None, mode="dense")
     assert hits[0].id == new
     assert ids[0] not in {h.id for h in hits}
     assert len(hits) == len(CHITCHAT)
@@ -846,7 +852,7 @@ def test_minilm_hybrid_finds_every_rare_token_first(minilm, threads):
         missed = [
             tok
             for (tok, _), mid in zip(items, ids, strict=True)
-            if mem.search(tok, k=1)[0].id != mid
+            if mem.search(tok, k=1)[0].id != mid  # (each above the default min_score)
         ]
         assert len(missed) <= 3, missed  # measured: 1 (one thread), 0 (own threads)
         assert all(mem.search(tok, k=3)[0].id in ids for tok, _ in items[:5])
@@ -854,7 +860,7 @@ def test_minilm_hybrid_finds_every_rare_token_first(minilm, threads):
         mem.fusion = "minmax"
         mem.dense_weight = 2.5
         buried = sum(
-            mem.search(tok, k=1)[0].id != mid for (tok, _), mid in zip(items, ids, strict=True)
+            mem.search(tok, 1, None)[0].id != mid for (tok, _), mid in zip(items, ids, strict=True)
         )
         assert buried > 20  # measured: 56 (one thread), 80 (own threads)
 

@@ -80,8 +80,8 @@ def test_removing_the_context_turn_relinks_the_thread():
         ask, reply = _fill(mem)
 
         def score_of_reply() -> float:
-            hits = mem.search("beagle floppy ears", k=len(mem))
-            return next(h.score for h in hits if h.id == reply)
+            hits = mem.search("beagle floppy ears", k=len(mem), min_score=None)
+            return next(h.fused or 0.0 for h in hits if h.id == reply)  # the ranking's score
 
         before = score_of_reply()
         mem.remove(ask)
@@ -165,19 +165,19 @@ def test_the_thread_the_query_is_about_outranks_look_alike_lines():
     opts = {"background": False, "dense_weight": 0.0, "context_weight": 0.0, "reply_weight": 0.0}
     with RAGMemory(HashingEmbedder(), thread_weight=0.0, speaker_weight=0.0, **opts) as mem:
         trip = _trip_and_look_alikes(mem)
-        assert mem.search(query, k=1)[0].text == LOOK_ALIKE
+        assert mem.search(query, k=1, min_score=None)[0].text == LOOK_ALIKE
     with RAGMemory(HashingEmbedder(), thread_weight=0.0, **opts) as mem:  # "Maya" names her
         trip = _trip_and_look_alikes(mem)
-        assert mem.search(query, k=1)[0].message.name == "maya"
+        assert mem.search(query, k=1, min_score=None)[0].message.name == "maya"
     opts["speaker_weight"] = 0.0
     for weight, expected in ((0.5, [0]), (2.0, [0, 4, 2])):
         with RAGMemory(HashingEmbedder(), thread_weight=weight, **opts) as mem:
             trip = _trip_and_look_alikes(mem)
-            hits = mem.search(query, k=len(expected))
+            hits = mem.search(query, k=len(expected), min_score=None)
             assert [h.id for h in hits] == [trip[i] for i in expected]
             assert all(0.0 <= h.score <= 1.0 for h in hits)
             # each hit carries its own BM25 score, not its thread's
-            own = {h.id: h.score for h in mem.search(query, mode="bm25", k=20)}
+            own = {h.id: h.bm25_score for h in mem.search(query, 20, None, mode="bm25")}
             assert hits[0].bm25_score == pytest.approx(own[trip[0]])
 
 
@@ -301,7 +301,7 @@ def test_the_keyword_side_worked_out_beside_the_model_gives_the_same_ranking():
                 ahead = mem._search_locked(query, qvec, 10, None, "hybrid", None, cues)
                 alone = mem._search_locked(query, qvec, 10, None, "hybrid", None, None)
             assert [(h.id, h.score) for h in ahead] == [(h.id, h.score) for h in alone]
-            assert [h.id for h in mem.search(query, k=10)] == [h.id for h in alone]
+            assert [h.id for h in mem.search(query, 10, None)] == [h.id for h in alone]
         query = "zebra crossing near the stadium"
         stale = mem._query_cues(query, mem._depth(5, None))
         assert stale.bm25 == []

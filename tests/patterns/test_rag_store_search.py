@@ -250,8 +250,8 @@ def test_rankings_match_the_in_process_path(
     questions = corpus.questions[::2]
     overlap = recall_local = recall_store = 0.0
     for q in questions:
-        mine = [h.id for h in local.search(q.text, k=10)]
-        theirs = [h.id for h in remote.search(q.text, k=10)]
+        mine = [h.id for h in local.search(q.text, 10, None)]  # the rankings, not the scores
+        theirs = [h.id for h in remote.search(q.text, 10, None)]
         overlap += len(set(mine) & set(theirs)) / 10
         evidence = set(q.evidence)
         recall_local += len(evidence & set(mine)) / len(evidence)
@@ -286,7 +286,7 @@ def test_a_long_query_searches_a_bounded_number_of_words(pg_dsn: str) -> None:
         ids = _fill(mem)
         words = " ".join(f"word{i}" for i in range(MAX_WORDS + 20))
         store.text_searches = 0
-        hits = mem.search(f"{words} where did I park the car", k=1)
+        hits = mem.search(f"{words} where did I park the car", 1, None)
         assert hits[0].id == ids[0]
         assert store.text_searches == 1
         assert store.word_counts == MAX_WORDS  # one CountMatches, the first MAX_WORDS words

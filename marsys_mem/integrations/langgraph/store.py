@@ -14,7 +14,9 @@ namespaces (``("users", "alice", "memories")``), each a JSON object under a key,
   store reads the items back.
 * **Search.** ``search(query=...)`` ranks with marsys-mem's retrieval
   (:class:`~marsys_mem.patterns.rag.RAGMemory`): by default hybrid (dense embeddings +
-  BM25, fused; the best hit scores 1.0), with the packaged all-MiniLM-L6-v2 (the
+  BM25, fused; scores calibrated, a probability of relevance that means the same for
+  every query: :mod:`~marsys_mem.retrieval.calibration`), with the packaged
+  all-MiniLM-L6-v2 (the
   ``embeddings`` extra; BM25 only without it). LangGraph's own ``index`` config works as
   it is (``{"dims": 1536, "embed": ..., "fields": [...]}``, ``embed`` a LangChain
   ``Embeddings``, a sync or async function or a ``"provider:model"`` string), and then
@@ -486,7 +488,7 @@ class MarsysStore(BaseStore, Closing):
             instead of ``embedder``), ``dims`` (its vector length; required with
             ``embed``) and ``fields`` (the paths embedded for search, default ``["$"]``;
             each path's text is one entry, and an item scores as its best one).
-        mode: ``"hybrid"`` (dense + BM25, fused: 1.0 for the best hit) or ``"dense"``
+        mode: ``"hybrid"`` (dense + BM25, fused; calibrated scores) or ``"dense"``
             (the cosine similarity, as LangGraph's stores score); default: ``"dense"``
             with ``index["embed"]`` (a LangGraph config behaves as in LangGraph),
             ``"hybrid"`` otherwise.
@@ -691,12 +693,15 @@ class MarsysStore(BaseStore, Closing):
             return []
         k = max(need, 16)
         while True:
-            hits = self._rag.search(query, k=min(k, len(self._rag)))
+            # every item ranked, whatever its score (LangGraph's stores return them all)
+            hits = self._rag.search(query, min(k, len(self._rag)), None)
             ranked: dict[str, float] = {}
             for h in hits:
                 mid = self._owner.get(h.id)
                 if mid is not None and mid in wanted and mid not in ranked:
-                    ranked[mid] = h.score
+                    # dense: the cosine, as LangGraph's stores score; hybrid: calibrated
+                    dense = self._rag.mode == "dense" and h.dense_score is not None
+                    ranked[mid] = h.dense_score if dense else h.score  # type: ignore[assignment]
             if len(ranked) >= min(need, indexed) or len(hits) < k or k >= len(self._rag):
                 return list(ranked.items())
             k *= 4
