@@ -302,7 +302,7 @@ def host(system: str, target: str, queries_file: str, searches: int) -> dict[str
     store = open_store(system, target)
     mem = RAGMemory(Lookup(table), store=store, key=KEY, background=False)
     len(mem)  # opened: the fallback has loaded every vector and message by now
-    mem.search(texts[0], k=10)
+    mem.search(texts[0], k=10, min_score=None)
     out["open_s"] = time.perf_counter() - start
     out["rss_open"] = rss_mb()
     hybrid: list[float] = []
@@ -313,7 +313,8 @@ def host(system: str, target: str, queries_file: str, searches: int) -> dict[str
         j = (i // 2) % len(texts)
         mode = "hybrid" if i % 2 == 0 else "dense"
         t0 = time.perf_counter()
-        found = mem.search(texts[j], k=10, mode=mode)  # type: ignore[arg-type]
+        # every hit (min_score=None): recall and overlap compare whole top 10s
+        found = mem.search(texts[j], k=10, mode=mode, min_score=None)  # type: ignore[arg-type]
         (hybrid if mode == "hybrid" else dense).append(time.perf_counter() - t0)
         if mode == "dense" and len(ids) == j:
             ids.append([h.message.message_id for h in found])
