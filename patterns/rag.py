@@ -47,6 +47,7 @@ from marsys_mem.retrieval.embeddings import Embedder, default_embedder, embed_qu
 from marsys_mem.retrieval.index import FaissIndex, QueryScores
 from marsys_mem.retrieval.ingest import EmbeddingQueue
 from marsys_mem.retrieval.query_names import PARTICIPANT_SHARE, without_names
+from marsys_mem.retrieval.questions import asks
 from marsys_mem.retrieval.scoring import (
     FUSIONS,
     MODES,
@@ -101,7 +102,7 @@ and their keyword scores."""
 _SPREAD = 2
 """How many turns after a hit become candidates (each is still scored with all its context)."""
 _CUED = 100
-"""How many of the best hybrid candidates the time and speaker cues may lift."""
+"""How many of the best hybrid candidates the time, speaker and question cues may lift."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +240,9 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         index_path: where to save the vector index (needs a ``store``: the index is derived
             data and is checked against, or rebuilt from, the store's messages).
         mode: default ranking, ``"hybrid"``, ``"dense"`` or ``"bm25"``.
-        dense_weight: weight of the dense list in the fusion.
+        dense_weight: weight of the dense list in the fusion (1.3: with the participants'
+            names out of the query, REALTALK's tune chats found more with the dense side
+            weighed up, and ``benchmarks/bench_recall.py`` stayed within 0.006 either way).
         bm25_weight: weight of the BM25 list in the fusion.
         rrf_k: the reciprocal rank fusion constant (larger: flatter), for ``fusion="rrf"``.
         fusion: ``"zscore"`` (standard scores, the default), ``"minmax"`` (min-max
@@ -304,6 +307,10 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
             ("What about Maya?"), not their own turns that answer. The names of the many
             people of a shared memory are kept (they tell its conversations apart). On
             only while ``speaker_weight`` is.
+        question_weight: bonus (a share of the best score) for the messages that do not
+            end with a question mark (:mod:`~marsys_mem.retrieval.questions`): a turn
+            that asks repeats the words of what it asks about, and seldom answers it.
+            0: off.
 
     Thread-safe: one lock guards the indexes; the background thread takes it only to add
     the vectors of a finished batch.
@@ -339,7 +346,7 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         owner: tuple[str, str, str] | None = None,
         index_path: str | Path | None = None,
         mode: SearchMode = "hybrid",
-        dense_weight: float = 1.0,
+        dense_weight: float = 1.3,
         bm25_weight: float = 1.0,
         rrf_k: int = 5,
         fusion: Fusion = "zscore",
@@ -362,6 +369,7 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         index_names: bool = True,
         speaker_weight: float = 0.5,
         strip_names: bool = True,
+        question_weight: float = 0.15,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {sorted(MODES)}, got {mode!r}")
@@ -395,6 +403,7 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         self.speaker_weight = finite_number("speaker_weight", speaker_weight, minimum=0.0)
         self._speakers = SpeakerNames()  # who takes part, and what the others call them
         self.strip_names = bool(strip_names)
+        self.question_weight = finite_number("question_weight", question_weight, minimum=0.0)
         self.index_names = bool(index_names)
         self.max_chars = positive_int("max_chars", max_chars)
         positive_int("batch_size", batch_size)
@@ -1359,7 +1368,7 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         cues: _Cues | None,
         messages: Mapping[str, TurnLike] | None = None,
     ) -> Sequence[Candidate]:
-        """Cues (time: ``time_weight``, ``when_weight``; ``speaker_weight``), then diversity.
+        """The cues (time, when, speaker, question), then diversity.
 
         ``messages``: the candidates' messages (default: this memory's).
         """
@@ -1375,13 +1384,15 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
             if self.speaker_weight:
                 others = (speaker_of(m) or "" for m in messages.values()) if messages else ()
                 speaker = self._speakers.named(query, others)
-        if period is not None or when or speaker is not None:
+        tells = self.question_weight  # a bonus for telling, so head and rest stay in order
+        if period is not None or when or speaker is not None or tells:
             # only the best candidates are looked at (regex per text)
             best, rest = ranked.split(_CUED)
             top = abs(best[0][1]) or 1.0
             norm = 1.0 + (self.time_weight if period is not None else 0.0)
             norm += self.when_weight if when else 0.0
             norm += self.speaker_weight if speaker is not None else 0.0
+            norm += tells
             out: list[Candidate] = []
             for mid, score, dense, bm25 in best:
                 m = found.get(mid)
@@ -1395,6 +1406,8 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
                         self._mentions_time(mid, m) if messages is None else mentions_time(m.text)
                     ):
                         bonus += self.when_weight
+                    if tells and not asks(m.text):
+                        bonus += tells
                 out.append((mid, (score + bonus * top) / norm, dense, bm25))
             ranked = rest.divided(norm, head=sorted(out, key=lambda c: -c[1]))
         if self.diversity:

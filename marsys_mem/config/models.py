@@ -246,7 +246,7 @@ class RagPatternConfig(BaseModel):
     # calibration.DEFAULT_MIN_SCORE (retrieval is a sibling layer: not imported here)
     min_score: float | None = Field(default=0.8, ge=0.0, le=1.0)
     mode: Literal["hybrid", "dense", "bm25"] = "hybrid"
-    dense_weight: float = Field(default=1.0, ge=0.0)  # RAGMemory's defaults
+    dense_weight: float = Field(default=1.3, ge=0.0)  # RAGMemory's defaults
     bm25_weight: float = Field(default=1.0, ge=0.0)
     keep: Literal["source", "archive"] = "source"
     max_stored_messages: int | None = Field(default=None, ge=1)

@@ -244,7 +244,13 @@ def test_fusions_rank_the_exact_match_first(emb, fusion):
 
 def test_convex_fusion_is_the_weighted_mean_of_cosine_and_relative_bm25(emb):
     with RAGMemory(
-        emb, fusion="convex", dense_weight=3, bm25_weight=1, context_weight=0, reply_weight=0
+        emb,
+        fusion="convex",
+        dense_weight=3,
+        bm25_weight=1,
+        context_weight=0,
+        reply_weight=0,
+        question_weight=0,  # no cue: the scores are the blend itself
     ) as mem:
         mem.add_many(CHITCHAT)
         hits = mem.search("coffee machine broken", k=5, min_score=None)
