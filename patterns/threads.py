@@ -346,7 +346,7 @@ class CrossThreadRecall(Closing):
             if not where:
                 return []
             depth = min(len(index), 4 * k + len(skip_ids))
-            found = index.search(query, depth)
+            found = index.search(query, depth, None)  # gated on the cosine below
         hits: list[ThreadHit] = []
         for hit in found:
             cosine = hit.dense_score if hit.dense_score is not None else 0.0

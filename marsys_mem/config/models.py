@@ -244,7 +244,7 @@ class RagPatternConfig(BaseModel):
 
     k: int = Field(default=4, ge=1, le=100)
     # calibration.DEFAULT_MIN_SCORE (retrieval is a sibling layer: not imported here)
-    min_score: float | None = Field(default=0.8, ge=0.0, le=1.0)
+    min_score: float | None = 0.8
     mode: Literal["hybrid", "dense", "bm25"] = "hybrid"
     dense_weight: float = Field(default=1.3, ge=0.0)  # RAGMemory's defaults
     bm25_weight: float = Field(default=1.0, ge=0.0)
@@ -315,7 +315,7 @@ class FactsPatternConfig(BaseModel):
     debounce: float = Field(default=2.0, ge=0.0, le=3600.0)
     max_batch: int = Field(default=32, ge=1, le=10_000)
     k: int = Field(default=10, ge=1, le=200)
-    min_score: float = Field(default=0.8, ge=0.0, le=1.0)  # calibration.DEFAULT_MIN_SCORE
+    min_score: float = Field(default=0.8, ge=-1.0, le=1.0)  # calibration.DEFAULT_MIN_SCORE
     maintain: bool = False
 
 

@@ -171,7 +171,7 @@ async def test_agents_sdk_runner_calls_the_memory_tools() -> None:
     model = ScriptedModel(
         [_call("c1", "remember", {"content": "I am vegetarian"})],
         [
-            _call("c2", "recall", {"query": "What do I eat?", "k": 2}),
+            _call("c2", "recall", {"query": "Am I vegetarian?", "k": 2}),
             _call("c3", "share_fact", {"text": "The user is vegetarian", "scope": "global"}),
             _call("c4", "recall", {"query": "x", "k": 0}),
             _call("c5", "forget", {"message_ids": "not-a-list"}),
