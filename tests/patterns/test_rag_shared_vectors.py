@@ -60,7 +60,7 @@ CHILD = textwrap.dedent(
             out = mem.add_many(cmd["texts"])
             mem.flush()
         elif cmd["op"] == "search":
-            out = [h.text for h in mem.search(cmd["query"], k=cmd["k"], mode="dense")]
+            out = [h.text for h in mem.search(cmd["query"], cmd["k"], None, mode="dense")]
         elif cmd["op"] == "embedded":
             out = list(Counting.texts)
         else:
@@ -121,7 +121,7 @@ def test_two_processes_share_vectors_without_re_embedding(tmp_path: Path) -> Non
             theirs = [f"the child wrote note {i} about topic {i * 7}" for i in range(10)]
             child.call(op="add", texts=theirs)
             # one search: the child's ten messages are found, with the child's vectors
-            hit = mem.search("the child wrote note 3 about topic 21", k=1, mode="dense")[0]
+            hit = mem.search("the child wrote note 3 about topic 21", 1, None, mode="dense")[0]
             assert hit.text == theirs[3]
             assert len(mem) == 10
             assert emb.texts == ["the child wrote note 3 about topic 21"]  # only the query
@@ -197,7 +197,7 @@ def test_reopening_reads_stored_vectors_and_catches_up_after_its_cursor(tmp_path
                 other.add("a late message")
             assert mem.refresh() == (1, 0)
             assert mem._vec_cursor > before
-            assert mem.search("a late message", k=1, mode="dense")[0].text == "a late message"
+            assert mem.search("a late message", 1, None, mode="dense")[0].text == "a late message"
             assert again.texts == ["a late message"]  # the query only
 
 
@@ -214,7 +214,7 @@ def test_vectors_of_another_dimension_under_the_same_name_are_logged_not_used(
     with caplog.at_level(logging.ERROR, logger="marsys_mem.patterns.rag"):
         with RAGMemory(liar, store=store, key=KEY) as mem:
             mem.add("the second message")
-            hits = mem.search("the second message", k=2, mode="dense")
+            hits = mem.search("the second message", 2, None, mode="dense")
             assert hits[0].text == "the second message"
             assert len(hits) == 2  # its own vectors, not the store's 64-D ones
     assert "64-D vectors under the name of this 8-D embedder" in caplog.text
@@ -242,8 +242,8 @@ def test_a_vector_another_memory_stored_heals_a_local_failure() -> None:
         with pytest.raises(EmbeddingError, match="model crashed"):
             a.flush()
         assert mid in a.failed
-        assert b.search("attic", k=1, mode="dense")[0].id == mid  # b embeds and stores it
-        hits = a.search("where is the box?", k=1, mode="dense")
+        assert b.search("attic", 1, None, mode="dense")[0].id == mid  # b embeds and stores it
+        hits = a.search("where is the box?", 1, None, mode="dense")
         assert hits[0].id == mid  # found by its (adopted) vector
         assert a.failed == {}
         a.flush()  # nothing left to report
