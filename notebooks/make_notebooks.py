@@ -236,8 +236,8 @@ not meaning. One cell uses the packaged all-MiniLM-L6-v2 model to show the diffe
 """),
     code("""
 from marsys_mem import ContextPolicy, Message
-from marsys_mem.retrieval import HashingEmbedder
 from marsys_mem.patterns import EpisodicMemory, HierarchicalMemory, RAGMemory, SharedMemoryPool
+from marsys_mem.retrieval import HashingEmbedder
 
 embedder = HashingEmbedder()
 """),
