@@ -13,6 +13,7 @@ the context window each strategy sends under one token budget (:func:`windows_de
 from __future__ import annotations
 
 import contextlib
+import shlex
 import tempfile
 import time
 from importlib import resources
@@ -231,6 +232,7 @@ def workflow_demo(
     Returns the exit code: 0, or 1 when a question's ``expect`` was not found.
     """
     started = time.perf_counter()
+    kept = store
     if not as_json:
         out.print(
             f"marsys-mem demo: running the bundled workflow {DEMO_WORKFLOW} "
@@ -255,10 +257,14 @@ def workflow_demo(
         for line in lost:
             out.print(f"   {line}")
     facts = len(report.facts)
+    inspect = (
+        f"Its store is kept: marsys-mem inspect {shlex.quote(kept)}"
+        if kept is not None
+        else "Keep its store with --store DIR, then: marsys-mem inspect DIR"
+    )
     out.print(
-        f"\ndemo finished in {time.perf_counter() - started:.1f} s. Keep its store with "
-        f"--store DIR, then: marsys-mem inspect DIR (its {facts} shared facts; its agents "
-        "keep session memory only, so no messages are stored). To search stored "
-        f"messages: {SEARCH_HINT}"
+        f"\ndemo finished in {time.perf_counter() - started:.1f} s. {inspect} (its {facts} "
+        "shared facts; its agents keep session memory only, so no messages are stored). "
+        f"To search stored messages: {SEARCH_HINT}"
     )
     return 0 if report.ok else 1

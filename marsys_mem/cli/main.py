@@ -221,7 +221,7 @@ def cmd_inspect(out: Output, args: argparse.Namespace) -> int:
             [[i.namespace, f"{i.agent}/{i.branch}", i.kind, i.messages] for i in summary.internal],
         )
     if summary.facts:
-        out.print(f"\n== Facts recorded by workflow runs ({len(summary.facts)})", "bold cyan")
+        out.print(f"\n== Shared facts ({len(summary.facts)})", "bold cyan")
         for f in summary.facts:
             how = f"merged from {f.merged_from}" if f.merged_from else f.scope
             topic = f", topic {f.topic}" if f.topic else ""

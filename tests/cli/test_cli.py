@@ -455,7 +455,7 @@ def test_inspect(capsys, support_store):
 def test_inspect_shows_recorded_facts(capsys, research_store):
     code, out, _ = run(capsys, "inspect", research_store)
     assert code == 0
-    assert "== Facts recorded by workflow runs (9)" in out
+    assert "== Shared facts (9)" in out
     assert "regulation@regulation (global, topic regulation)" in out
     assert "(merged from market, topic market_size)" in out
 

@@ -86,12 +86,23 @@ def demo_store(tmp_path_factory):
     return store
 
 
+def test_demo_with_a_store_names_the_inspect_command_for_it(capsys, tmp_path):
+    store = tmp_path / "my store"
+    code, out, _ = run(capsys, "demo", "--store", store)
+    assert code == 0, out
+    assert f"Its store is kept: marsys-mem inspect '{store}'" in out
+    assert "Keep its store with --store DIR" not in out
+
+
 def test_inspect_counts_what_the_store_holds(capsys, demo_store):
     code, out, _ = run(capsys, "inspect", demo_store)
     assert code == 0
     headline = out.splitlines()[1]
     assert "4 agents, 4 branches, 0 messages, 9 shared facts, 0 runs" in headline, headline
     assert "0 agents" not in out
+    # the facts are the agents' shared facts, not attributed to runs the store lacks
+    assert "== Shared facts (9)" in out
+    assert "recorded by workflow runs" not in out
     summary = inspect_store(demo_store)
     assert summary.agents == ["competitors", "market", "planner", "regulation"]
     assert summary.branches == ["competitors", "main", "market", "regulation"]
