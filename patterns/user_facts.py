@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Never
 
 import numpy as np
 import numpy.typing as npt
@@ -668,7 +668,7 @@ class FactMemory(Closing):
     def add(
         self,
         fact: FactCandidate | str,
-        *,
+        *misplaced: Never,
         subject: str | None = None,
         user_id: str | None = None,
         agent_id: str | None = None,
@@ -689,16 +689,28 @@ class FactMemory(Closing):
             >>> facts = FactMemory(HashingEmbedder())
             >>> facts.add("User lives in Paris", user_id="alice").fact.subject
             'alice'
-            >>> facts.add("alice", "I live in Paris")  # mem0's order is refused, not stored
+            >>> facts.add("alice", "I live in Paris")  # the subject first is refused, not stored
             Traceback (most recent call last):
-            TypeError: FactMemory.add() takes 2 positional arguments but 3 were given
+            TypeError: FactMemory.add() takes one positional argument, the fact; whom it is \
+about is a keyword: FactMemory.add('I live in Paris', user_id='alice') (or subject= / \
+agent_id=), got 2 positional arguments: 'alice', 'I live in Paris'
             >>> len(facts)
             1
 
         Raises:
+            TypeError: more than one positional argument, such as the subject before the
+                fact (the message shows the call to write; nothing changed).
             ValueError: a bad field, or not exactly one of ``subject`` / ``user_id`` /
                 ``agent_id`` (the message names it; nothing changed).
         """
+        if misplaced:
+            given = [fact, *misplaced]
+            raise TypeError(
+                "FactMemory.add() takes one positional argument, the fact; whom it is about "
+                f"is a keyword: FactMemory.add({given[-1]!r}, user_id={given[0]!r}) (or "
+                f"subject= / agent_id=), got {len(given)} positional arguments: "
+                + ", ".join(repr(g) for g in given)
+            )
         who = _one_subject(subject, user_id, agent_id)
         assert who is not None
         if isinstance(fact, str):

@@ -234,8 +234,10 @@ def test_search_scores_and_min_score(mem: FactMemory) -> None:
 def test_the_subject_is_a_keyword_so_mem0s_argument_order_is_refused(mem: FactMemory) -> None:
     # mem0 writes add(user, text) nowhere, but add(text, user_id=...); a user coming from
     # an API with the subject first must get an error, not the fact "alice"
-    with pytest.raises(TypeError, match="positional"):
-        mem.add("alice", "I live in Paris")  # type: ignore[misc]
+    with pytest.raises(TypeError) as refused:
+        mem.add("alice", "I live in Paris")  # type: ignore[arg-type]
+    assert "FactMemory.add('I live in Paris', user_id='alice')" in str(refused.value)
+    assert "got 2 positional arguments: 'alice', 'I live in Paris'" in str(refused.value)
     assert len(mem) == 0
     with pytest.raises(ValueError, match="exactly one of subject=, user_id= or agent_id="):
         mem.add("User lives in Paris")
