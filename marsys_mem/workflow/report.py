@@ -211,7 +211,10 @@ class MemoryReport(_Model):
 
 
 class HitReport(_Model):
-    """A retrieval hit for a question.
+    """A stored message the memory search found for a question (once, whichever pattern).
+
+    ``score``: its calibrated relevance, the chance it is relevant (0-1), so several hits
+    can be near 1 and the best match is not always hit 1.
 
     Example:
         >>> HitReport(rank=1, score=0.8, role="user", text="Order 4417").rank
@@ -614,6 +617,12 @@ def _text_lines(r: WorkflowReport, width: int) -> list[str]:
 
     if r.asks:
         lines += ["", f"== Questions ({len(r.asks)})"]
+        if any(a.hits for a in r.asks):
+            lines += [
+                "   (hit: a stored message the memory search found; relevance: the chance it is",
+                "   relevant, 0-1, several can be near 1; best match: what answers best of the",
+                "   hits, the window and the shared facts)",
+            ]
         for a in r.asks:
             where = f"{a.step}" + (f", line {a.line}" if a.line else "")
             lines.append(f"   {a.agent}@{a.branch} [{where}]: {a.question}")
@@ -638,7 +647,15 @@ def _text_lines(r: WorkflowReport, width: int) -> list[str]:
                 + f"{a.retrieved} retrieved)"
             )
             for h in a.hits[:3]:
-                lines.append(f"      hit {h.rank}:  {h.score:.3f} {h.role}: {clip(h.text, 70)}")
+                best = (
+                    "  = best match"
+                    if a.model is None and a.answer is not None and h.text == clip(a.answer, 300)
+                    else ""
+                )
+                lines.append(
+                    f"      hit {h.rank}:  relevance {h.score:.2f}  {h.role}: "
+                    f"{clip(h.text, 60)}{best}"
+                )
             if a.expect:
                 marks = "  ".join(("✓ " if e in a.found else "✗ ") + repr(e) for e in a.expect)
                 none = "" if a.answer is not None else "  (no answer)"
@@ -659,7 +676,8 @@ def _text_lines(r: WorkflowReport, width: int) -> list[str]:
             if c.query:
                 lines.append(f"      query: {clip(c.query, width - 13)}")
                 for h in c.hits[:3]:
-                    lines.append(f"      hit {h.rank}:  {h.score:.3f} {clip(h.text, 70)}")
+                    text = clip(h.text, 70)
+                    lines.append(f"      hit {h.rank}:  relevance {h.score:.2f}  {text}")
             if c.expect:
                 marks = "  ".join(("✓ " if e in c.found else "✗ ") + repr(e) for e in c.expect)
                 lines.append(f"      expect: {marks}")

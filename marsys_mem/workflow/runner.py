@@ -790,7 +790,11 @@ class WorkflowRunner:
         if patterns is not None:
             self._tell(f"{p.label()}: embedding (the first time also loads the model)")
             await asyncio.to_thread(patterns.flush)  # embeddings done: deterministic hits
-            hits = patterns.search_all(s.question)
+            seen: set[str] = set()
+            for h in patterns.search_all(s.question):  # RAG and episodic may both find one
+                if h.message.message_id not in seen:
+                    seen.add(h.message.message_id)
+                    hits.append(h)
         win = await manager.acontext_for(agent, query=s.question, branch=branch)
         call: dict[str, Any] = {}
         if self.llm is not None:

@@ -183,6 +183,14 @@ def test_support_assistant_remembers_across_sessions(tmp_path):
     assert triage.messages == 1
     assert triage.stored is None
     assert report.asks[3].answer is None
+    # RAG and episodic recall both find some messages: each is one hit, labelled with its
+    # relevance (a probability: several near 1), the one that is the best match marked
+    for ask in report.asks:
+        assert len({h.text for h in ask.hits}) == len(ask.hits), ask.hits
+    text = report.to_text()
+    assert "relevance: the chance it is" in text
+    assert "  = best match" in text
+    assert re.search(r"hit 1:  relevance \d\.\d\d  user: ", text), text
 
     # a new run appended on the same store starts from everything the first one kept
     # (a plain rerun is idempotent: tests/workflow/test_rerun.py)
