@@ -300,6 +300,7 @@ class InProcessTransport(AsyncClosing):
 
     Example:
         >>> import asyncio
+        >>> from marsys_mem.coordination.wire import fact_topic
         >>> async def demo():
         ...     broker = InProcessBroker()
         ...     a = InProcessTransport(broker, namespace="t")

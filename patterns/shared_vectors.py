@@ -48,7 +48,7 @@ class SharedVectors(VectorSync):
         >>> a = RAGMemory(HashingEmbedder(32), store=store, key=key, background=False)
         >>> _ = a.add("the spare key is under the blue flowerpot")
         >>> b = RAGMemory(HashingEmbedder(32), store=store, key=key)  # reuses a's vector
-        >>> b.search("where is the spare key?", k=1, mode="dense")[0].text
+        >>> b.search("where is the spare key?", k=1, mode="dense", min_score=None)[0].text
         'the spare key is under the blue flowerpot'
         >>> a.close(); b.close()
     """
