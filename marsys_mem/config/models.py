@@ -44,8 +44,8 @@ from marsys_mem.config.schema_forms import AlsoAccepts, SchemaAs, SchemaOf
 from marsys_mem.context.compose import BudgetSplit
 from marsys_mem.context.policy import ContextPolicy
 from marsys_mem.exceptions import ConfigError
+from marsys_mem.model.hnsw import HnswSettings
 from marsys_mem.model.names import NAME_PATTERN
-from marsys_mem.model.vector_index import VectorIndex
 
 __all__ = [
     "DATA_DIR_ENV",
@@ -466,7 +466,7 @@ class StoreConfig(BaseModel):
     password sits in a file, the environment variable named by ``dsn_env``, by default
     ``MARSYS_MEM_PG_DSN``; ``pool``: connections per process; ``vector_index``: the HNSW
     index's settings where the database has pgvector,
-    :class:`~marsys_mem.model.vector_index.VectorIndex`). ``namespace`` separates projects
+    :class:`~marsys_mem.model.hnsw.HnswSettings`). ``namespace`` separates projects
     sharing a store.
 
     Example:
@@ -485,7 +485,7 @@ class StoreConfig(BaseModel):
     dsn_env: str = Field(default=PG_DSN_ENV, pattern=_ENV_NAME)
     pool: PoolConfig = PoolConfig()
     connect_timeout: float = Field(default=10.0, gt=0, le=3600)
-    vector_index: VectorIndex = VectorIndex()
+    vector_index: HnswSettings = HnswSettings()
 
     @model_validator(mode="after")
     def _check(self) -> StoreConfig:

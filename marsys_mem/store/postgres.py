@@ -88,9 +88,9 @@ from marsys_mem.exceptions import (
     StoreConnectionError,
     StoreError,
 )
+from marsys_mem.model.hnsw import HnswSettings
 from marsys_mem.model.messages import MESSAGE_LIST_ADAPTER
 from marsys_mem.model.runs import RunSnapshot
-from marsys_mem.model.vector_index import VectorIndex
 from marsys_mem.store.base import (
     Append,
     CountMatches,
@@ -448,7 +448,7 @@ class PostgresStore(MemoryStore):
         retry_timeout: seconds a batch keeps retrying while the server is unreachable
             (a restart), before :class:`~marsys_mem.exceptions.StoreConnectionError`.
         vector_index: how the HNSW vector index is built and searched, where the database
-            has pgvector (:class:`~marsys_mem.model.vector_index.VectorIndex`, or its fields
+            has pgvector (:class:`~marsys_mem.model.hnsw.HnswSettings`, or its fields
             as a mapping). The graph settings apply to indexes built from now on; see
             :meth:`rebuild_vector_index`.
 
@@ -483,12 +483,12 @@ class PostgresStore(MemoryStore):
         max_size: int = 10,
         connect_timeout: float = 10.0,
         retry_timeout: float = 60.0,
-        vector_index: VectorIndex | Mapping[str, Any] | None = None,
+        vector_index: HnswSettings | Mapping[str, Any] | None = None,
     ) -> None:
         index = (
             vector_index
-            if isinstance(vector_index, VectorIndex)
-            else VectorIndex.model_validate(vector_index or {})
+            if isinstance(vector_index, HnswSettings)
+            else HnswSettings.model_validate(vector_index or {})
         )
         for name, value, low in (("min_size", min_size, 0), ("max_size", max_size, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:

@@ -30,8 +30,8 @@ import numpy as np
 import psycopg
 from psycopg import sql
 
+from marsys_mem.model.hnsw import HnswSettings
 from marsys_mem.model.messages import MESSAGE_LIST_ADAPTER, Message
-from marsys_mem.model.vector_index import VectorIndex
 from marsys_mem.store.base import (
     CountMatches,
     Key,
@@ -128,7 +128,7 @@ class SearchSetup:
 
     Attributes:
         schema: the extension's schema.
-        index: how vector indexes are built and searched (:class:`VectorIndex`).
+        index: how vector indexes are built and searched (:class:`HnswSettings`).
         deferred: a new model's vectors are written without building its index (a bulk
             load builds it at the end: :func:`build_missing_indexes`).
 
@@ -138,7 +138,7 @@ class SearchSetup:
     """
 
     schema: str
-    index: VectorIndex = field(default_factory=VectorIndex)
+    index: HnswSettings = field(default_factory=HnswSettings)
     deferred: bool = False
 
     def halfvec(self, dim: int | None = None) -> sql.Composable:
@@ -215,15 +215,15 @@ def migrate_search(conn: Connection) -> None:
 
 
 def open_search(
-    conn: Connection, where: str, lock: int, index: VectorIndex | None = None
+    conn: Connection, where: str, lock: int, index: HnswSettings | None = None
 ) -> SearchSetup | None:
     """At open: the store's search setup, or ``None`` (said once, in a log line).
 
     A database whose extension was installed after its schema reached version 4 gets the
     search columns now, under the migration lock ``lock`` (hosts opening together do it once).
-    ``index``: how this store builds and searches vector indexes (default: :class:`VectorIndex`).
+    ``index``: how this store builds and searches vector indexes (default: :class:`HnswSettings`).
     """
-    index = index or VectorIndex()
+    index = index or HnswSettings()
     schema = _extension_schema(conn)
     if schema is not None and _installed(conn):
         if not _has_thread_index(conn) or not _has_tsv_statistics(conn):  # an older store
@@ -521,14 +521,14 @@ def prepare_search(
 
     Returns ``(dim, key_ids, count)``: the model's dimension (``None``: unknown model) and
     :func:`key_filter`'s ids and count, in the same round trip. ``hnsw.ef_search`` suits
-    ``k`` (:meth:`VectorIndex.search_width` of ``setup.index``); ``hnsw.iterative_scan``
+    ``k`` (:meth:`HnswSettings.search_width` of ``setup.index``); ``hnsw.iterative_scan``
     lets a filtered scan go on until it has ``k`` rows that pass. Session settings: they
     only steer HNSW scans, which only a search runs, and each search sets them first.
 
     Raises:
         ValueError: the query vector's dimension is not the one ``op.model`` is stored in.
     """
-    ef = VectorIndex().search_width(op.k) if setup is None else setup.index.search_width(op.k)
+    ef = HnswSettings().search_width(op.k) if setup is None else setup.index.search_width(op.k)
     query = (
         "SELECT (SELECT dim FROM marsys_vector_models WHERE model = %s),"
         " set_config('hnsw.ef_search', %s, false),"

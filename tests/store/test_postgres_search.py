@@ -18,7 +18,7 @@ import pytest
 from marsys_mem import Message
 from marsys_mem.exceptions import StoreError
 from marsys_mem.manager import MemoryManager
-from marsys_mem.model.vector_index import VectorIndex
+from marsys_mem.model.hnsw import HnswSettings
 from marsys_mem.store import postgres_search, postgres_vectors
 from marsys_mem.store.base import Append, CountMatches, PutVectors, SearchText, SearchVectors
 from marsys_mem.store.postgres import MIGRATIONS, PostgresStore, _Prepared
@@ -283,14 +283,14 @@ def test_the_vector_index_is_built_and_searched_with_the_store_settings(
     vectors = unit_vectors(40, dim=8, seed=3)
     msgs = [Message.user(f"v{i}", message_id=f"v{i}") for i in range(40)]
     with PostgresStore(pgvector_dsn, vector_index={"m": 8, "ef_construction": 32}) as store:
-        assert store.vector_index == VectorIndex(m=8, ef_construction=32)
+        assert store.vector_index == HnswSettings(m=8, ef_construction=32)
         store.append_messages(KEY, msgs)
         store.put_vectors(KEY, MODEL, [m.message_id for m in msgs], vectors)
         assert store.search_vectors(MODEL, vectors[5], 1)[0].message_id == "v5"
     ((_, options),) = _index_options(pgvector_dsn)
     assert options == ["ef_construction=32", "m=8"]
     # each search sets hnsw.ef_search from the settings (at least 2k)
-    setup = postgres_search.SearchSetup("public", VectorIndex(ef_search=321))
+    setup = postgres_search.SearchSetup("public", HnswSettings(ef_search=321))
     with psycopg.connect(pgvector_dsn, autocommit=True) as conn:
         postgres_search.nearest_once(conn, setup, SearchVectors(MODEL, vectors[0], 3))
         assert conn.execute("SHOW hnsw.ef_search").fetchone() == ("321",)
@@ -310,7 +310,7 @@ def test_rebuilding_the_vector_index_applies_new_settings_and_keeps_searching(
         before = [h.message_id for h in old.search_vectors(MODEL, vectors[9], 5)]
     ((name, options),) = _index_options(pgvector_dsn)
     assert options == ["ef_construction=64", "m=16"]
-    with PostgresStore(pgvector_dsn, vector_index=VectorIndex(m=24, ef_construction=96)) as new:
+    with PostgresStore(pgvector_dsn, vector_index=HnswSettings(m=24, ef_construction=96)) as new:
         assert new.rebuild_vector_index() == [MODEL]
         assert [h.message_id for h in new.search_vectors(MODEL, vectors[9], 5)] == before
         new.put_vectors(KEY, MODEL, ["r0"], vectors[1:2])  # writes go to the new index
@@ -344,7 +344,7 @@ def test_the_config_file_sets_the_vector_index(
     with MemoryManager.from_config(path) as manager:
         store = manager.store
         assert isinstance(store, PostgresStore)
-        assert store.vector_index == VectorIndex(m=12, ef_construction=48, ef_search=150)
+        assert store.vector_index == HnswSettings(m=12, ef_construction=48, ef_search=150)
 
 
 def test_a_bulk_load_builds_the_indexes_once_at_the_end(pgvector_dsn: str) -> None:

@@ -1,6 +1,6 @@
 """How a store that searches in the database builds and walks its vector index (HNSW).
 
-One frozen model, :class:`VectorIndex`: the constructor argument of
+One frozen model, :class:`HnswSettings`: the constructor argument of
 :class:`~marsys_mem.store.postgres.PostgresStore` and the ``store.vector_index`` section of
 a config file. See the guide ``docs/guides/several-hosts.md`` for how to choose.
 """
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["VectorIndex"]
+__all__ = ["HnswSettings"]
 
 
-class VectorIndex(BaseModel):
+class HnswSettings(BaseModel):
     """The HNSW index of a store's vectors (pgvector): its graph, and how far a search walks.
 
     ``m`` and ``ef_construction`` shape the graph, when the index is built (a model's first
@@ -30,12 +30,12 @@ class VectorIndex(BaseModel):
         ef_search: candidates kept while searching (pgvector: 1-1000).
 
     Example:
-        >>> VectorIndex().ef_search
+        >>> HnswSettings().ef_search
         200
-        >>> VectorIndex(m=24, ef_construction=128).m
+        >>> HnswSettings(m=24, ef_construction=128).m
         24
         >>> try:
-        ...     VectorIndex(m=32, ef_construction=40)
+        ...     HnswSettings(m=32, ef_construction=40)
         ... except ValueError as exc:
         ...     print(exc.errors()[0]["msg"])
         Value error, ef_construction (40) must be at least 2 * m (64), as pgvector requires
@@ -48,7 +48,7 @@ class VectorIndex(BaseModel):
     ef_search: int = Field(default=200, ge=1, le=1000, strict=True)
 
     @model_validator(mode="after")
-    def _check(self) -> VectorIndex:
+    def _check(self) -> HnswSettings:
         if self.ef_construction < 2 * self.m:
             raise ValueError(
                 f"ef_construction ({self.ef_construction}) must be at least 2 * m "
@@ -60,7 +60,7 @@ class VectorIndex(BaseModel):
         """The ``hnsw.ef_search`` for a search of ``k`` hits: this, or 2k, at most 1000.
 
         Example:
-            >>> VectorIndex(ef_search=100).search_width(10), VectorIndex().search_width(800)
+            >>> HnswSettings(ef_search=100).search_width(10), HnswSettings().search_width(800)
             (100, 1000)
         """
         return min(1000, max(self.ef_search, 2 * k))
