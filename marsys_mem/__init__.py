@@ -21,18 +21,22 @@ Example:
 import importlib as _importlib
 import typing as _typing
 
-from marsys_mem.config.load import load_config
-from marsys_mem.config.models import AgentConfig, MemoryConfig, RetentionPolicy, StoreConfig
-from marsys_mem.context.policy import ContextPolicy, ContextWindow
-from marsys_mem.context.tokens import HeuristicCounter
-from marsys_mem.conversation import ConversationMemory
-from marsys_mem.exceptions import MarsysMemError
-from marsys_mem.manager import MemoryManager
-from marsys_mem.model.messages import Message, ToolCall
-from marsys_mem.store import InMemoryStore, MemoryStore, SQLiteStore
-
-if _typing.TYPE_CHECKING:  # loaded on first use (__getattr__): lower layers need no workflow
+if _typing.TYPE_CHECKING:  # each loaded on first use (__getattr__)
+    from marsys_mem.config.load import load_config
+    from marsys_mem.config.models import (
+        AgentConfig,
+        MemoryConfig,
+        RetentionPolicy,
+        StoreConfig,
+    )
+    from marsys_mem.context.policy import ContextPolicy, ContextWindow
+    from marsys_mem.context.tokens import HeuristicCounter
+    from marsys_mem.conversation import ConversationMemory
+    from marsys_mem.exceptions import MarsysMemError
     from marsys_mem.front import Memory
+    from marsys_mem.manager import MemoryManager
+    from marsys_mem.model.messages import Message, ToolCall
+    from marsys_mem.store import InMemoryStore, MemoryStore, SQLiteStore
     from marsys_mem.workflow import (
         Workflow,
         WorkflowReport,
@@ -43,8 +47,24 @@ if _typing.TYPE_CHECKING:  # loaded on first use (__getattr__): lower layers nee
 
 __version__ = "0.1.0"
 
+# every top-level name and the module it lives in: ``import marsys_mem`` loads none of them
+# (``marsys-mem --version`` stays fast, a lower layer loads no workflow or CLI code)
 _LAZY = {
+    "load_config": "marsys_mem.config.load",
+    **dict.fromkeys(
+        ("AgentConfig", "MemoryConfig", "RetentionPolicy", "StoreConfig"),
+        "marsys_mem.config.models",
+    ),
+    "ContextPolicy": "marsys_mem.context.policy",
+    "ContextWindow": "marsys_mem.context.policy",
+    "HeuristicCounter": "marsys_mem.context.tokens",
+    "ConversationMemory": "marsys_mem.conversation",
+    "MarsysMemError": "marsys_mem.exceptions",
     "Memory": "marsys_mem.front",
+    "MemoryManager": "marsys_mem.manager",
+    "Message": "marsys_mem.model.messages",
+    "ToolCall": "marsys_mem.model.messages",
+    **dict.fromkeys(("InMemoryStore", "MemoryStore", "SQLiteStore"), "marsys_mem.store"),
     **dict.fromkeys(
         ("Workflow", "WorkflowReport", "arun_workflow", "load_workflow", "run_workflow"),
         "marsys_mem.workflow",
@@ -53,7 +73,7 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> _typing.Any:
-    """The workflow names and the front door, imported on first use (PEP 562).
+    """The top-level names, each imported on first use (PEP 562).
 
     ``import marsys_mem.patterns`` or ``marsys_mem.coordination`` then loads no workflow
     or CLI code; ``from marsys_mem import run_workflow, Memory`` loads them.

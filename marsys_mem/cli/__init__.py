@@ -1,7 +1,8 @@
 """The ``marsys-mem`` command line: demo, run, validate, schema, inspect, search.
 
-The top layer: nothing in the library imports it. Modules: ``main`` (the parser, the
-commands, error reporting; ``marsys_mem.cli.main:main`` is the console script),
+The top layer: nothing in the library imports it. Modules: ``main`` (the console script,
+``marsys_mem.cli.main:main``; it answers ``--version`` before anything heavy is imported),
+``commands`` (the parser, the commands, error reporting),
 ``output`` (plain or rich output, progress), ``demo`` (``marsys-mem demo``) and
 ``inspect`` (what a store holds, searching it).
 """

@@ -1,9 +1,9 @@
 """The rough edges a newcomer met in the CLI (issue 28), each pinned.
 
-``--version``; ``demo --windows`` asking about the week its tool call names;
-``python -m marsys_mem.testing.llm_server --help``; ``inspect`` counting the agents and
-branches the store really holds (facts included); ``search`` saying when a fact lost a
-merge.
+``--version`` (fast: it imports nothing heavy); ``demo --windows`` asking about the week
+its tool call names; ``python -m marsys_mem.testing.llm_server --help``; ``inspect``
+counting the agents and branches the store really holds (facts included); ``search``
+saying when a fact lost a merge; ``demo --store DIR`` naming the inspect command for DIR.
 """
 
 from __future__ import annotations
@@ -49,6 +49,21 @@ def test_version(capsys):
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f"marsys-mem {__version__}"
+
+
+def test_version_imports_nothing_heavy():
+    # what the console script runs: --version answers before the commands and the library
+    # load (they take seconds on a cold start: numpy, pydantic, the workflow)
+    code = (
+        "import sys; from marsys_mem.cli.main import main; code = main(['--version']);"
+        "heavy = ('numpy', 'pydantic', 'yaml', 'marsys_mem.cli.commands', 'marsys_mem.config',"
+        " 'marsys_mem.store', 'marsys_mem.workflow');"
+        "print(code, sorted(m for m in heavy if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert result.stdout.splitlines() == [f"marsys-mem {__version__}", "0 []"], result.stdout
 
 
 def test_demo_windows_tool_calls_name_the_week_asked_about():
