@@ -1,12 +1,14 @@
 """Every ```python block of README.md and of the docs runs as written, twice, pasted into a file.
 
-Each block gets a fresh temp folder holding a copy of the repo's ``examples/`` (so relative
-paths such as ``examples/policies/team.yaml`` work and nothing is written into the
-checkout), with ``MARSYS_MEM_HOME`` (the default store folder) inside it, and runs there in
-a fresh interpreter twice: the second run finds whatever the first left (files, stores),
-as a reader who runs a block again would, and must exit 0 and print the same output, so a
-block that is not idempotent (a store that grows, an id that collides) fails. A block
-that must not run is preceded by ``<!-- not-run: reason -->``; those stay rare (see
+Each block gets a fresh temp folder, as a reader's empty folder, with ``MARSYS_MEM_HOME``
+(the default store folder) and ``TMPDIR`` (``tempfile.gettempdir()``, where blocks keep
+their files) inside it, and runs there in a fresh interpreter twice: the second run finds
+whatever the first left (files, stores), as a reader who runs a block again would, and must
+exit 0 and print the same output, so a block that is not idempotent (a store that grows, an
+id that collides) fails. A block must leave nothing in the folder it runs in (stores go to
+the data folder or the temp folder). Only a block that says it runs ``from the repository
+root`` may read the checkout's ``examples/`` (it gets a copy, and must not write into it). A
+block that must not run is preceded by ``<!-- not-run: reason -->``; those stay rare (see
 ``MAX_NOT_RUN``). A failure names the block's file and line.
 
 Blocks that talk to a model (the LLM adapters' chat loop, ``examples/llm/chat_loop.py``)
@@ -36,6 +38,7 @@ README = ROOT / "README.md"
 # the docs' own pages (docs/notebooks links the notebooks folder, which has no blocks)
 DOCS = sorted(p for p in (ROOT / "docs").rglob("*.md") if "notebooks" not in p.parts)
 MAX_NOT_RUN = 3
+FROM_ROOT = "from the repository root"  # what a block that reads examples/ says
 RUNS = 2
 TIMEOUT_S = 300
 
@@ -127,6 +130,7 @@ def _env(tmp_path: Path, server: ScriptedServer) -> dict[str, str]:
     return {
         **os.environ,
         "MARSYS_MEM_HOME": str(tmp_path / "home"),
+        "TMPDIR": str(tmp_path / "tmp"),  # tempfile.gettempdir(): where blocks keep files
         "PYTHONWARNINGS": "error::RuntimeWarning",  # e.g. a coroutine never awaited
         "OPENAI_BASE_URL": f"{server.url}/v1",
         # empty: blocks that switch to a real OpenAI model when a key is set stay offline
@@ -175,15 +179,27 @@ def test_stable_masks_ids_times_and_durations_only():
     assert stable("8 messages, 401 tokens, score 0.81") == "8 messages, 401 tokens, score 0.81"
 
 
+def test_a_block_that_reads_the_checkout_says_it_runs_from_the_repository_root():
+    for block in BLOCKS:
+        if re.search(r"[\"']examples/", block.code) and block.not_run is None:  # a path
+            assert FROM_ROOT in block.code, (
+                f"{block.where}: reads the checkout's examples/ without saying "
+                f"'# {FROM_ROOT}' (a reader in another folder gets 'file not found')"
+            )
+
+
 @pytest.mark.parametrize(
     "block",
     [b for b in BLOCKS if b.not_run is None],
     ids=lambda b: b.where,
 )
 def test_block_runs_twice_alike(block: Block, tmp_path: Path, llm_server: ScriptedServer):
+    # a reader's own folder holds nothing of ours; the repository root holds examples/
     examples = tmp_path / "examples"
-    shutil.copytree(ROOT / "examples", examples)
+    if FROM_ROOT in block.code:
+        shutil.copytree(ROOT / "examples", examples)
     before = sorted(examples.rglob("*"))
+    (tmp_path / "tmp").mkdir()
     env = _env(tmp_path, llm_server)
     outputs = [_run(block, tmp_path, env, attempt) for attempt in range(1, RUNS + 1)]
     assert outputs[1] == outputs[0], (
@@ -191,12 +207,16 @@ def test_block_runs_twice_alike(block: Block, tmp_path: Path, llm_server: Script
         f"folder (not idempotent):\n--- first run\n{outputs[0][-2000:]}"
         f"\n--- second run\n{outputs[1][-2000:]}"
     )
-    # nothing lands in examples/ (stores go to MARSYS_MEM_HOME or a folder the block names)
+    # nothing lands in examples/ or beside the block (stores go to MARSYS_MEM_HOME or the
+    # temp folder): a reader's folder stays as it was
     after = sorted(examples.rglob("*"))
     assert after == before, (
         f"{block.where}: wrote into examples/: "
         f"{[str(p.relative_to(tmp_path)) for p in after if p not in before]}"
     )
+    ours = {f"block_line_{block.line}.py", "home", "tmp", "examples"}
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name not in ours)
+    assert not left, f"{block.where}: left files in the folder it ran in: {left}"
 
 
 def test_the_chat_loop_example_runs_against_the_scripted_server(
