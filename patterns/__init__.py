@@ -16,7 +16,7 @@ from marsys_mem.patterns.extraction import (
 )
 from marsys_mem.patterns.hierarchical import HierarchicalMemory, Tier
 from marsys_mem.patterns.importance import default_importance
-from marsys_mem.patterns.rag import Fusion, RAGMemory, ScoredMessage, SearchMode
+from marsys_mem.patterns.rag import Fusion, Ingest, RAGMemory, Ranking, ScoredMessage, SearchMode
 from marsys_mem.patterns.shared import ConflictRule, SharedMemoryPool
 from marsys_mem.patterns.threads import CrossThreadRecall, ThreadHit
 from marsys_mem.patterns.user_facts import (
@@ -47,8 +47,10 @@ __all__ = [
     "FactMemory",
     "Fusion",
     "HierarchicalMemory",
+    "Ingest",
     "MaintenanceReport",
     "RAGMemory",
+    "Ranking",
     "ScoredFact",
     "ScoredMessage",
     "SearchMode",

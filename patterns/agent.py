@@ -207,9 +207,8 @@ class AgentPatterns:
                     key=rag_key,
                     owner=None if self.archive else owner,
                     index_path=index_path("rag"),
-                    mode=config.rag.mode,
-                    dense_weight=config.rag.dense_weight,
-                    bm25_weight=config.rag.bm25_weight,
+                    ranking=config.rag.ranking,
+                    ingest=config.rag.ingest,
                 )
             if config.episodic is not None:
                 self.episodic = EpisodicMemory(

@@ -305,7 +305,7 @@ class HierarchicalMemory(Closing):
             parts.append(json.dumps(m.structured_data, ensure_ascii=False, sort_keys=True))
         if not parts:
             return None
-        text = " ".join(parts)[: self.archive.max_chars]
+        text = " ".join(parts)[: self.archive.ingest.max_chars]
         return m.model_copy(update={"content": text})
 
     def _evict_locked(self, working: list[Message]) -> tuple[list[Message], list[str]] | None:
@@ -376,10 +376,10 @@ class HierarchicalMemory(Closing):
                 raise ValueError(f"{exc} (scorer {self.scorer!r})") from None
             except ValueError as exc:
                 raise ValueError(f"{exc} (scorer {self.scorer!r})") from None
-        if len(base.text) > self.archive.max_chars:
+        if len(base.text) > self.archive.ingest.max_chars:
             raise EmbeddingError(
                 f"message {base.message_id!r} is {len(base.text)} characters long; the "
-                f"archive's limit is max_chars={self.archive.max_chars}"
+                f"archive's limit is max_chars={self.archive.ingest.max_chars}"
             )
         stored = base.model_copy(update={"metadata": {**base.metadata, "importance": value}})
         return stored, value

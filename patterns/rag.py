@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import Any, Literal, Unpack, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -32,6 +32,7 @@ from marsys_mem.exceptions import (
 )
 from marsys_mem.lifecycle import Closing
 from marsys_mem.model.messages import Message
+from marsys_mem.model.ranking import Ingest, PresetName, RagOptions, Ranking, resolve_settings
 from marsys_mem.patterns.shared_vectors import SharedVectors
 from marsys_mem.patterns.store_search import Found, StoreSearch, TextPages, TurnLike
 from marsys_mem.retrieval.ahead import WorkAhead
@@ -49,7 +50,6 @@ from marsys_mem.retrieval.ingest import EmbeddingQueue
 from marsys_mem.retrieval.query_names import PARTICIPANT_SHARE, without_names
 from marsys_mem.retrieval.questions import asks
 from marsys_mem.retrieval.scoring import (
-    FUSIONS,
     MODES,
     Candidate,
     Fusion,
@@ -70,7 +70,7 @@ from marsys_mem.retrieval.threads import LabelSlots, SlotArray, SlotMemo, Thread
 from marsys_mem.store.base import Append, Key, Load, MemoryStore, PutVectors, validate_key
 from marsys_mem.store.owners import DeletionFeed
 
-__all__ = ["Fusion", "RAGMemory", "ScoredMessage", "SearchMode"]
+__all__ = ["Fusion", "Ingest", "RAGMemory", "Ranking", "ScoredMessage", "SearchMode"]
 
 log = logging.getLogger("marsys_mem.patterns.rag")
 
@@ -98,6 +98,9 @@ def _bm25_only_notice() -> None:
 OwnScores = tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_], npt.NDArray[np.float64]]
 """Messages' own scores, for the ranker: their cosines (0.0: no vector), which have a vector,
 and their keyword scores."""
+
+_BUILT_WITH = ("k1", "b", "index_names", "thread_key")
+"""The ranking's fields the indexes are built with: fixed for a memory's life."""
 
 _SPREAD = 2
 """How many turns after a hit become candidates (each is still scored with all its context)."""
@@ -237,80 +240,24 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         store: a :class:`~marsys_mem.store.MemoryStore` to write through to and load from.
             The memory does not close it.
         key: the store key ``(namespace, agent, branch)`` the messages live under.
+        owner: the key whose messages these are copies of (deleting one there deletes
+            its copy here); needs a ``store``.
         index_path: where to save the vector index (needs a ``store``: the index is derived
             data and is checked against, or rebuilt from, the store's messages).
-        mode: default ranking, ``"hybrid"``, ``"dense"`` or ``"bm25"``.
-        dense_weight: weight of the dense list in the fusion (1.3: with the participants'
-            names out of the query, REALTALK's tune chats found more with the dense side
-            weighed up, and ``benchmarks/bench_recall.py`` stayed within 0.006 either way).
-        bm25_weight: weight of the BM25 list in the fusion.
-        rrf_k: the reciprocal rank fusion constant (larger: flatter), for ``fusion="rrf"``.
-        fusion: ``"zscore"`` (standard scores, the default), ``"minmax"`` (min-max
-            normalised scores), ``"convex"`` (raw scores) or ``"rrf"`` (ranks); see the
-            module docs. The defaults of the fusion and context options were tuned on the
-            train questions of ``benchmarks/bench_recall.py``: score fusion found more
-            evidence turns than RRF (whose ranks throw away how much better the best
-            matches are), and standard scores keep an exact match on a rare word (a code,
-            an id) on top where min-max let the dense side's spread bury it.
-        background: embed in a background thread (``add`` never waits for the model).
-            ``False``: ``add`` embeds before returning, and a failing embedder makes the
-            ``add`` fail with nothing changed. On a store that searches (:attr:`stateless`)
-            ``add`` always embeds before returning: the message and its vector are written
-            in one transaction, so no host ever sees a message without its vector.
-        candidates: how many candidates each retriever proposes to the fusion (at least
-            ``k``; widened when filters reject candidates).
-        max_chars: the longest text accepted by ``add``.
-        index_kind: the :class:`~marsys_mem.retrieval.index.FaissIndex` kind. ``"flat"`` (the
-            default) searches all vectors (from 4,096 messages through 4-bit codes first:
-            near-exact for ``mode="dense"``, the codes' best estimates as a hybrid search's
-            dense candidates; see :meth:`~marsys_mem.retrieval.index.QueryScores.candidates`): about
-            0.5 ms per query over 10k messages and 2 ms over 100k on one core, next to 3-5 ms
-            for MiniLM to embed the query with ONNX Runtime. ``"auto"``
-            / ``"hnsw"`` are faster past 50k messages but approximate: on the benchmark's
-            100k-message chat (many near-identical lines) HNSW put 48% of the answers in the
-            top 10, exact search 79%. Use them for millions of messages.
-        batch_size: embedding batch size.
-        max_pending: texts that may wait for embedding before ``add`` waits (backpressure).
-        k1: BM25 term-frequency saturation.
-        b: BM25 length normalisation.
-        thread_key: the metadata field naming a message's conversation thread (messages
-            without it share one thread); ``None``: one thread, in the order of adding.
-        context_turns: how many preceding turns of its thread a hybrid hit is scored
-            with (0: none).
-        context_weight: weight of the previous turn's scores in a message's hybrid score
-            (the turn before that: its square, and so on): a reply such as "Yes! That's
-            the one" is found through the turn it answers.
-        reply_weight: weight of the next turn's scores (a question is found through its
-            answer).
-        thread_weight: weight of the thread's keyword relevance in a hybrid score: each
-            candidate gains this share of what all candidates of its thread score above
-            the candidates' mean on the BM25 side, so the conversation the query is about
-            (its names, its topic, said over many turns) ranks above look-alike lines of
-            other conversations. No effect when every message shares one thread.
-        diversity: how much a hit is lowered (a share of the best score) for each better
-            hit already taken from its session (``metadata["session"]``, else its thread
-            and day), so questions whose parts lie in several sessions get them all.
-        time_weight: bonus (a share of the best score) for messages sent in the period a
-            query names ("in July 2023", "in March", "in 2022").
-        when_weight: bonus for messages that say when ("on Saturday", "last night") when
-            the query asks when.
-        index_names: BM25 indexes the speaker's ``name`` (or ``metadata["agent"]``) with
-            the text, so "What did Maya say about ..." matches Maya's own messages.
-        speaker_weight: bonus (a share of the best score) for the messages of the one
-            participant a query names, by name or by an alias learned from the conversation
-            (:class:`~marsys_mem.retrieval.speakers.SpeakerNames`): a question about Maya is
-            mostly answered by Maya's own turns. 0: off.
-        strip_names: a hybrid search looks for the query without the names and aliases
-            of the conversation's participants (those who wrote at least a fifth of the
-            messages: :mod:`~marsys_mem.retrieval.query_names`), leaving who it is about to
-            the speaker cue: a participant's name matches the turns that address them
-            ("What about Maya?"), not their own turns that answer. The names of the many
-            people of a shared memory are kept (they tell its conversations apart). On
-            only while ``speaker_weight`` is.
-        question_weight: bonus (a share of the best score) for the messages that do not
-            end with a question mark (:mod:`~marsys_mem.retrieval.questions`): a turn
-            that asks repeats the words of what it asks about, and seldom answers it.
-            0: off.
+        ranking: how a search ranks (:class:`~marsys_mem.model.ranking.Ranking`): the
+            model, a preset's name (``"conversation"``, the default, or ``"notes"``), or
+            a mapping of its fields.
+        ingest: how messages are taken in (:class:`~marsys_mem.model.ranking.Ingest`):
+            the model or a mapping of its fields. On a store that searches
+            (:attr:`stateless`) ``add`` always embeds before returning: a message and its
+            vector are written in one transaction.
+        **options: any single field of either (``mode="bm25"``, ``context_turns=0``,
+            ``background=False``: :class:`~marsys_mem.model.ranking.RagOptions`), on top
+            of ``ranking`` and ``ingest``.
+
+    Raises:
+        TypeError: an option that is no field of ``Ranking`` or ``Ingest``.
+        ValueError: a bad value (the error names the field and the value).
 
     Thread-safe: one lock guards the indexes; the background thread takes it only to add
     the vectors of a finished batch.
@@ -345,69 +292,13 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         key: tuple[str, str, str] = ("default", "rag", "main"),
         owner: tuple[str, str, str] | None = None,
         index_path: str | Path | None = None,
-        mode: SearchMode = "hybrid",
-        dense_weight: float = 1.3,
-        bm25_weight: float = 1.0,
-        rrf_k: int = 5,
-        fusion: Fusion = "zscore",
-        background: bool = True,
-        candidates: int = 100,
-        max_chars: int = 100_000,
-        index_kind: Literal["auto", "flat", "hnsw"] = "flat",
-        batch_size: int = 64,
-        max_pending: int = 100_000,
-        k1: float = 1.5,
-        b: float = 0.75,
-        thread_key: str | None = "thread",
-        context_turns: int = 3,
-        context_weight: float = 0.25,
-        reply_weight: float = 0.25,
-        thread_weight: float = 0.2,
-        diversity: float = 0.0,
-        time_weight: float = 0.5,
-        when_weight: float = 0.3,
-        index_names: bool = True,
-        speaker_weight: float = 0.5,
-        strip_names: bool = True,
-        question_weight: float = 0.15,
+        ranking: Ranking | PresetName | Mapping[str, Any] | None = None,
+        ingest: Ingest | Mapping[str, Any] | None = None,
+        **options: Unpack[RagOptions],
     ) -> None:
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {sorted(MODES)}, got {mode!r}")
-        self.dense_weight = finite_number("dense_weight", dense_weight, minimum=0.0)
-        self.bm25_weight = finite_number("bm25_weight", bm25_weight, minimum=0.0)
-        if self.dense_weight == 0 and self.bm25_weight == 0:
-            raise ValueError("dense_weight and bm25_weight cannot both be 0")
-        if isinstance(rrf_k, bool) or not isinstance(rrf_k, int) or rrf_k < 0:
-            raise ValueError(f"rrf_k must be an int >= 0, got {rrf_k!r}")
-        self.rrf_k = rrf_k
-        if fusion not in FUSIONS:
-            raise ValueError(f"fusion must be one of {sorted(FUSIONS)}, got {fusion!r}")
-        self.fusion: Fusion = fusion
-        self.candidates = positive_int("candidates", candidates)
-        if thread_key is not None and not isinstance(thread_key, str):
-            raise TypeError(f"thread_key must be a str or None, got {type(thread_key).__name__}")
-        self.thread_key = thread_key
-        if (
-            isinstance(context_turns, bool)
-            or not isinstance(context_turns, int)
-            or not (0 <= context_turns <= 8)
-        ):
-            raise ValueError(f"context_turns must be an int from 0 to 8, got {context_turns!r}")
-        self.context_turns = context_turns
-        self.context_weight = finite_number("context_weight", context_weight, minimum=0.0)
-        self.reply_weight = finite_number("reply_weight", reply_weight, minimum=0.0)
-        self.thread_weight = finite_number("thread_weight", thread_weight, minimum=0.0)
-        self.diversity = finite_number("diversity", diversity, minimum=0.0)
-        self.time_weight = finite_number("time_weight", time_weight, minimum=0.0)
-        self.when_weight = finite_number("when_weight", when_weight, minimum=0.0)
-        self.speaker_weight = finite_number("speaker_weight", speaker_weight, minimum=0.0)
+        self._ranking, self._ingest = resolve_settings(ranking, ingest, options)
+        mode = self._ranking.mode
         self._speakers = SpeakerNames()  # who takes part, and what the others call them
-        self.strip_names = bool(strip_names)
-        self.question_weight = finite_number("question_weight", question_weight, minimum=0.0)
-        self.index_names = bool(index_names)
-        self.max_chars = positive_int("max_chars", max_chars)
-        positive_int("batch_size", batch_size)
-        positive_int("max_pending", max_pending)
         self.key: Key = validate_key(key)
         self.owner: Key | None = validate_key(owner) if owner is not None else None
         if owner is not None and store is None:
@@ -434,12 +325,10 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         self.mode: SearchMode = mode if embedder is not None else "bm25"
         self.store = store
         self.index_path = Path(index_path) if index_path is not None else None
-        self.background = bool(background)
-        self._index_kind = index_kind
         self._lock = threading.RLock()
         self._messages: dict[str, Message] = {}
         self._says_when: dict[str, bool] = {}  # message -> mentions_time(text), when first asked
-        self._bm25 = BM25Index(k1=k1, b=b)
+        self._bm25 = BM25Index(k1=self.ranking.k1, b=self.ranking.b)
         self._links = ThreadLinks()
         # per thread slot (which is also the message's BM25 slot): its vector label
         # per thread slot: the storage row of the message's vector, for one index layout
@@ -461,21 +350,61 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         # the store searches: no messages or vectors held here (add embeds inline)
         self._stateless = self._searches_in_store()
         if embedder is not None:
-            self._index = FaissIndex(embedder.dim, kind=index_kind)
-            if self.background and not self._stateless:
+            self._index = FaissIndex(embedder.dim, kind=self.ingest.index_kind)
+            if self.ingest.background and not self._stateless:
                 self._queue = EmbeddingQueue(
                     embedder,
                     on_vectors=self._on_vectors,
-                    batch_size=batch_size,
-                    max_pending=max_pending,
+                    batch_size=self.ingest.batch_size,
+                    max_pending=self.ingest.max_pending,
                     at_exit=self._save,  # never closed: keep the vectors done so far
                 )
-        self._batch_size = batch_size
+        self._batch_size = self.ingest.batch_size
         try:
             self._open()
         except BaseException:
             self._shutdown_queue()
             raise
+
+    # ------------------------------------------------------------------ settings
+    @property
+    def ranking(self) -> Ranking:
+        """How searches rank (:class:`~marsys_mem.model.ranking.Ranking`).
+
+        It may be replaced by another ranking, except for the fields the indexes were
+        built with (``k1``, ``b``, ``index_names``, ``thread_key``: a new memory for those).
+
+        Example:
+            >>> from marsys_mem.retrieval.embeddings import HashingEmbedder
+            >>> mem = RAGMemory(HashingEmbedder(), ranking="notes")
+            >>> mem.ranking.context_turns
+            0
+            >>> mem.ranking = mem.ranking.replace(diversity=0.1)
+            >>> mem.close()
+        """
+        return self._ranking
+
+    @ranking.setter
+    def ranking(self, value: Ranking) -> None:
+        if not isinstance(value, Ranking):
+            raise TypeError(f"ranking must be a Ranking, got {type(value).__name__}")
+        fixed = [f for f in _BUILT_WITH if getattr(value, f) != getattr(self._ranking, f)]
+        if fixed:
+            raise ValueError(
+                f"the indexes of this RAGMemory were built with {fixed[0]}="
+                f"{getattr(self._ranking, fixed[0])!r}; a new memory is needed for "
+                f"{getattr(value, fixed[0])!r}"
+            )
+        if value.mode == "dense" and self.embedder is None:
+            raise ValueError("mode='dense' needs an embedder; this RAGMemory has none")
+        with self._lock:
+            self._ranking = value
+            self.mode = value.mode if self.embedder is not None else "bm25"
+
+    @property
+    def ingest(self) -> Ingest:
+        """How messages are taken in (:class:`~marsys_mem.model.ranking.Ingest`; fixed)."""
+        return self._ingest
 
     # ------------------------------------------------------------------ opening
     def _open(self) -> None:
@@ -562,10 +491,10 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
             raise EmbeddingError(
                 f"message {m.message_id!r} has no text to index (content {m.content!r})"
             )
-        if len(text) > self.max_chars:
+        if len(text) > self.ingest.max_chars:
             raise EmbeddingError(
                 f"message {m.message_id!r} is {len(text)} characters long; the limit is "
-                f"max_chars={self.max_chars}"
+                f"max_chars={self.ingest.max_chars}"
             )
         return text
 
@@ -594,12 +523,12 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
     def _keyword_text(self, m: TurnLike, text: str) -> str:
         """What BM25 indexes: the text, after the speaker's name (``index_names``)."""
         name = m.name or m.metadata.get("agent")
-        if self.index_names and isinstance(name, str) and name:
+        if self.ranking.index_names and isinstance(name, str) and name:
             return f"{name}: {text}"
         return text
 
     def _thread_field(self) -> str | None:
-        return self.thread_key
+        return self.ranking.thread_key
 
     def _context_window(self) -> tuple[int, int] | None:
         """The turns before and after a hit that :meth:`_rank_candidates` reads (or ``None``).
@@ -607,17 +536,19 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         Its candidates are a hit, ``reply`` turns before it and ``min(turns, _SPREAD)``
         after; each candidate reads ``turns`` turns before it and ``reply`` after.
         """
-        turns = self.context_turns
-        if not turns or not (self.thread_weight or self.context_weight or self.reply_weight):
+        turns = self.ranking.context_turns
+        if not turns or not (
+            self.ranking.thread_weight or self.ranking.context_weight or self.ranking.reply_weight
+        ):
             return None  # (the ranker's in_context, with turns to walk)
-        reply = 1 if self.reply_weight else 0
+        reply = 1 if self.ranking.reply_weight else 0
         return reply + turns, min(turns, _SPREAD) + reply
 
     def _thread_of(self, m: TurnLike) -> str:
         """The conversation thread of ``m``: ``metadata[thread_key]``, else one shared thread."""
-        if self.thread_key is None:
+        if self.ranking.thread_key is None:
             return ""
-        value = m.metadata.get(self.thread_key)
+        value = m.metadata.get(self.ranking.thread_key)
         return "" if value is None else f"#{value}"
 
     def _session_of(self, mid: str, messages: Mapping[str, TurnLike]) -> tuple[str, str]:
@@ -977,10 +908,7 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         dense = [(mid, c) for mid, c in found.dense if mid in links]
         text = [(mid, r) for mid, r in found.text if mid in links]
         floor = found.floor
-        in_context = bool(self.thread_weight) or (
-            bool(self.context_turns) and bool(self.context_weight or self.reply_weight)
-        )
-        if not in_context:
+        if not self.ranking.in_context:
             if floor is not None:
                 cosines.update((mid, floor) for mid, _ in text if mid not in cosines)
             fused = fuse_scores(
@@ -988,10 +916,10 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
                 text,
                 cosines,
                 keyword,
-                fusion=self.fusion,
-                dense_weight=self.dense_weight,
-                bm25_weight=self.bm25_weight,
-                rrf_k=self.rrf_k,
+                fusion=self.ranking.fusion,
+                dense_weight=self.ranking.dense_weight,
+                bm25_weight=self.ranking.bm25_weight,
+                rrf_k=self.ranking.rrf_k,
             )
             return self._adjust(query, _Ranked.of(links, fused), None, found.messages)
 
@@ -1012,7 +940,9 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
 
     def _depth(self, k: int, keep: MessageFilter | None) -> int:
         """How many candidates a search fetches first."""
-        return max(k, self.candidates) if keep is None else max(4 * k, self.candidates)
+        return (
+            max(k, self.ranking.candidates) if keep is None else max(4 * k, self.ranking.candidates)
+        )
 
     def _content(self, query: str) -> str:
         """What a hybrid search looks for: ``query`` without the participants' names.
@@ -1021,7 +951,7 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         the cue's), and only the names of those who wrote at least ``PARTICIPANT_SHARE``
         of the messages: see :mod:`~marsys_mem.retrieval.query_names`.
         """
-        if not (self.strip_names and self.speaker_weight):
+        if not (self.ranking.strip_names and self.ranking.speaker_weight):
             return query
         return without_names(query, self._speakers.name_words(PARTICIPANT_SHARE))
 
@@ -1032,9 +962,9 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         asked (default ``query``). See :class:`_Cues`.
         """
         asked = query if asked is None else asked
-        period = query_period(asked) if self.time_weight else None
-        when = bool(self.when_weight) and asks_when(asked)
-        speaker = self._speakers.named(asked) if self.speaker_weight else None
+        period = query_period(asked) if self.ranking.time_weight else None
+        when = bool(self.ranking.when_weight) and asks_when(asked)
+        speaker = self._speakers.named(asked) if self.ranking.speaker_weight else None
         with self._lock:
             bm25 = self._bm25
             bm25.prepare(query)  # every document's score: the candidates' are read later
@@ -1178,10 +1108,7 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         ``cues``: worked out ahead for this query (their keyword hits are used if still
         current for this depth).
         """
-        in_context = mode == "hybrid" and (
-            bool(self.thread_weight)
-            or (bool(self.context_turns) and bool(self.context_weight or self.reply_weight))
-        )
+        in_context = mode == "hybrid" and self.ranking.in_context
         dense: list[tuple[str, float]] = []
         dense_slots: SlotArray | None = None
         query_scores: QueryScores | None = None
@@ -1279,8 +1206,8 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         (0.0 where there is no vector), which have a vector, and the keyword scores of
         the messages at ``slots`` of ``links``.
         """
-        turns = self.context_turns
-        reply = 1 if self.reply_weight and turns else 0  # no context turns: no reply either
+        turns = self.ranking.context_turns
+        reply = 1 if self.ranking.reply_weight and turns else 0  # no context turns: no reply either
         # candidates: the hits and the turns around them, as slots of the thread links
         # (which hold exactly the memory's messages: other ids get -1 and are dropped), in
         # first-seen order (a hit of both retrievers comes again, and is dropped)
@@ -1312,14 +1239,14 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         cand_own = own[:, cand_at]
         lent = np.maximum(own - (np.add.reduce(cand_own, axis=1) / n)[:, None], 0.0)
         lent[:, -1] = 0.0  # "no such turn"
-        weights = [self.context_weight]
+        weights = [self.ranking.context_weight]
         for _ in range(turns - 1):
-            weights.append(weights[-1] * self.context_weight)
-        weights = weights[:turns] + [self.reply_weight] * reply
+            weights.append(weights[-1] * self.ranking.context_weight)
+        weights = weights[:turns] + [self.ranking.reply_weight] * reply
         # what the turns lend, weighed: (weights) @ (side, turn, candidate)
         ctx = cand_own + np.array(weights) @ lent[:, grid[1:]]
         ctx_d, ctx_b = ctx
-        if self.thread_weight and n > 1:
+        if self.ranking.thread_weight and n > 1:
             # the thread's keyword relevance: what its candidates score above the mean, summed,
             # over the weakest thread's; the same for every candidate of a thread (so with
             # one thread, nothing changes)
@@ -1331,11 +1258,11 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
                 else:
                     _, group = np.unique(numbers, return_inverse=True)
                 per = np.bincount(group, weights=lent[1, cand_at])[group]
-                ctx_b += self.thread_weight * (per - np.minimum.reduce(per))
-        if self.fusion == "convex":  # keep the blend <= 1: cosines in context, rescaled
-            cw = self.context_weight
-            ctx_d /= 1.0 + sum(cw**i for i in range(1, turns + 1)) + self.reply_weight
-        if self.fusion == "rrf":  # ranks: each side sorted
+                ctx_b += self.ranking.thread_weight * (per - np.minimum.reduce(per))
+        if self.ranking.fusion == "convex":  # keep the blend <= 1: cosines in context, rescaled
+            cw = self.ranking.context_weight
+            ctx_d /= 1.0 + sum(cw**i for i in range(1, turns + 1)) + self.ranking.reply_weight
+        if self.ranking.fusion == "rrf":  # ranks: each side sorted
             dense_order = np.argsort(-ctx_d, kind="stable")
             bm25_order = np.argsort(-ctx_b, kind="stable")
             order, fused = fuse_arrays(
@@ -1343,19 +1270,19 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
                 bm25_order[ctx_b[bm25_order] > 0],
                 ctx_d,
                 ctx_b,
-                fusion=self.fusion,
-                dense_weight=self.dense_weight,
-                bm25_weight=self.bm25_weight,
-                rrf_k=self.rrf_k,
+                fusion=self.ranking.fusion,
+                dense_weight=self.ranking.dense_weight,
+                bm25_weight=self.ranking.bm25_weight,
+                rrf_k=self.ranking.rrf_k,
             )
         else:  # scores only: the candidates of either side, in candidate order
             order, fused = fuse_members(
                 (has_vec[cand_at] | (ctx_b > 0)).nonzero()[0],
                 ctx,
                 bm25_top=max(float(np.maximum.reduce(ctx_b)), 0.0),
-                fusion=self.fusion,
-                dense_weight=self.dense_weight,
-                bm25_weight=self.bm25_weight,
+                fusion=self.ranking.fusion,
+                dense_weight=self.ranking.dense_weight,
+                bm25_weight=self.ranking.bm25_weight,
             )
         picked = cand_at[order]
         dense_own = np.where(has_vec[picked], own[0, picked], np.nan)
@@ -1379,19 +1306,19 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         if cues is not None:  # of the query as asked: `query` may lack its names
             period, when, speaker = cues.period, cues.when, cues.speaker
         else:
-            period = query_period(query) if self.time_weight else None
-            when = bool(self.when_weight) and asks_when(query)
-            if self.speaker_weight:
+            period = query_period(query) if self.ranking.time_weight else None
+            when = bool(self.ranking.when_weight) and asks_when(query)
+            if self.ranking.speaker_weight:
                 others = (speaker_of(m) or "" for m in messages.values()) if messages else ()
                 speaker = self._speakers.named(query, others)
-        tells = self.question_weight  # a bonus for telling, so head and rest stay in order
+        tells = self.ranking.question_weight  # a bonus for telling, so head and rest stay in order
         if period is not None or when or speaker is not None or tells:
             # only the best candidates are looked at (regex per text)
             best, rest = ranked.split(_CUED)
             top = abs(best[0][1]) or 1.0
-            norm = 1.0 + (self.time_weight if period is not None else 0.0)
-            norm += self.when_weight if when else 0.0
-            norm += self.speaker_weight if speaker is not None else 0.0
+            norm = 1.0 + (self.ranking.time_weight if period is not None else 0.0)
+            norm += self.ranking.when_weight if when else 0.0
+            norm += self.ranking.speaker_weight if speaker is not None else 0.0
             norm += tells
             out: list[Candidate] = []
             for mid, score, dense, bm25 in best:
@@ -1399,19 +1326,21 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
                 bonus = 0.0
                 if m is not None:
                     if speaker is not None and speaker_of(m) == speaker:
-                        bonus += self.speaker_weight
+                        bonus += self.ranking.speaker_weight
                     if period is not None and period.contains(m.timestamp):
-                        bonus += self.time_weight
+                        bonus += self.ranking.time_weight
                     if when and (
                         self._mentions_time(mid, m) if messages is None else mentions_time(m.text)
                     ):
-                        bonus += self.when_weight
+                        bonus += self.ranking.when_weight
                     if tells and not asks(m.text):
                         bonus += tells
                 out.append((mid, (score + bonus * top) / norm, dense, bm25))
             ranked = rest.divided(norm, head=sorted(out, key=lambda c: -c[1]))
-        if self.diversity:
-            return diversify(ranked, lambda mid: self._session_of(mid, found), self.diversity)
+        if self.ranking.diversity:
+            return diversify(
+                ranked, lambda mid: self._session_of(mid, found), self.ranking.diversity
+            )
         return ranked
 
     def _mentions_time(self, mid: str, m: TurnLike) -> bool:
@@ -1446,10 +1375,10 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
             bm25,
             dense_of,
             bm25_of,
-            fusion=self.fusion,
-            dense_weight=self.dense_weight,
-            bm25_weight=self.bm25_weight,
-            rrf_k=self.rrf_k,
+            fusion=self.ranking.fusion,
+            dense_weight=self.ranking.dense_weight,
+            bm25_weight=self.ranking.bm25_weight,
+            rrf_k=self.ranking.rrf_k,
         )
 
     # ------------------------------------------------------------------ async twins

@@ -289,7 +289,7 @@ class CrossThreadRecall(Closing):
             if m.message_id not in where
             and m.role != "system"
             and m.text.strip()
-            and len(m.text) <= index.max_chars
+            and len(m.text) <= index.ingest.max_chars
         ]
         new = list({m.message_id: m for m in new}.values())
         if new:

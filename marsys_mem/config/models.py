@@ -46,6 +46,7 @@ from marsys_mem.context.policy import ContextPolicy
 from marsys_mem.exceptions import ConfigError
 from marsys_mem.model.hnsw import HnswSettings
 from marsys_mem.model.names import NAME_PATTERN
+from marsys_mem.model.ranking import Ingest, Ranking
 
 __all__ = [
     "DATA_DIR_ENV",
@@ -221,6 +222,8 @@ def _enabled(value: object) -> object:
 
 
 _OR_BOOL = AlsoAccepts({"type": "boolean"})
+_PRESET_NAME = AlsoAccepts({"enum": list(Ranking.presets())})
+_MOVED_TO_RANKING = ("mode", "dense_weight", "bm25_weight")
 
 
 class RagPatternConfig(BaseModel):
@@ -232,25 +235,62 @@ class RagPatternConfig(BaseModel):
     its own ``max_stored_messages`` and ``ttl`` (default: the agent's ttl). Forget always
     reaches the archive. ``min_score``: hits whose calibrated score (the one scale of every
     search, a probability of relevance) is below it are left out; ``null`` keeps all.
+    ``ranking``: how searches rank (:class:`~marsys_mem.model.ranking.Ranking`): a
+    preset's name (``conversation``, the default, or ``notes``) or a mapping of its
+    fields, with an optional ``preset`` the others start from. ``ingest``: how messages
+    are taken in (:class:`~marsys_mem.model.ranking.Ingest`). ``mode``, ``dense_weight``
+    and ``bm25_weight`` written beside ``k`` (as before ``ranking`` held them) are read
+    as fields of ``ranking``.
 
     Example:
-        >>> RagPatternConfig(k=4, mode="bm25").k
-        4
+        >>> RagPatternConfig(k=4, ranking="notes").ranking.context_turns
+        0
+        >>> ranking = {"preset": "notes", "diversity": 0.1}
+        >>> cfg = RagPatternConfig.model_validate({"ranking": ranking})
+        >>> cfg.ranking.preset, cfg.ranking.diversity, cfg.ingest.background
+        ('notes', 0.1, True)
+        >>> RagPatternConfig.model_validate({"mode": "bm25"}).ranking.mode
+        'bm25'
         >>> RagPatternConfig(keep="archive", max_stored_messages=100_000).keep
         'archive'
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", json_schema_extra=lambda schema: _beside_k(schema)
+    )
 
     k: int = Field(default=4, ge=1, le=100)
     # calibration.DEFAULT_MIN_SCORE (retrieval is a sibling layer: not imported here)
     min_score: float | None = 0.8
-    mode: Literal["hybrid", "dense", "bm25"] = "hybrid"
-    dense_weight: float = Field(default=1.3, ge=0.0)  # RAGMemory's defaults
-    bm25_weight: float = Field(default=1.0, ge=0.0)
+    ranking: Annotated[Ranking, _PRESET_NAME] = Field(default_factory=Ranking)
+    ingest: Ingest = Field(default_factory=Ingest)
     keep: Literal["source", "archive"] = "source"
     max_stored_messages: int | None = Field(default=None, ge=1)
     ttl: Duration | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ranking_fields_beside_k(cls, data: object) -> object:
+        """``mode``, ``dense_weight``, ``bm25_weight`` beside ``k``: fields of ``ranking``."""
+        if not isinstance(data, Mapping):
+            return data
+        moved = {name: data[name] for name in _MOVED_TO_RANKING if name in data}
+        if not moved:
+            return data
+        rest = {key: value for key, value in data.items() if key not in moved}
+        ranking = data.get("ranking", {})
+        if isinstance(ranking, str):
+            ranking = {"preset": ranking}
+        if isinstance(ranking, Ranking):
+            ranking = ranking.model_dump()
+        if not isinstance(ranking, Mapping):
+            return data  # the ranking's own check names it
+        both = sorted(set(moved) & set(ranking))
+        if both:
+            raise ValueError(
+                f"{both[0]} is given twice, beside k and in ranking: keep the one in ranking"
+            )
+        return {**rest, "ranking": {**ranking, **moved}}
 
     @model_validator(mode="after")
     def _archive_only(self) -> RagPatternConfig:
@@ -260,6 +300,14 @@ class RagPatternConfig(BaseModel):
                 "keep: archive (with keep: source, entries live as long as their messages)"
             )
         return self
+
+
+def _beside_k(schema: dict[str, Any]) -> None:
+    """The JSON Schema of ``patterns.rag`` accepts the ranking fields read beside ``k``."""
+    fields = Ranking.model_json_schema()["properties"]
+    for name in _MOVED_TO_RANKING:
+        shown = {key: value for key, value in fields[name].items() if key != "default"}
+        schema["properties"][name] = {**shown, "description": f"read as ranking.{name}"}
 
 
 class EpisodicPatternConfig(BaseModel):

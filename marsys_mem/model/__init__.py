@@ -1,4 +1,4 @@
-"""The data model: messages and their provider formats, shared facts, runs, events, names.
+"""The data model: messages and formats, shared facts, runs, events, names, search settings.
 
 The public home of these names (``from marsys_mem.model import AddEvent, RunContext``):
 ``marsys_mem`` itself exports only :class:`Message` and :class:`ToolCall` of them.
@@ -30,6 +30,7 @@ from marsys_mem.model.messages import (
     to_llm_format,
 )
 from marsys_mem.model.names import inbox_key, validate_name
+from marsys_mem.model.ranking import Ingest, Ranking
 from marsys_mem.model.runs import RunContext, RunSnapshot, history
 from marsys_mem.model.traces import TraceStep, trace_of
 
@@ -41,8 +42,10 @@ __all__ = [
     "EventBus",
     "ForkEvent",
     "ImagePart",
+    "Ingest",
     "MemoryEvent",
     "Message",
+    "Ranking",
     "RemoveEvent",
     "Role",
     "RunContext",

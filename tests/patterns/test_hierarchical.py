@@ -150,7 +150,7 @@ def test_bad_messages_change_nothing(mem):
     with pytest.raises(TypeError, match="Message or a str"):
         mem.add(42)
     with pytest.raises(EmbeddingError, match="max_chars"):
-        mem.add("x" * (mem.archive.max_chars + 1))
+        mem.add("x" * (mem.archive.ingest.max_chars + 1))
     assert texts(mem.working()) == ["first"]
     assert len(mem) == 1
 

@@ -863,8 +863,7 @@ def test_minilm_hybrid_finds_every_rare_token_first(minilm, threads):
         assert len(missed) <= 3, missed  # measured: 1 (one thread), 0 (own threads)
         assert all(mem.search(tok, k=3)[0].id in ids for tok, _ in items[:5])
         # the minmax fusion, kept as an option, still buries them
-        mem.fusion = "minmax"
-        mem.dense_weight = 2.5
+        mem.ranking = mem.ranking.replace(fusion="minmax", dense_weight=2.5)
         buried = sum(
             mem.search(tok, 1, None)[0].id != mid for (tok, _), mid in zip(items, ids, strict=True)
         )

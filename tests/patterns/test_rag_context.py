@@ -216,7 +216,7 @@ def test_bad_options_name_the_field(option, value):
 
 
 def test_thread_key_must_be_a_string():
-    with pytest.raises(TypeError, match="thread_key"):
+    with pytest.raises(ValueError, match="thread_key"):
         RAGMemory(HashingEmbedder(), background=False, thread_key=3)  # type: ignore[arg-type]
 
 

@@ -44,9 +44,9 @@ def _reference(mem: RAGMemory, query: str, qvec: np.ndarray, depth: int) -> list
     dense = list(zip(ids[0], scores[0].tolist(), strict=False))
     bm25 = mem._bm25.search(query, depth)
     links = mem._links
-    reply = 1 if mem.reply_weight and mem.context_turns else 0
+    reply = 1 if mem.ranking.reply_weight and mem.ranking.context_turns else 0
     seeds = dict.fromkeys(itertools.chain((i for i, _ in dense), (i for i, _ in bm25)))
-    cands = links.around(seeds, before=reply, after=min(mem.context_turns, 2))
+    cands = links.around(seeds, before=reply, after=min(mem.ranking.context_turns, 2))
 
     def cosine(mid: str) -> float | None:
         if mid not in mem._index:
@@ -70,15 +70,16 @@ def _reference(mem: RAGMemory, query: str, qvec: np.ndarray, depth: int) -> list
     bm25_of: dict[str, float] = {}
     for mid in cands:
         d, b = cosine(mid) or 0.0, keywords(mid)
-        for step, other in enumerate(links.before(mid, mem.context_turns), 1):
-            d += mem.context_weight**step * lent_d(other)
-            b += mem.context_weight**step * lent_b(other)
+        for step, other in enumerate(links.before(mid, mem.ranking.context_turns), 1):
+            d += mem.ranking.context_weight**step * lent_d(other)
+            b += mem.ranking.context_weight**step * lent_b(other)
         for other in links.after(mid, reply):
-            d += mem.reply_weight * lent_d(other)
-            b += mem.reply_weight * lent_b(other)
-        if mem.fusion == "convex":
-            cw = mem.context_weight
-            d /= 1.0 + sum(cw**i for i in range(1, mem.context_turns + 1)) + mem.reply_weight
+            d += mem.ranking.reply_weight * lent_d(other)
+            b += mem.ranking.reply_weight * lent_b(other)
+        if mem.ranking.fusion == "convex":
+            cw = mem.ranking.context_weight
+            turns, reply = mem.ranking.context_turns, mem.ranking.reply_weight
+            d /= 1.0 + sum(cw**i for i in range(1, turns + 1)) + reply
         dense_of[mid], bm25_of[mid] = d, b
     # the thread's keyword relevance: what its candidates score above the mean, summed,
     # over the weakest thread's, added to each of its candidates
@@ -86,10 +87,10 @@ def _reference(mem: RAGMemory, query: str, qvec: np.ndarray, depth: int) -> list
     for mid in cands:
         thread = links.thread_of(mid)
         relevance[thread] = relevance.get(thread, 0.0) + lent_b(mid)
-    if len(relevance) > 1 and mem.thread_weight:
+    if len(relevance) > 1 and mem.ranking.thread_weight:
         weakest = min(relevance.values())
         for mid in cands:
-            bm25_of[mid] += mem.thread_weight * (relevance[links.thread_of(mid)] - weakest)
+            bm25_of[mid] += mem.ranking.thread_weight * (relevance[links.thread_of(mid)] - weakest)
     dense_list = sorted(
         ((m, dense_of[m]) for m in cands if cosine(m) is not None), key=lambda p: -p[1]
     )
@@ -99,10 +100,10 @@ def _reference(mem: RAGMemory, query: str, qvec: np.ndarray, depth: int) -> list
         bm25_list,
         dense_of,
         bm25_of,
-        fusion=mem.fusion,
-        dense_weight=mem.dense_weight,
-        bm25_weight=mem.bm25_weight,
-        rrf_k=mem.rrf_k,
+        fusion=mem.ranking.fusion,
+        dense_weight=mem.ranking.dense_weight,
+        bm25_weight=mem.ranking.bm25_weight,
+        rrf_k=mem.ranking.rrf_k,
     )
     return [(mid, f, cosine(mid), keywords(mid)) for mid, f, _, _ in fused]
 
@@ -138,7 +139,7 @@ def _check(mem: RAGMemory, rng: random.Random, queries: int, depth: int = 40) ->
         got = mem._rank_in_context(query, scores, dense, _keyword_slots(mem, query, depth))
         want = _reference(mem, query, qvec, depth)
         assert len(got) > depth
-        if mem.fusion == "rrf":  # ranks: the order of equal scores moves the scores
+        if mem.ranking.fusion == "rrf":  # ranks: the order of equal scores moves the scores
             assert [c[0] for c in got] == [c[0] for c in want]
         else:  # the same order, but for candidates of equal fused scores
             assert _tie_groups(list(got)) == _tie_groups(want)

@@ -92,9 +92,11 @@ def test_one_side_alone_searches_the_query_as_asked():
         assert "Vanessa" in hits[0].text
 
 
-def test_strip_names_is_an_option_kept_as_a_bool():
-    with chat_memory(strip_names=0) as mem:
-        assert mem.strip_names is False
+def test_strip_names_is_an_option_and_a_strict_bool():
+    with chat_memory(strip_names=False) as mem:
+        assert mem.ranking.strip_names is False
+    with pytest.raises(ValueError, match=r"strip_names[\s\S]*input_value=0"):
+        chat_memory(strip_names=0)
 
 
 def test_the_names_of_the_many_people_of_a_shared_memory_stay():

@@ -59,7 +59,7 @@ def test_question_weight_is_validated_and_zero_is_off():
     with pytest.raises(ValueError, match="question_weight"):
         RAGMemory(None, question_weight=float("nan"))
     with chat_memory(question_weight=0.0) as mem:
-        assert mem.question_weight == 0.0
+        assert mem.ranking.question_weight == 0.0
 
 
 def test_scores_stay_in_ranking_order_with_the_cue():

@@ -107,4 +107,4 @@ def test_speaker_weight_is_validated_and_zero_is_off():
     with pytest.raises(ValueError, match="speaker_weight"):
         RAGMemory(None, speaker_weight=-1)
     with chat_memory(speaker_weight=0.0) as mem:
-        assert mem.speaker_weight == 0.0
+        assert mem.ranking.speaker_weight == 0.0
