@@ -17,6 +17,10 @@ seed 7) and the same vectors go into:
 Each system is searched by a separate host process (this script with ``--host``): its RSS
 after opening (and the open time), ``--searches`` searches (half hybrid, half dense; all
 dense for LangGraph) over the corpus's questions, their p50/p95, and its RSS after them.
+pgvector is measured again at each ``--ef-search`` (default 40, pgvector's own default, which
+LangGraph's PostgresStore searches with; ours is
+:attr:`~marsys_mem.model.hnsw.HnswSettings.ef_search`, 200) on the same database: dense
+throughput compared at about LangGraph's recall.
 Query vectors come from a lookup table filled up front, so the times exclude the query's
 forward pass. recall@10 is the dense search's against exact (brute-force) cosine search
 over the same vectors, counted tie-aware (a hit counts when its exact cosine reaches the
@@ -224,14 +228,15 @@ def ingest(system: str, target: str, turns: list[Any], vectors: np.ndarray) -> f
         store.close()
 
 
-def open_store(system: str, target: str) -> Any:
+def open_store(system: str, target: str, ef_search: int = 0) -> Any:
+    """The store of ``system`` at ``target``; ``ef_search`` (pgvector): the HNSW walk, 0: ours."""
     if system == "sqlite":
         from marsys_mem.store import SQLiteStore
 
         return SQLiteStore(target)
     from marsys_mem.store.postgres import PostgresStore
 
-    store = PostgresStore(target)
+    store = PostgresStore(target, vector_index={"ef_search": ef_search} if ef_search else None)
     want = system == "pgvector"
     if store.supports_search != want:
         store.close()
@@ -265,7 +270,9 @@ def database_size(system: str, target: str) -> float:
 
 
 # ---------------------------------------------------------------------- the host
-def host(system: str, target: str, queries_file: str, searches: int) -> dict[str, Any]:
+def host(
+    system: str, target: str, queries_file: str, searches: int, ef_search: int = 0
+) -> dict[str, Any]:
     """Open ``system`` as a fresh host, search, measure (runs in its own process)."""
     import faiss
 
@@ -299,7 +306,7 @@ def host(system: str, target: str, queries_file: str, searches: int) -> dict[str
         return out
     from marsys_mem.patterns import RAGMemory
 
-    store = open_store(system, target)
+    store = open_store(system, target, ef_search)
     mem = RAGMemory(Lookup(table), store=store, key=KEY, background=False)
     len(mem)  # opened: the fallback has loaded every vector and message by now
     mem.search(texts[0], k=10, min_score=None)
@@ -326,9 +333,12 @@ def host(system: str, target: str, queries_file: str, searches: int) -> dict[str
     return out
 
 
-def run_host(system: str, target: str, queries_file: str, searches: int) -> dict[str, Any]:
+def run_host(
+    system: str, target: str, queries_file: str, searches: int, ef_search: int = 0
+) -> dict[str, Any]:
+    args = [system, target, queries_file, str(searches), str(ef_search)]
     proc = subprocess.run(
-        [sys.executable, __file__, "--host", system, target, queries_file, str(searches)],
+        [sys.executable, __file__, "--host", *args],
         capture_output=True,
         text=True,
         check=False,
@@ -381,6 +391,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sqlite-sizes", default="10000,1000000")
     parser.add_argument("--searches", type=int, default=1000)
     parser.add_argument(
+        "--ef-search",
+        default="40",
+        help="comma-separated hnsw.ef_search values to measure pgvector again at, on the same "
+        "database (40: pgvector's default, which LangGraph's PostgresStore searches with: "
+        "throughput compared at equal recall); empty: none",
+    )
+    parser.add_argument(
         "--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "marsys-mem-bench"
     )
     parser.add_argument(
@@ -412,6 +429,7 @@ def main(argv: list[str] | None = None) -> None:
     sizes = sorted(int(s) for s in args.sizes.split(","))
     sqlite_sizes = {int(s) for s in args.sqlite_sizes.split(",") if s}
     systems = args.systems.split(",")
+    ef_list = [int(e) for e in args.ef_search.split(",") if e]
     corpus = generate(max(max(sizes), args.corpus), 7)
     model = SentenceTransformerEmbedder(cache_size=0)
     cache = VectorCache(model, args.cache_dir)
@@ -486,27 +504,30 @@ def main(argv: list[str] | None = None) -> None:
                     continue
                 settle(system, target)
                 size_bytes = database_size(system, target)
-                found = run_host(system, target, queries_file, args.searches)
-                hybrid_ids[(size, system)] = found.get("hybrid_ids", [])
-                r = recall(found["ids"], qv, vectors, index)
-                loose = recall(found["ids"], qv, vectors, index, 1e-3)
-                row = (
-                    size,
-                    system,
-                    pct(found["hybrid"], 50),
-                    pct(found["hybrid"], 95),
-                    pct(found["dense"], 50),
-                    pct(found["dense"], 95),
-                    f"{len(found['dense']) / sum(found['dense']):.0f}",
-                    f"{r:.3f} ({loose:.3f})",
-                    f"{size / seconds:,.0f}",
-                    f"{found['open_s']:.2f}",
-                    f"{found['rss_open']:.0f}",
-                    f"{found['rss_after']:.0f}",
-                    f"{size_bytes / 2**20:,.0f}",
-                )
-                rows.append(row)
-                print("  " + " | ".join(str(c) for c in row), flush=True)
+                ef_values = [0] + (ef_list if system == "pgvector" else [])
+                for ef in ef_values:  # pgvector: again at each --ef-search, same database
+                    label = system if not ef else f"{system} (ef_search {ef})"
+                    found = run_host(system, target, queries_file, args.searches, ef)
+                    hybrid_ids[(size, label)] = found.get("hybrid_ids", [])
+                    r = recall(found["ids"], qv, vectors, index)
+                    loose = recall(found["ids"], qv, vectors, index, 1e-3)
+                    row = (
+                        size,
+                        label,
+                        pct(found["hybrid"], 50),
+                        pct(found["hybrid"], 95),
+                        pct(found["dense"], 50),
+                        pct(found["dense"], 95),
+                        f"{len(found['dense']) / sum(found['dense']):.0f}",
+                        f"{r:.3f} ({loose:.3f})",
+                        f"{size / seconds:,.0f}",
+                        f"{found['open_s']:.2f}",
+                        f"{found['rss_open']:.0f}",
+                        f"{found['rss_after']:.0f}",
+                        f"{size_bytes / 2**20:,.0f}",
+                    )
+                    rows.append(row)
+                    print("  " + " | ".join(str(c) for c in row), flush=True)
     print(
         "\n| messages | system | hybrid p50 ms | p95 | dense p50 ms | p95 | dense searches/s "
         "| recall@10 (within 1e-3) | ingest msg/s | host open s | host RSS MB open "
@@ -520,7 +541,7 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--host":
-        _, _, system, target, queries_file, searches = sys.argv
-        print(json.dumps(host(system, target, queries_file, int(searches))))
+        _, _, system, target, queries_file, searches, ef_search = sys.argv
+        print(json.dumps(host(system, target, queries_file, int(searches), int(ef_search))))
     else:
         main()
