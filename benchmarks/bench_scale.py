@@ -17,22 +17,25 @@ seed 7) and the same vectors go into:
 Each system is searched by a separate host process (this script with ``--host``): its RSS
 after opening (and the open time), ``--searches`` searches (half hybrid, half dense; all
 dense for LangGraph) over the corpus's questions, their p50/p95, and its RSS after them.
-pgvector is measured again at each ``--ef-search`` (default 40, pgvector's own default, which
-LangGraph's PostgresStore searches with; ours is
-:attr:`~marsys_mem.model.hnsw.HnswSettings.ef_search`, 200) on the same database: dense
-throughput compared at about LangGraph's recall.
+pgvector is measured again on the same database for each of ``--variants``: by default
+``ef_search=40`` (pgvector's own default, which LangGraph's PostgresStore searches with; ours
+is :attr:`~marsys_mem.model.hnsw.HnswSettings.ef_search`, 200), so dense throughput is
+compared at about LangGraph's recall; a variant may also set RAGMemory ranking options
+(``candidates=50``: what a shallower hybrid search saves and costs).
 Query vectors come from a lookup table filled up front, so the times exclude the query's
 forward pass. recall@10 is the dense search's against exact (brute-force) cosine search
 over the same vectors, counted tie-aware (a hit counts when its exact cosine reaches the
 10th best: the generator repeats lines, so many vectors are equal). "Hybrid top-10 =
 faiss/host's": per question, the share of a system's hybrid top 10 that the per-host path
 (the in-process ranker over every message) also returns: how closely ranking the database's
-candidates reproduces the single-host ranking. Dense searches/s: one client, back to back
-(LangGraph's only search is dense). Ingest rate: messages per second into the store,
-vectors precomputed (pgvector: in ``PostgresStore.bulk_load``, the HNSW index built once
-after the load, its time included); then each PostgreSQL database is opened once and
-``VACUUM ANALYZE``d, as autovacuum leaves it after a load. Database size: ``pg_database_size``
-(SQLite: the file and its WAL).
+candidates reproduces the single-host ranking. "Hybrid evidence R@10": the share of each
+question's evidence turns (the generator annotates them) in its hybrid top 10, over the
+questions whose evidence the size holds: what ranking quality a search setting buys.
+Dense searches/s: one client, back to back (LangGraph's only search is dense). Ingest
+rate: messages per second into the store, vectors precomputed (pgvector: in
+``PostgresStore.bulk_load``, the HNSW index built once after the load, its time included);
+then each PostgreSQL database is opened once and ``VACUUM ANALYZE``d, as autovacuum leaves
+it after a load. Database size: ``pg_database_size`` (SQLite: the file and its WAL).
 
 Vectors: real all-MiniLM-L6-v2 vectors of each turn's text (cached on disk by
 ``bench_recall.VectorCache``). Past the first 100,000 turns (:data:`REAL_UP_TO`), the
@@ -271,9 +274,18 @@ def database_size(system: str, target: str) -> float:
 
 # ---------------------------------------------------------------------- the host
 def host(
-    system: str, target: str, queries_file: str, searches: int, ef_search: int = 0
+    system: str, target: str, queries_file: str, searches: int, variant: str = ""
 ) -> dict[str, Any]:
-    """Open ``system`` as a fresh host, search, measure (runs in its own process)."""
+    """Open ``system`` as a fresh host, search, measure (runs in its own process).
+
+    ``variant`` (pgvector): ``name=value`` pairs, ``;``-separated: ``ef_search`` for the
+    store's HNSW walk, any other name a RAGMemory ranking option (see ``--variants``).
+    """
+    options = {
+        name: json.loads(value)
+        for name, _, value in (v.partition("=") for v in variant.split(";") if v)
+    }
+    ef_search = int(options.pop("ef_search", 0))
     import faiss
 
     faiss.omp_set_num_threads(1)
@@ -307,7 +319,7 @@ def host(
     from marsys_mem.patterns import RAGMemory
 
     store = open_store(system, target, ef_search)
-    mem = RAGMemory(Lookup(table), store=store, key=KEY, background=False)
+    mem = RAGMemory(Lookup(table), store=store, key=KEY, background=False, **options)
     len(mem)  # opened: the fallback has loaded every vector and message by now
     mem.search(texts[0], k=10, min_score=None)
     out["open_s"] = time.perf_counter() - start
@@ -334,9 +346,9 @@ def host(
 
 
 def run_host(
-    system: str, target: str, queries_file: str, searches: int, ef_search: int = 0
+    system: str, target: str, queries_file: str, searches: int, variant: str = ""
 ) -> dict[str, Any]:
-    args = [system, target, queries_file, str(searches), str(ef_search)]
+    args = [system, target, queries_file, str(searches), variant]
     proc = subprocess.run(
         [sys.executable, __file__, "--host", *args],
         capture_output=True,
@@ -376,6 +388,20 @@ def recall(
     return hits / total if total else float("nan")
 
 
+def evidence_recall(found: list[list[str]], evidence: list[tuple[str, ...]], have: set[str]) -> str:
+    """Mean share of each question's evidence turns in its top 10 (questions answerable here).
+
+    ``found[j]``: question j's hybrid hits; a question counts when all its evidence turns
+    are among the messages ``have`` (a smaller size holds a prefix of the corpus).
+    """
+    shares = [
+        len(set(ev) & set(ids[:10])) / len(ev)
+        for ids, ev in zip(found, evidence, strict=False)
+        if ev and set(ev) <= have
+    ]
+    return f"{np.mean(shares):.3f} ({len(shares)})" if shares else "n/a"
+
+
 def overlap(mine: list[list[str]], theirs: list[list[str]]) -> str:
     """Mean share of the top 10s two systems have in common, per question (n/a: none)."""
     pairs = [(set(a), set(b)) for a, b in zip(mine, theirs, strict=False) if a and b]
@@ -391,11 +417,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sqlite-sizes", default="10000,1000000")
     parser.add_argument("--searches", type=int, default=1000)
     parser.add_argument(
-        "--ef-search",
-        default="40",
-        help="comma-separated hnsw.ef_search values to measure pgvector again at, on the same "
-        "database (40: pgvector's default, which LangGraph's PostgresStore searches with: "
-        "throughput compared at equal recall); empty: none",
+        "--variants",
+        default="ef_search=40",
+        help="pgvector measured again on the same database, per variant (',' between "
+        "variants, ';' between a variant's name=value pairs): ef_search=N walks the HNSW "
+        "graph N wide (40: pgvector's default, which LangGraph's PostgresStore searches "
+        "with), any other name is a RAGMemory ranking option (candidates=50); empty: none",
     )
     parser.add_argument(
         "--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "marsys-mem-bench"
@@ -429,7 +456,7 @@ def main(argv: list[str] | None = None) -> None:
     sizes = sorted(int(s) for s in args.sizes.split(","))
     sqlite_sizes = {int(s) for s in args.sqlite_sizes.split(",") if s}
     systems = args.systems.split(",")
-    ef_list = [int(e) for e in args.ef_search.split(",") if e]
+    variants = [v for v in args.variants.split(",") if v]
     corpus = generate(max(max(sizes), args.corpus), 7)
     model = SentenceTransformerEmbedder(cache_size=0)
     cache = VectorCache(model, args.cache_dir)
@@ -504,10 +531,9 @@ def main(argv: list[str] | None = None) -> None:
                     continue
                 settle(system, target)
                 size_bytes = database_size(system, target)
-                ef_values = [0] + (ef_list if system == "pgvector" else [])
-                for ef in ef_values:  # pgvector: again at each --ef-search, same database
-                    label = system if not ef else f"{system} (ef_search {ef})"
-                    found = run_host(system, target, queries_file, args.searches, ef)
+                for variant in [""] + (variants if system == "pgvector" else []):
+                    label = system if not variant else f"{system} ({variant.replace(';', ', ')})"
+                    found = run_host(system, target, queries_file, args.searches, variant)
                     hybrid_ids[(size, label)] = found.get("hybrid_ids", [])
                     r = recall(found["ids"], qv, vectors, index)
                     loose = recall(found["ids"], qv, vectors, index, 1e-3)
@@ -531,17 +557,22 @@ def main(argv: list[str] | None = None) -> None:
     print(
         "\n| messages | system | hybrid p50 ms | p95 | dense p50 ms | p95 | dense searches/s "
         "| recall@10 (within 1e-3) | ingest msg/s | host open s | host RSS MB open "
-        "| after searches | DB MiB | hybrid top-10 = faiss/host's |"
+        "| after searches | DB MiB | hybrid top-10 = faiss/host's "
+        "| hybrid evidence R@10 (questions) |"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    evidence = [tuple(q.evidence) for q in corpus.questions]
     for row in rows:
-        same = overlap(hybrid_ids.get((row[0], row[1]), []), hybrid_ids.get((row[0], "faiss"), []))
-        print(f"| {row[0]:,} | " + " | ".join(str(c) for c in row[1:]) + f" | {same} |")
+        mine = hybrid_ids.get((row[0], row[1]), [])
+        same = overlap(mine, hybrid_ids.get((row[0], "faiss"), []))
+        have = {t.id for t in turns_all[: row[0]]}
+        found = evidence_recall(mine, evidence, have) if mine else "n/a"
+        print(f"| {row[0]:,} | " + " | ".join(str(c) for c in row[1:]) + f" | {same} | {found} |")
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--host":
-        _, _, system, target, queries_file, searches, ef_search = sys.argv
-        print(json.dumps(host(system, target, queries_file, int(searches), int(ef_search))))
+        _, _, system, target, queries_file, searches, variant = sys.argv
+        print(json.dumps(host(system, target, queries_file, int(searches), variant)))
     else:
         main()
