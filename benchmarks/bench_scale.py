@@ -566,8 +566,12 @@ def main(argv: list[str] | None = None) -> None:
         mine = hybrid_ids.get((row[0], row[1]), [])
         same = overlap(mine, hybrid_ids.get((row[0], "faiss"), []))
         have = {t.id for t in turns_all[: row[0]]}
-        found = evidence_recall(mine, evidence, have) if mine else "n/a"
-        print(f"| {row[0]:,} | " + " | ".join(str(c) for c in row[1:]) + f" | {same} | {found} |")
+        evidence_r10 = evidence_recall(mine, evidence, have) if mine else "n/a"
+        print(
+            f"| {row[0]:,} | "
+            + " | ".join(str(c) for c in row[1:])
+            + f" | {same} | {evidence_r10} |"
+        )
 
 
 if __name__ == "__main__":
