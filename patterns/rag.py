@@ -57,13 +57,14 @@ from marsys_mem.retrieval.scoring import (
     ScoredMessage,
     SearchMode,
     check_query,
+    context_rows,
+    cue_scores,
     diversify,
     finite_number,
-    fuse_arrays,
-    fuse_members,
     fuse_scores,
     make_filter,
     positive_int,
+    rank_in_context,
 )
 from marsys_mem.retrieval.speakers import SpeakerNames, speaker_of
 from marsys_mem.retrieval.threads import LabelSlots, SlotArray, SlotMemo, ThreadLinks
@@ -81,6 +82,15 @@ _notice_lock = threading.Lock()
 def _has_row(rows: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
     has: npt.NDArray[np.bool_] = rows >= 0
     return has
+
+
+def _flags(
+    turns: Sequence[TurnLike | None], has: Callable[[int, TurnLike], bool]
+) -> npt.NDArray[np.bool_]:
+    """``has(i, turn)`` for each turn (``False`` where the message is gone)."""
+    return np.fromiter(
+        (m is not None and has(i, m) for i, m in enumerate(turns)), dtype=bool, count=len(turns)
+    )
 
 
 def _bm25_only_notice() -> None:
@@ -1196,18 +1206,13 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         it returned).
 
         The candidates are the retrievers' hits and the turns around them (a turn after a
-        hit may owe its meaning to it). On each side (cosine, BM25) a candidate's score in
-        context is ``own + sum(context_weight ** i * lent(i-th turn before)) +
-        reply_weight * lent(next turn)``, where a turn lends ``max(0, own - mean)`` (the
-        mean of the candidates' own scores on that side). On the BM25 side each candidate
-        also gains ``thread_weight`` times the sum of what its thread's candidates lend,
-        less the weakest thread's sum. The two sides are then fused as usual. Candidates
-        carry their own cosine and BM25 scores. ``own_scores(slots)`` gives the cosines
-        (0.0 where there is no vector), which have a vector, and the keyword scores of
-        the messages at ``slots`` of ``links``.
+        hit may owe its meaning to it); this gathers them and their neighbours' scores
+        into arrays, and :func:`~marsys_mem.retrieval.scoring.rank_in_context` ranks them.
+        Candidates carry their own cosine and BM25 scores. ``own_scores(slots)`` gives the
+        cosines (0.0 where there is no vector), which have a vector, and the keyword scores
+        of the messages at ``slots`` of ``links``.
         """
-        turns = self.ranking.context_turns
-        reply = 1 if self.ranking.reply_weight and turns else 0  # no context turns: no reply either
+        turns, reply = context_rows(self.ranking)
         # candidates: the hits and the turns around them, as slots of the thread links
         # (which hold exactly the memory's messages: other ids get -1 and are dropped), in
         # first-seen order (a hit of both retrievers comes again, and is dropped)
@@ -1231,60 +1236,9 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         own[0, :-1], has_vec[:-1], own[1, :-1] = own_scores(need)
         # rows: the candidates, the turns 1 .. turns before them, the next turn
         grid = where.reshape(1 + turns + reply, n)
-        cand_at = grid[0]
-        # a neighbour lends only what it scores above the candidates' mean on that side:
-        # every turn has some cosine to any query, and summing that noise over 6 neighbours
-        # ranked messages by how chatty their surroundings are
-        # (the means as np.mean has them, without its Python wrapper)
-        cand_own = own[:, cand_at]
-        lent = np.maximum(own - (np.add.reduce(cand_own, axis=1) / n)[:, None], 0.0)
-        lent[:, -1] = 0.0  # "no such turn"
-        weights = [self.ranking.context_weight]
-        for _ in range(turns - 1):
-            weights.append(weights[-1] * self.ranking.context_weight)
-        weights = weights[:turns] + [self.ranking.reply_weight] * reply
-        # what the turns lend, weighed: (weights) @ (side, turn, candidate)
-        ctx = cand_own + np.array(weights) @ lent[:, grid[1:]]
-        ctx_d, ctx_b = ctx
-        if self.ranking.thread_weight and n > 1:
-            # the thread's keyword relevance: what its candidates score above the mean, summed,
-            # over the weakest thread's; the same for every candidate of a thread (so with
-            # one thread, nothing changes)
-            numbers = links.thread_numbers(cand_slots)
-            lo, hi = int(np.minimum.reduce(numbers)), int(np.maximum.reduce(numbers))
-            if lo != hi:
-                if hi - lo <= 4 * n:  # thread numbers are dense: count them directly
-                    group = numbers - lo
-                else:
-                    _, group = np.unique(numbers, return_inverse=True)
-                per = np.bincount(group, weights=lent[1, cand_at])[group]
-                ctx_b += self.ranking.thread_weight * (per - np.minimum.reduce(per))
-        if self.ranking.fusion == "convex":  # keep the blend <= 1: cosines in context, rescaled
-            cw = self.ranking.context_weight
-            ctx_d /= 1.0 + sum(cw**i for i in range(1, turns + 1)) + self.ranking.reply_weight
-        if self.ranking.fusion == "rrf":  # ranks: each side sorted
-            dense_order = np.argsort(-ctx_d, kind="stable")
-            bm25_order = np.argsort(-ctx_b, kind="stable")
-            order, fused = fuse_arrays(
-                dense_order[has_vec[cand_at][dense_order]],
-                bm25_order[ctx_b[bm25_order] > 0],
-                ctx_d,
-                ctx_b,
-                fusion=self.ranking.fusion,
-                dense_weight=self.ranking.dense_weight,
-                bm25_weight=self.ranking.bm25_weight,
-                rrf_k=self.ranking.rrf_k,
-            )
-        else:  # scores only: the candidates of either side, in candidate order
-            order, fused = fuse_members(
-                (has_vec[cand_at] | (ctx_b > 0)).nonzero()[0],
-                ctx,
-                bm25_top=max(float(np.maximum.reduce(ctx_b)), 0.0),
-                fusion=self.ranking.fusion,
-                dense_weight=self.ranking.dense_weight,
-                bm25_weight=self.ranking.bm25_weight,
-            )
-        picked = cand_at[order]
+        threads = links.thread_numbers(cand_slots) if self.ranking.thread_weight else None
+        order, fused = rank_in_context(own, has_vec, grid, threads, self.ranking)
+        picked = grid[0][order]
         dense_own = np.where(has_vec[picked], own[0, picked], np.nan)
         return _Ranked(links, cand_slots[order], fused, dense_own, own[1, picked])
 
@@ -1296,6 +1250,9 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         messages: Mapping[str, TurnLike] | None = None,
     ) -> Sequence[Candidate]:
         """The cues (time, when, speaker, question), then diversity.
+
+        The best ``_CUED`` candidates are looked at (a regex per text); their flags go to
+        :func:`~marsys_mem.retrieval.scoring.cue_scores`.
 
         ``messages``: the candidates' messages (default: this memory's).
         """
@@ -1311,32 +1268,30 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
             if self.ranking.speaker_weight:
                 others = (speaker_of(m) or "" for m in messages.values()) if messages else ()
                 speaker = self._speakers.named(query, others)
-        tells = self.ranking.question_weight  # a bonus for telling, so head and rest stay in order
+        tells = bool(self.ranking.question_weight)  # a bonus for telling: every query
         if period is not None or when or speaker is not None or tells:
             # only the best candidates are looked at (regex per text)
             best, rest = ranked.split(_CUED)
-            top = abs(best[0][1]) or 1.0
-            norm = 1.0 + (self.ranking.time_weight if period is not None else 0.0)
-            norm += self.ranking.when_weight if when else 0.0
-            norm += self.ranking.speaker_weight if speaker is not None else 0.0
-            norm += tells
-            out: list[Candidate] = []
-            for mid, score, dense, bm25 in best:
-                m = found.get(mid)
-                bonus = 0.0
-                if m is not None:
-                    if speaker is not None and speaker_of(m) == speaker:
-                        bonus += self.ranking.speaker_weight
-                    if period is not None and period.contains(m.timestamp):
-                        bonus += self.ranking.time_weight
-                    if when and (
-                        self._mentions_time(mid, m) if messages is None else mentions_time(m.text)
-                    ):
-                        bonus += self.ranking.when_weight
-                    if tells and not asks(m.text):
-                        bonus += tells
-                out.append((mid, (score + bonus * top) / norm, dense, bm25))
-            ranked = rest.divided(norm, head=sorted(out, key=lambda c: -c[1]))
+            turns = [found.get(mid) for mid, *_ in best]
+            flags = {}
+            if speaker is not None:
+                flags["speaker"] = _flags(turns, lambda _, m: speaker_of(m) == speaker)
+            if period is not None:
+                flags["period"] = _flags(turns, lambda _, m: period.contains(m.timestamp))
+            if when:
+                if messages is None:
+                    flags["when"] = _flags(turns, lambda i, m: self._mentions_time(best[i][0], m))
+                else:
+                    flags["when"] = _flags(turns, lambda _, m: mentions_time(m.text))
+            if tells:
+                flags["tells"] = _flags(turns, lambda _, m: not asks(m.text))
+            scores = np.array([c[1] for c in best])
+            order, adjusted, norm = cue_scores(scores, self.ranking, **flags)
+            head = [
+                (best[i][0], score, best[i][2], best[i][3])
+                for i, score in zip(order.tolist(), adjusted.tolist(), strict=True)
+            ]
+            ranked = rest.divided(norm, head=head)
         if self.ranking.diversity:
             return diversify(
                 ranked, lambda mid: self._session_of(mid, found), self.ranking.diversity

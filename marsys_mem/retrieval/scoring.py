@@ -8,6 +8,11 @@
   weighted mean of both sides' standard scores (``"zscore"``), weighted reciprocal rank
   fusion (``"rrf"``), a convex blend of the scores (``"convex"``) or of the min-max
   normalised scores (``"minmax"``).
+* :func:`rank_in_context`: the hybrid ranking of candidates scored with the turns around
+  them (context, reply, thread relevance) and fused, over arrays, for a
+  :class:`~marsys_mem.model.ranking.Ranking`.
+* :func:`cue_scores`: the query cues (speaker, time, when, questions) added to the best
+  candidates' scores.
 * :func:`diversify`: a ranking that spreads the top hits over conversation sessions.
 * :func:`check_query`, :func:`positive_int`, :func:`finite_number`: argument checks that
   name the argument and the value.
@@ -27,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from marsys_mem.model.messages import Message
+from marsys_mem.model.ranking import Ranking
 
 __all__ = [
     "FUSIONS",
@@ -37,6 +43,8 @@ __all__ = [
     "ScoredMessage",
     "SearchMode",
     "check_query",
+    "context_rows",
+    "cue_scores",
     "diversify",
     "finite_number",
     "fuse_arrays",
@@ -44,6 +52,7 @@ __all__ = [
     "fuse_scores",
     "make_filter",
     "positive_int",
+    "rank_in_context",
 ]
 
 SearchMode = Literal["hybrid", "dense", "bm25"]
@@ -341,6 +350,199 @@ def fuse_members(
         raise ValueError(f"fuse_members fuses scores (zscore, convex, minmax), got {fusion!r}")
     order = (-fused).argsort(kind="stable")
     return members[order], fused[order]
+
+
+def context_rows(ranking: Ranking) -> tuple[int, int]:
+    """``(before, after)``: the turns before and after each candidate :func:`rank_in_context` reads.
+
+    ``before`` is ``context_turns``; ``after`` is 1 when the reply counts (``reply_weight``
+    and ``context_turns`` both set), else 0.
+
+    Example:
+        >>> context_rows(Ranking()), context_rows(Ranking(reply_weight=0)), context_rows(
+        ...     Ranking(context_turns=0))
+        ((3, 1), (3, 0), (0, 0))
+    """
+    turns = ranking.context_turns
+    return turns, 1 if ranking.reply_weight and turns else 0
+
+
+def rank_in_context(
+    own: npt.NDArray[np.float64],
+    has_vec: npt.NDArray[np.bool_],
+    grid: npt.NDArray[np.intp],
+    threads: npt.NDArray[np.intp] | None,
+    ranking: Ranking,
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
+    """Rank candidates by their scores in context, and fuse the two sides (hybrid).
+
+    On each side (cosine, BM25) a candidate's score in context is ``own +
+    sum(context_weight ** i * lent(i-th turn before)) + reply_weight * lent(next turn)``,
+    where a turn lends ``max(0, own - mean)`` (the mean of the candidates' own scores on
+    that side: every turn has some cosine to any query, and summing that noise would rank
+    messages by how chatty their surroundings are). On the BM25 side each candidate also
+    gains ``thread_weight`` times the sum of what its thread's candidates lend, less the
+    weakest thread's sum. The two sides are then fused by the ranking's ``fusion``
+    (:func:`fuse_members`, or :func:`fuse_arrays` for ``"rrf"``); a candidate takes part
+    on the dense side when it has a vector, on the keyword side when its score in context
+    is above 0.
+
+    Args:
+        own: shape ``(2, m + 1)``: row 0 the cosine (0.0: no vector), row 1 the BM25 score
+            of ``m`` messages (the candidates and their neighbours); column ``m`` is "no
+            such turn" and must hold 0.0.
+        has_vec: shape ``(m + 1,)``: which messages have a vector.
+        grid: shape ``(1 + before + after, n)`` (:func:`context_rows`): column ``j`` is
+            candidate ``j``: row 0 its own column of ``own``, rows ``1 .. before`` the
+            columns of the 1st .. ``before``-th turn before it in its thread, then the
+            turn after it; ``m`` where there is none.
+        threads: shape ``(n,)``: each candidate's thread number (``None``: one thread).
+        ranking: the knobs: ``context_turns``, ``context_weight``, ``reply_weight``,
+            ``thread_weight``, ``fusion``, the weights and ``rrf_k``.
+
+    Returns:
+        ``(order, fused)``: the candidates (positions ``0 .. n - 1``) of either side, best
+        first, and their fused scores.
+
+    Example:
+        >>> own = np.array([[0.9, 0.1, 0.2, 0.0], [0.0, 3.0, 0.0, 0.0]])
+        >>> grid = np.array([[0, 1, 2], [3, 0, 1]])  # one turn before each
+        >>> ranking = Ranking(context_turns=1, reply_weight=0, thread_weight=0)
+        >>> order, fused = rank_in_context(own, np.ones(4, bool), grid, None, ranking)
+        >>> order.tolist(), [round(f, 3) for f in fused.tolist()]
+        ([0, 1, 2], [1.0, 0.827, 0.0])
+    """
+    before, after = context_rows(ranking)
+    n = grid.shape[1]
+    if not n:
+        return np.zeros(0, dtype=np.intp), np.zeros(0)
+    cand_at = grid[0]
+    cand_own = own[:, cand_at]
+    # (the means as np.mean has them, without its Python wrapper)
+    lent = np.maximum(own - (np.add.reduce(cand_own, axis=1) / n)[:, None], 0.0)
+    lent[:, -1] = 0.0  # "no such turn"
+    cw = ranking.context_weight
+    weights = [cw]
+    for _ in range(before - 1):
+        weights.append(weights[-1] * cw)
+    weights = weights[:before] + [ranking.reply_weight] * after
+    # what the turns lend, weighed: (weights) @ (side, turn, candidate)
+    ctx = cand_own + np.array(weights) @ lent[:, grid[1:]]
+    ctx_d, ctx_b = ctx
+    if ranking.thread_weight and n > 1 and threads is not None:
+        # the thread's keyword relevance: what its candidates score above the mean, summed,
+        # over the weakest thread's; the same for every candidate of a thread (so with
+        # one thread, nothing changes)
+        lo, hi = int(np.minimum.reduce(threads)), int(np.maximum.reduce(threads))
+        if lo != hi:
+            if hi - lo <= 4 * n:  # thread numbers are dense: count them directly
+                group = threads - lo
+            else:
+                _, group = np.unique(threads, return_inverse=True)
+            per = np.bincount(group, weights=lent[1, cand_at])[group]
+            ctx_b += ranking.thread_weight * (per - np.minimum.reduce(per))
+    if ranking.fusion == "convex":  # keep the blend <= 1: cosines in context, rescaled
+        ctx_d /= 1.0 + sum(cw**i for i in range(1, before + 1)) + ranking.reply_weight
+    if ranking.fusion == "rrf":  # ranks: each side sorted
+        dense_order = np.argsort(-ctx_d, kind="stable")
+        bm25_order = np.argsort(-ctx_b, kind="stable")
+        return fuse_arrays(
+            dense_order[has_vec[cand_at][dense_order]],
+            bm25_order[ctx_b[bm25_order] > 0],
+            ctx_d,
+            ctx_b,
+            fusion=ranking.fusion,
+            dense_weight=ranking.dense_weight,
+            bm25_weight=ranking.bm25_weight,
+            rrf_k=ranking.rrf_k,
+        )
+    # scores only: the candidates of either side, in candidate order
+    return fuse_members(
+        (has_vec[cand_at] | (ctx_b > 0)).nonzero()[0],
+        ctx,
+        bm25_top=max(float(np.maximum.reduce(ctx_b)), 0.0),
+        fusion=ranking.fusion,
+        dense_weight=ranking.dense_weight,
+        bm25_weight=ranking.bm25_weight,
+    )
+
+
+CueFlags = npt.NDArray[np.bool_] | npt.NDArray[np.float64]
+"""How much each candidate has a cue: booleans, or shares from 0 to 1."""
+
+
+def cue_scores(
+    scores: npt.NDArray[np.float64],
+    ranking: Ranking,
+    *,
+    speaker: CueFlags | None = None,
+    period: CueFlags | None = None,
+    when: CueFlags | None = None,
+    tells: CueFlags | None = None,
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64], float]:
+    """The query's cues added to candidates' scores: the new order, scores and divisor.
+
+    Each cue the query has (a flag array given; ``None``: the query has no such cue)
+    adds its weight, times the best score, to the candidates that have it: ``speaker``
+    (the candidate is the named participant's, ``speaker_weight``), ``period`` (sent in
+    the period the query names, ``time_weight``), ``when`` (says when, for a query asking
+    when, ``when_weight``), ``tells`` (does not ask, ``question_weight``). Every score is
+    then divided by ``1 +`` the weights of the cues the query has, so the best stays near
+    1.0. Candidates past the flags' length (not looked at) keep their order after the
+    others, their scores divided alike.
+
+    Args:
+        scores: the candidates' scores, best first.
+        ranking: the cue weights.
+        speaker: per candidate looked at, whether it is the named participant's.
+        period: ... whether it was sent in the named period.
+        when: ... whether it says when.
+        tells: ... whether it does not end with a question mark.
+
+    Returns:
+        ``(order, adjusted, norm)``: positions best first, the adjusted scores in that
+        order, and the divisor (1.0: no cue).
+
+    Example:
+        >>> order, adjusted, norm = cue_scores(
+        ...     np.array([1.0, 0.9, 0.5]), Ranking(), speaker=np.array([False, True]))
+        >>> order.tolist(), [round(a, 3) for a in adjusted.tolist()], norm
+        ([1, 0, 2], [0.933, 0.667, 0.333], 1.5)
+    """
+    given = [  # (in this order: the bonus of a candidate is summed in it)
+        (flags, weight)
+        for flags, weight in (
+            (speaker, ranking.speaker_weight),
+            (period, ranking.time_weight),
+            (when, ranking.when_weight),
+            (tells, ranking.question_weight),
+        )
+        if flags is not None
+    ]
+    norm = 1.0
+    norm += ranking.time_weight if period is not None else 0.0
+    norm += ranking.when_weight if when is not None else 0.0
+    norm += ranking.speaker_weight if speaker is not None else 0.0
+    norm += ranking.question_weight if tells is not None else 0.0
+    n = len(scores)
+    if not given or not n:
+        return np.arange(n, dtype=np.intp), scores / norm, norm
+    looked = min(n, max(len(flags) for flags, _ in given))
+    top = abs(float(scores[0])) or 1.0
+    bonus = np.zeros(looked)
+    for flags, weight in given:
+        part = flags[:looked]
+        bonus[: len(part)] += (
+            np.where(part, weight, 0.0) if part.dtype == np.bool_ else weight * part
+        )
+    head = (scores[:looked] + bonus * top) / norm
+    order = np.argsort(-head, kind="stable")
+    rest = np.arange(looked, n, dtype=np.intp)
+    return (
+        np.concatenate([order, rest]),
+        np.concatenate([head[order], scores[looked:] / norm]),
+        norm,
+    )
 
 
 def _zscore_rows(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
