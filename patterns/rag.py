@@ -46,7 +46,6 @@ from marsys_mem.retrieval.calibration import (
 from marsys_mem.retrieval.dates import Period, asks_when, mentions_time, query_period
 from marsys_mem.retrieval.embeddings import Embedder, default_embedder, embed_query
 from marsys_mem.retrieval.index import FaissIndex, QueryScores
-from marsys_mem.retrieval.ingest import EmbeddingQueue
 from marsys_mem.retrieval.query_names import PARTICIPANT_SHARE, without_names
 from marsys_mem.retrieval.questions import asks
 from marsys_mem.retrieval.scoring import (
@@ -68,6 +67,7 @@ from marsys_mem.retrieval.scoring import (
 )
 from marsys_mem.retrieval.speakers import SpeakerNames, speaker_of
 from marsys_mem.retrieval.threads import LabelSlots, SlotArray, SlotMemo, ThreadLinks
+from marsys_mem.retrieval.vector_sync import StoredVectors, VectorSync
 from marsys_mem.store.base import Append, Key, Load, MemoryStore, PutVectors, validate_key
 from marsys_mem.store.owners import DeletionFeed
 
@@ -240,7 +240,7 @@ class _Ranked(Sequence[Candidate]):
         )
 
 
-class RAGMemory(SharedVectors, StoreSearch, Closing):
+class RAGMemory(StoreSearch, Closing):
     """Searchable memory of messages: dense + BM25 hybrid retrieval, durable if asked.
 
     Args:
@@ -344,36 +344,29 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         # per thread slot: the storage row of the message's vector, for one index layout
         self._row_memo: tuple[FaissIndex | None, int, SlotMemo] = (None, -1, SlotMemo())
         self._slot_memo: tuple[FaissIndex | None, LabelSlots] = (None, LabelSlots())
-        self._index: FaissIndex | None = None
-        self._queue: EmbeddingQueue | None = None
-        self._pending: dict[str, int] = {}  # message id -> queue ticket of its text
-        self._tickets = itertools.count(1)
-        self._last_ticket = 0
-        self._failed: dict[str, str] = {}  # message id -> why it has no vector
-        self._unreported: list[str] = []  # failures flush() has not raised yet
-        self._dirty = False  # index changed since it was last saved
         self._closed = False
-        self._shared = False  # set by _open: vectors go through the store
-        self._msg_cursor = 0
-        self._vec_cursor = 0
+        # the vectors in the store (set by _open when they go through it)
+        self._shared_vectors: SharedVectors | None = None
         self._feed: DeletionFeed | None = None
         # the store searches: no messages or vectors held here (add embeds inline)
         self._stateless = self._searches_in_store()
+        # the vector index, kept in step with the messages (None: no embedder)
+        self._vectors: VectorSync | None = None
         if embedder is not None:
-            self._index = FaissIndex(embedder.dim, kind=self.ingest.index_kind)
-            if self.ingest.background and not self._stateless:
-                self._queue = EmbeddingQueue(
-                    embedder,
-                    on_vectors=self._on_vectors,
-                    batch_size=self.ingest.batch_size,
-                    max_pending=self.ingest.max_pending,
-                    at_exit=self._save,  # never closed: keep the vectors done so far
-                )
-        self._batch_size = self.ingest.batch_size
+            self._vectors = VectorSync(
+                embedder,
+                self.ingest,
+                lock=self._lock,
+                text_of=self._indexed_text,
+                persist=self._persist_vectors,
+                index_path=self.index_path,
+                background=self.ingest.background and not self._stateless,
+            )
         try:
             self._open()
         except BaseException:
-            self._shutdown_queue()
+            if self._vectors is not None:
+                self._vectors.close()
             raise
 
     # ------------------------------------------------------------------ settings
@@ -426,13 +419,86 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
             self._feed = DeletionFeed(self.store.load_deletions, self.key[0])
         if self._stateless:
             return
-        self._shared = self._share_vectors()
-        messages, stored = self._read_store()
+        messages: list[Message] = []
+        stored: StoredVectors | None = None
+        if self.store is not None and self.embedder is not None and self._share_vectors():
+            self._shared_vectors = SharedVectors(self.store, self.key, self.embedder)
+            messages, stored = self._shared_vectors.read_all()
+        elif self.store is not None:
+            messages = self.store.load_messages(self.key)
         with self._lock:
             for m in messages:
                 self._index_text_locked(m)
-        if self._index is not None:
-            self._load_index(stored)
+            want = [mid for mid in self._messages if mid in self._bm25]
+        if self._vectors is not None:
+            self._vectors.load(want, stored)
+
+    @property
+    def _shared(self) -> bool:
+        """Whether the vectors go through the store (:class:`SharedVectors`)."""
+        return self._shared_vectors is not None
+
+    def _share_vectors(self) -> bool:
+        return SharedVectors.possible(self.store, self.embedder)
+
+    def _persist_vectors(self, ids: Sequence[str], vectors: npt.NDArray[np.float32]) -> None:
+        """Vectors just indexed: written to the store when it keeps them."""
+        if self._shared_vectors is not None:
+            self._shared_vectors.persist(ids, vectors)
+
+    def _catch_up(self) -> tuple[int, int]:
+        """Read what the store has that this memory lacks (shared vectors only).
+
+        Messages appended after the message cursor are indexed for BM25; their stored
+        vectors (and any vector written after the vector cursor) go into the index; those
+        without one are embedded and stored. Messages deleted from the store are dropped.
+
+        Returns:
+            ``(added, removed)`` message counts.
+        """
+        shared, sync = self._shared_vectors, self._vectors
+        assert shared is not None
+        assert sync is not None
+        assert self.store is not None
+        with self._lock:  # adds and removes hold it over their store write: one view
+            found = shared.read_new()
+            new = [m for m in found.messages if m.message_id not in self._messages]
+            for m in new:
+                self._index_text_locked(m)
+            removed = 0
+            if found.count != len(self._messages):  # some were deleted: find which
+                stored = {m.message_id for m in self.store.load_messages(self.key)}
+                gone = [mid for mid in self._messages if mid not in stored]
+                if gone:
+                    self._forget_locked(gone)
+                removed = len(gone)
+            if found.vectors is not None:
+                sync.adopt_locked(*found.vectors)
+            index = sync.index
+            todo = [
+                m.message_id
+                for m in new
+                if m.message_id in self._bm25
+                and m.message_id not in index
+                and not sync.is_pending(m.message_id)
+            ]
+        sync.embed_ids(todo)
+        return len(new), removed
+
+    def _indexed_text(self, message_id: str) -> str | None:
+        """The text of a message this memory holds and indexes (``None``: not held)."""
+        m = self._messages.get(message_id)
+        return m.text if m is not None and message_id in self._bm25 else None
+
+    @property
+    def _index(self) -> FaissIndex | None:
+        """The vector index (``None``: no embedder)."""
+        return self._vectors.index if self._vectors is not None else None
+
+    def _wait(self, timeout: float | None = None) -> None:
+        """Wait for the pending embeddings (see :meth:`VectorSync.wait`)."""
+        if self._vectors is not None:
+            self._vectors.wait(timeout)
 
     # ------------------------------------------------------------------ container protocol
     def __len__(self) -> int:
@@ -473,7 +539,7 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
     @property
     def pending(self) -> int:
         """Messages whose embedding has not been indexed yet."""
-        return len(self._pending)
+        return self._vectors.pending if self._vectors is not None else 0
 
     @property
     def failed(self) -> dict[str, str]:
@@ -482,8 +548,7 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         They are embedded again by the next ``RAGMemory`` opened on the same store and
         ``index_path``.
         """
-        with self._lock:
-            return dict(self._failed)
+        return self._vectors.failed() if self._vectors is not None else {}
 
     @property
     def closed(self) -> bool:
@@ -617,8 +682,9 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         if not batch:
             return []
         vectors = None
-        if self.embedder is not None and self._queue is None:
-            vectors = self._embed(texts)
+        sync = self._vectors
+        if sync is not None and not sync.background:
+            vectors = sync.embed(texts)
         ids = [m.message_id for m in batch]
         with self._lock:
             if any(mid in self._messages for mid in ids):  # raced with another writer
@@ -642,11 +708,10 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
                 self._bm25.add(m.message_id, self._keyword_text(m, text))
                 self._link_locked(m)
             if vectors is not None:
-                assert self._index is not None
-                self._index.add(ids, vectors)
-                self._dirty = True
-        if self._queue is not None:
-            self._submit(list(zip(ids, texts, strict=True)))
+                assert sync is not None
+                sync.add_locked(ids, vectors)
+        if sync is not None and sync.background:
+            sync.submit(list(zip(ids, texts, strict=True)))
         return ids
 
     def sync(self) -> list[str]:
@@ -698,7 +763,8 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
             for m in new:
                 self._index_text_locked(m)
             todo = [m.message_id for m in new if m.message_id in self._bm25]
-        self._embed_ids(todo)
+        if self._vectors is not None:
+            self._vectors.embed_ids(todo)
         return len(new), gone
 
     def remove(self, ids: str | Iterable[str]) -> int:
@@ -728,10 +794,8 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
             self._bm25.remove(mid)
             self._links.remove(mid)
             self._says_when.pop(mid, None)
-            self._pending.pop(mid, None)
-            self._failed.pop(mid, None)
-        if self._index is not None and self._index.remove(list(ids)):
-            self._dirty = True
+        if self._vectors is not None:
+            self._vectors.forget_locked(ids)
 
     def refresh(self) -> tuple[int, int]:
         """Re-read the store: pick up messages other writers added or removed.
@@ -760,26 +824,18 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
             TimeoutError: ``timeout`` seconds passed with embeddings still pending.
         """
         self._check_open()
-        self._wait(timeout)
-        self._save()
-        with self._lock:
-            failed, self._unreported = self._unreported, []
+        sync = self._vectors
+        if sync is None:
+            return
+        sync.wait(timeout)
+        sync.save()
+        failed = sync.take_unreported()
         if failed:
             raise EmbeddingError(
                 f"the embedder failed on {len(failed)} message(s) {failed[:5]!r}: "
-                f"{self._failed.get(failed[0], 'unknown error')}; they are found by keywords "
+                f"{sync.reason(failed[0]) or 'unknown error'}; they are found by keywords "
                 "only"
             )
-
-    def _save(self) -> None:
-        if self.index_path is None or self._index is None:
-            return
-        with self._lock:
-            if not self._dirty:
-                return
-            name = self.embedder.name if self.embedder is not None else ""
-            self._index.save(self.index_path, meta={"embedder": name, "count": len(self._index)})
-            self._dirty = False
 
     # ------------------------------------------------------------------ reading
     def search(
@@ -880,7 +936,8 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
 
             around = (self._context_window() or (0, 0)) if mode == "hybrid" else None
             keyword = pages if text is not None else None
-            found = self._search_store(query, qvec, keyword, depth, around=around)
+            near = self.ranking.context_candidates
+            found = self._search_store(query, qvec, keyword, depth, around=around, near=near)
             if mode == "dense":
                 ranked: Sequence[Candidate] = [(mid, c, c, None) for mid, c in found.dense]
             elif mode == "bm25":
@@ -912,7 +969,8 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         """
         links = ThreadLinks()
         for m in found.messages.values():  # the key's order
-            links.add(m.message_id, self._thread_of(m))
+            # a candidate read without its turns (context_candidates) has no neighbours
+            links.add(m.message_id, self._thread_of(m), linked=m.message_id not in found.bare)
         cosines = dict(found.cosines)
         keyword = found.keyword
         dense = [(mid, c) for mid, c in found.dense if mid in links]
@@ -991,7 +1049,8 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
             raise
         except Exception as exc:
             raise EmbeddingError(f"embedder {self.embedder.name!r} failed: {exc}") from exc
-        return self._check(vectors, 1)
+        assert self._vectors is not None
+        return self._vectors.check(vectors, 1)
 
     async def asearch(
         self,
@@ -1354,11 +1413,6 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         await asyncio.to_thread(self.flush, timeout)
 
     # ------------------------------------------------------------------ lifecycle
-    def _shutdown_queue(self) -> None:
-        queue, self._queue = self._queue, None
-        if queue is not None:
-            queue.close()
-
     def close(self) -> None:
         """Finish pending embeddings, save the index, stop the worker. Idempotent.
 
@@ -1366,25 +1420,29 @@ class RAGMemory(SharedVectors, StoreSearch, Closing):
         """
         if self._closed:
             return
+        sync = self._vectors
         try:
-            self._wait()
-            self._save()
+            if sync is not None:
+                sync.wait()
+                sync.save()
         finally:
             try:
-                self._shutdown_queue()
+                if sync is not None:
+                    sync.close()
             except EmbeddingError as exc:  # a batch submitted after the last wait failed
                 log.error("RAGMemory: embedding failed while closing: %s", exc)
             self._closed = True
-        if self._unreported:
+        unreported = sync.unreported() if sync is not None else []
+        if unreported:
             log.error(
                 "RAGMemory closed with %d messages not embedded: %s",
-                len(self._unreported),
-                self._unreported[:5],
+                len(unreported),
+                unreported[:5],
             )
 
     def __repr__(self) -> str:
         name = self.embedder.name if self.embedder is not None else None
         return (
             f"RAGMemory(messages={len(self._messages)}, mode={self.mode!r}, embedder={name!r}, "
-            f"pending={len(self._pending)})"
+            f"pending={self.pending})"
         )

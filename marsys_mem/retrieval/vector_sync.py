@@ -1,15 +1,17 @@
-"""Keeping a RAGMemory's vector index in step with its messages.
+"""Keeping a memory's vector index in step with its messages.
 
-:class:`VectorSync` is the dense half of :class:`~marsys_mem.patterns.rag.RAGMemory`
-(its base class; not used on its own). It embeds the messages (in the background through
-an :class:`~marsys_mem.retrieval.ingest.EmbeddingQueue`, or inline), puts the vectors in the FAISS
-index, retries a failed batch text by text so one bad text does not sink its neighbours,
-and on opening loads the saved index, repairing a stale one or rebuilding a missing or
-corrupt one from the store's messages.
+:class:`VectorSync` is the dense part of :class:`~marsys_mem.patterns.rag.RAGMemory`, an
+object it holds. It embeds the messages (in the background through an
+:class:`~marsys_mem.retrieval.ingest.EmbeddingQueue`, or inline), puts the vectors in the
+FAISS index, retries a failed batch text by text so one bad text does not sink its
+neighbours, and on opening loads the saved index, repairing a stale one or rebuilding a
+missing or corrupt one from the memory's messages.
 
-Vectors read from elsewhere (:data:`StoredVectors`, e.g. a shared store's, see
-:mod:`marsys_mem.patterns.shared_vectors`) fill the index without embedding; every vector
-computed here is handed to :meth:`VectorSync._persist_vectors` (a no-op here) once indexed.
+What it knows of the memory is two callables: ``text_of(id)``, the text of a message the
+memory holds and indexes (``None``: not held), and ``persist(ids, vectors)``, called with
+every vector computed here once indexed (a shared store keeps them: see
+:mod:`marsys_mem.patterns.shared_vectors`). Vectors read from elsewhere
+(:data:`StoredVectors`) fill the index without embedding.
 
 Every queued text carries a ticket; a batch that comes back for a message that was
 removed (or removed and added again) since it was queued is ignored, so the index never
@@ -21,7 +23,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from marsys_mem.exceptions import EmbeddingError, IndexCorruptError
-from marsys_mem.model.messages import Message
-from marsys_mem.retrieval.bm25 import BM25Index
+from marsys_mem.model.ranking import Ingest
 from marsys_mem.retrieval.embeddings import (
     Embedder,
     check_vectors,
@@ -49,43 +50,138 @@ log = logging.getLogger("marsys_mem.patterns.rag")
 
 
 class VectorSync:
-    """The vector side of :class:`~marsys_mem.patterns.rag.RAGMemory` (a base class).
+    """A memory's vector index, kept in step with its messages (embedding, retries, files).
 
-    The attributes below are set by ``RAGMemory.__init__``; ``_lock`` guards them all.
+    Args:
+        embedder: the model.
+        ingest: batch size, backpressure and the index kind.
+        lock: the memory's lock, which guards this object's state and the memory's
+            messages alike (the background thread takes it to add a finished batch).
+        text_of: the text of a message the memory holds and indexes; ``None``: not held
+            (removed, or never added). Called under ``lock``.
+        persist: called (outside ``lock``) with the vectors computed here, once indexed.
+        index_path: where :meth:`save` writes the index (``None``: nowhere).
+        background: embed in a background thread (else :meth:`embed_ids` embeds inline).
 
     Example:
+        >>> import threading
         >>> from marsys_mem.retrieval.embeddings import HashingEmbedder
-        >>> from marsys_mem.patterns import RAGMemory
-        >>> with RAGMemory(HashingEmbedder(32), background=False) as mem:
-        ...     _ = mem.add("the vector of this text is in the index at once")
-        ...     mem.pending, len(mem)  # background=False: embedded during add
-        (0, 1)
+        >>> texts = {"a": "the spare key is under the flowerpot"}
+        >>> sync = VectorSync(HashingEmbedder(32), Ingest(), lock=threading.RLock(),
+        ...                   text_of=texts.get, background=False)
+        >>> sync.embed_ids(["a"])
+        >>> "a" in sync.index, sync.pending
+        (True, 0)
     """
 
-    embedder: Embedder | None
-    index_path: Path | None
-    _lock: threading.RLock
-    _messages: dict[str, Message]
-    _bm25: BM25Index
-    _index: FaissIndex | None
-    _queue: EmbeddingQueue | None
-    _pending: dict[str, int]  # message id -> queue ticket of its text
-    _tickets: itertools.count[int]
-    _last_ticket: int
-    _failed: dict[str, str]  # message id -> why it has no vector
-    _unreported: list[str]  # failures flush() has not raised yet
-    _dirty: bool  # index changed since it was last saved
-    _batch_size: int
+    def __init__(
+        self,
+        embedder: Embedder,
+        ingest: Ingest,
+        *,
+        lock: threading.RLock,
+        text_of: Callable[[str], str | None],
+        persist: Callable[[Sequence[str], npt.NDArray[np.float32]], None] | None = None,
+        index_path: Path | None = None,
+        background: bool = True,
+    ) -> None:
+        self.embedder = embedder
+        self.index_path = index_path
+        self.index = FaissIndex(embedder.dim, kind=ingest.index_kind)
+        self._lock = lock
+        self._text_of = text_of
+        self._persist = persist
+        self._batch_size = ingest.batch_size
+        self._pending: dict[str, int] = {}  # message id -> queue ticket of its text
+        self._tickets = itertools.count(1)
+        self._last_ticket = 0
+        self._failed: dict[str, str] = {}  # message id -> why it has no vector
+        self._unreported: list[str] = []  # failures flush() has not raised yet
+        self._dirty = False  # index changed since it was last saved
+        self._queue: EmbeddingQueue | None = None
+        if background:
+            self._queue = EmbeddingQueue(
+                embedder,
+                on_vectors=self._on_vectors,
+                batch_size=ingest.batch_size,
+                max_pending=ingest.max_pending,
+                at_exit=self.save,  # never closed: keep the vectors done so far
+            )
 
-    def _load_index(self, stored: StoredVectors | None = None) -> None:
+    # ------------------------------------------------------------------ state
+    @property
+    def background(self) -> bool:
+        """Whether texts are embedded in a background thread."""
+        return self._queue is not None
+
+    @property
+    def pending(self) -> int:
+        """Messages whose embedding has not been indexed yet."""
+        return len(self._pending)
+
+    def is_pending(self, message_id: str) -> bool:
+        """Whether ``message_id`` waits for its vector (call under the lock)."""
+        return message_id in self._pending
+
+    def failed(self) -> dict[str, str]:
+        """Messages the embedder failed on (id -> reason), a copy."""
+        with self._lock:
+            return dict(self._failed)
+
+    def take_unreported(self) -> list[str]:
+        """The failures not reported yet; from now on they count as reported."""
+        with self._lock:
+            failed, self._unreported = self._unreported, []
+        return failed
+
+    def reason(self, message_id: str) -> str:
+        """Why the embedder failed on ``message_id`` ("" if it did not)."""
+        return self._failed.get(message_id, "")
+
+    def unreported(self) -> list[str]:
+        """The failures not reported yet (a copy)."""
+        with self._lock:
+            return list(self._unreported)
+
+    def add_locked(self, ids: Sequence[str], vectors: npt.NDArray[np.float32]) -> None:
+        """Index vectors computed for new messages (call under the lock)."""
+        self.index.add(list(ids), vectors)
+        self._dirty = True
+
+    def forget_locked(self, ids: Sequence[str]) -> None:
+        """Drop messages' vectors and whatever waits for them (call under the lock)."""
+        for mid in ids:
+            self._pending.pop(mid, None)
+            self._failed.pop(mid, None)
+        if self.index.remove(list(ids)):
+            self._dirty = True
+
+    def save(self) -> None:
+        """Write the index to ``index_path`` if it changed since it was last written."""
+        if self.index_path is None:
+            return
+        with self._lock:
+            if not self._dirty:
+                return
+            meta = {"embedder": self.embedder.name, "count": len(self.index)}
+            self.index.save(self.index_path, meta=meta)
+            self._dirty = False
+
+    def close(self) -> None:
+        """Stop the background thread (what it has not embedded is dropped); idempotent."""
+        queue, self._queue = self._queue, None
+        if queue is not None:
+            queue.close()
+
+    # ------------------------------------------------------------------ opening
+    def load(self, want: Sequence[str], stored: StoredVectors | None = None) -> None:
         """Use the saved index if it is sound; repair it if stale; else rebuild it.
 
+        ``want``: the ids of the messages to index (those the memory holds, in order);
         ``stored``: ``(message ids, vectors)`` the store holds for these messages (shared
         vectors); they fill the index without embedding, only the rest is embedded.
         """
-        assert self.embedder is not None
         path = self.index_path
-        want = [mid for mid in self._messages if mid in self._bm25]
         loaded: FaissIndex | None = None
         n_stored = len(stored[0]) if stored is not None else 0
         if path is not None and path.exists():
@@ -131,23 +227,21 @@ class VectorSync:
                 self._dirty = True
         with self._lock:
             if loaded is not None:
-                self._index = loaded
+                self.index = loaded
             if stored is not None:
-                self._adopt_locked(*stored)
-            assert self._index is not None
-            index = self._index
+                self.adopt_locked(*stored)
+            index = self.index
             missing = [mid for mid in want if mid not in index]
-        self._embed_ids(missing)
+        self.embed_ids(missing)
 
-    def _adopt_locked(self, message_ids: Sequence[str], vectors: npt.NDArray[np.float32]) -> int:
+    def adopt_locked(self, message_ids: Sequence[str], vectors: npt.NDArray[np.float32]) -> int:
         """Index stored vectors of messages that have none yet (no embedding); the count."""
-        index = self._index
-        assert index is not None
+        index = self.index
         rows: list[int] = []
         ids: list[str] = []
         cleared: set[str] = set()
         for row, mid in enumerate(message_ids):
-            if mid in self._messages and mid in self._bm25 and mid not in index:
+            if mid not in index and self._text_of(mid) is not None:
                 rows.append(row)
                 ids.append(mid)
                 self._pending.pop(mid, None)  # a queued embedding of it is not needed
@@ -161,23 +255,17 @@ class VectorSync:
         return len(ids)
 
     def _persist_vectors(self, ids: Sequence[str], vectors: npt.NDArray[np.float32]) -> None:
-        """Hook: keep vectors just computed somewhere durable (the store: shared vectors)."""
+        if self._persist is not None and len(ids):
+            self._persist(ids, vectors)
 
-    def _index_text_locked(self, m: Message) -> None:
-        """Index a stored message's text (RAGMemory's)."""
-        raise NotImplementedError
-
-    def _forget_locked(self, ids: Sequence[str]) -> None:
-        """Drop messages from every index (RAGMemory's)."""
-        raise NotImplementedError
-
-    def _embed_ids(self, ids: Sequence[str]) -> None:
-        """Queue (or, without background, compute) the vectors of stored messages."""
-        if not ids or self.embedder is None:
+    def embed_ids(self, ids: Sequence[str]) -> None:
+        """Queue (or, without background, compute) the vectors of held messages."""
+        if not ids:
             return
-        texts = [self._messages[mid].text for mid in ids]
+        with self._lock:
+            texts = [self._text_of(mid) or "" for mid in ids]
         if self._queue is not None:
-            self._submit(list(zip(ids, texts, strict=True)))
+            self.submit(list(zip(ids, texts, strict=True)))
             return
         try:
             lengths = text_lengths(self.embedder, texts)
@@ -186,7 +274,7 @@ class VectorSync:
         for rows_of_batch in length_batches(lengths, self._batch_size):  # padding wasted: none
             chunk = [ids[i] for i in rows_of_batch]
             try:
-                vectors = self._embed([texts[i] for i in rows_of_batch])
+                vectors = self.embed([texts[i] for i in rows_of_batch])
             except EmbeddingError as exc:
                 with self._lock:
                     for mid in chunk:
@@ -195,10 +283,11 @@ class VectorSync:
                 log.error("RAGMemory: could not embed %d messages: %s", len(chunk), exc)
                 continue
             with self._lock:
-                index = self._index
-                assert index is not None
+                index = self.index
                 rows = [
-                    i for i, mid in enumerate(chunk) if mid in self._messages and mid not in index
+                    i
+                    for i, mid in enumerate(chunk)
+                    if mid not in index and self._text_of(mid) is not None
                 ]
                 fresh = [chunk[i] for i in rows]
                 if fresh:
@@ -206,19 +295,22 @@ class VectorSync:
                     self._dirty = True
             self._persist_vectors(fresh, vectors[rows])
 
-    def _embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        """Embed synchronously and validate; raises EmbeddingError."""
-        assert self.embedder is not None
+    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        """Embed synchronously and validate.
+
+        Raises:
+            EmbeddingError: the embedder failed, or returned vectors that do not fit.
+        """
         try:
             vectors = self.embedder.embed(list(texts))
         except EmbeddingError:
             raise
         except Exception as exc:
             raise EmbeddingError(f"embedder {self.embedder.name!r} failed: {exc}") from exc
-        return self._check(vectors, len(texts))
+        return self.check(vectors, len(texts))
 
-    def _check(self, vectors: Any, n: int) -> npt.NDArray[np.float32]:
-        assert self.embedder is not None
+    def check(self, vectors: Any, n: int) -> npt.NDArray[np.float32]:
+        """``vectors`` as ``n`` rows of the embedder's dimension, or ``EmbeddingError``."""
         array = check_vectors(vectors, self.embedder.dim)
         if array.shape[0] != n:
             raise EmbeddingError(
@@ -226,7 +318,7 @@ class VectorSync:
             )
         return array
 
-    def _submit(self, items: Sequence[tuple[str, str]]) -> None:
+    def submit(self, items: Sequence[tuple[str, str]]) -> None:
         """Hand texts to the background queue (outside the lock: submit may wait)."""
         assert self._queue is not None
         tickets: list[tuple[str, str]] = []
@@ -248,19 +340,21 @@ class VectorSync:
                 if self._pending.get(mid) != int(ticket):
                     continue  # removed (or removed and added again) since it was queued
                 del self._pending[mid]
-                assert self._index is not None
-                if mid in self._messages and mid not in self._index:
+                if mid not in self.index and self._text_of(mid) is not None:
                     ids.append(mid)
                     rows.append(row)
             if ids:
-                assert self._index is not None
-                self._index.add(ids, vectors[rows])
+                self.index.add(ids, vectors[rows])
                 self._dirty = True
         if ids:
             self._persist_vectors(ids, vectors[rows])
 
-    def _wait(self, timeout: float | None = None) -> None:
-        """Wait for the queue; re-embed one by one what a failed batch dropped."""
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait for the queue; re-embed one by one what a failed batch dropped.
+
+        Raises:
+            TimeoutError: ``timeout`` seconds passed with embeddings still pending.
+        """
         if self._queue is None:
             return
         with self._lock:
@@ -279,24 +373,24 @@ class VectorSync:
         failed: list[str] = []
         stored: list[tuple[str, npt.NDArray[np.float32]]] = []
         for mid, ticket in stuck:
-            m = self._messages.get(mid)
+            with self._lock:
+                text = self._text_of(mid)
             vector: npt.NDArray[np.float32] | None = None
             reason = ""
-            if m is not None:
+            if text is not None:
                 try:
-                    vector = self._embed([m.text])
+                    vector = self.embed([text])
                 except EmbeddingError as exc:
                     reason = str(exc)
             with self._lock:
                 if self._pending.get(mid) != ticket:
                     continue
                 del self._pending[mid]
-                if mid not in self._messages:
+                if self._text_of(mid) is None:
                     continue
-                assert self._index is not None
-                if vector is not None and mid not in self._index:
+                if vector is not None and mid not in self.index:
                     try:
-                        self._index.add([mid], vector)
+                        self.index.add([mid], vector)
                         self._dirty = True
                         stored.append((mid, vector))
                         continue

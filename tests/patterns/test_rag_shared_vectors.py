@@ -192,11 +192,11 @@ def test_reopening_reads_stored_vectors_and_catches_up_after_its_cursor(tmp_path
         again = CountingEmbedder()
         with RAGMemory(again, store=store, key=KEY) as mem:
             assert again.texts == []
-            before = mem._vec_cursor
+            before = mem._shared_vectors.vector_cursor
             with RAGMemory(CountingEmbedder(), store=store, key=KEY) as other:
                 other.add("a late message")
             assert mem.refresh() == (1, 0)
-            assert mem._vec_cursor > before
+            assert mem._shared_vectors.vector_cursor > before
             assert mem.search("a late message", 1, None, mode="dense")[0].text == "a late message"
             assert again.texts == ["a late message"]  # the query only
 

@@ -67,7 +67,8 @@ def _holds_nothing(mem: RAGMemory) -> None:
     assert len(mem._links) == 0
     assert mem._index is not None
     assert len(mem._index) == 0
-    assert mem._queue is None
+    assert mem._vectors is not None
+    assert not mem._vectors.background  # add embeds inline
     assert mem.pending == 0
 
 
