@@ -210,6 +210,9 @@ class Found:
             candidate has none).
         exhausted: neither side can return more candidates than it did.
         light: ``messages`` are turns, not messages.
+        bare: the candidates read without the turns around them
+            (``Ranking.context_candidates``): each belongs to its thread but has no
+            neighbours in ``messages``.
 
     Example:
         >>> found = Found([("a", 0.9)], [("b", 2.0)], {"a": 0.9}, {"b": 2.0}, {}, 0.9, True)
@@ -225,6 +228,7 @@ class Found:
     floor: float | None
     exhausted: bool
     light: bool = False
+    bare: frozenset[str] = frozenset()
 
     def ids(self) -> list[str]:
         """The candidates of either side, dense first, each once."""
@@ -410,6 +414,7 @@ class StoreSearch:
         depth: int,
         *,
         around: tuple[int, int] | None = None,
+        near: int | None = None,
     ) -> Found:
         """The store's ``depth`` best candidates on each side, their messages and scores.
 
@@ -417,8 +422,10 @@ class StoreSearch:
         keyword matches (``text_pages`` ``None``: no keyword side), asked for after the
         dense search (it may be under way in another thread meanwhile); ``around``: how
         many turns before and after each candidate in its thread to read too, each with
-        its cosine and keyword score (``ScoreAround``). A dense search alone (no keyword
-        side, no turns around) reads its hits' messages with them (``with_data``).
+        its cosine and keyword score (``ScoreAround``); ``near``: only around each side's
+        best ``near`` candidates (the others are read alone: :attr:`Found.bare`; ``None``:
+        around all). A dense search alone (no keyword side, no turns around) reads its
+        hits' messages with them (``with_data``).
         """
         assert self.store is not None
         dense: list[tuple[str, float]] = []
@@ -437,9 +444,13 @@ class StoreSearch:
         light = qvec is not None and around is not None
         rows: list[TurnRow] = []
         read: set[str] = set()  # the ids whose turns are read
+        unlinked: set[str] = set()  # the ids read without their turns
+        near_by: set[str] = set()  # the ids of the turns read around candidates
         if light and dense:  # the dense hits' turns, while the keyword side may still run
-            rows = self._score_around([mid for mid, _ in dense], qvec, around)
-            read = {mid for mid, _ in dense}
+            ids = [mid for mid, _ in dense]
+            best = ids[:near] if near is not None else None
+            rows = self._read_turns(ids, best, qvec, around, unlinked, near_by)
+            read = set(ids)
         pages = text_pages() if text_pages is not None else None
         matched = pages.ids() if pages is not None else []
         ids = list(dict.fromkeys([mid for mid, _ in dense] + matched))
@@ -452,10 +463,12 @@ class StoreSearch:
             # are read apart and the two sets merged in the key's order
             rest = [mid for mid in ids if mid not in read]
             if rest:
+                best = matched[:near] if near is not None else None
+                more = self._read_turns(rest, best, qvec, around, unlinked, near_by)
                 rows = sorted(
-                    {r.position: r for r in rows + self._score_around(rest, qvec, around)}.values(),
-                    key=lambda r: r.position,
+                    {r.position: r for r in rows + more}.values(), key=lambda r: r.position
                 )
+            unlinked -= near_by  # read around another candidate: it has its neighbours
             messages = {r.message_id: Turn.of(r) for r in rows}
             cosines.update((r.message_id, r.cosine) for r in rows if r.cosine is not None)
         elif ids:
@@ -473,7 +486,43 @@ class StoreSearch:
                 key=lambda hit: -hit[1],
             )[:depth]
         exhausted = dense_done and (pages is None or pages.exhausted)
-        return Found(dense, text, cosines, keyword, messages, None, exhausted, light)
+        bare = frozenset(unlinked)
+        return Found(dense, text, cosines, keyword, messages, None, exhausted, light, bare)
+
+    def _read_turns(
+        self,
+        ids: Sequence[str],
+        best: Sequence[str] | None,
+        qvec: npt.NDArray[np.float32] | None,
+        around: tuple[int, int] | None,
+        alone: set[str],
+        near_by: set[str],
+    ) -> list[TurnRow]:
+        """``ids``' rows, with the turns around those of ``best`` (``None``: of all).
+
+        The ids read alone are added to ``alone``, those of the turns read around the
+        others to ``near_by``. One batch (one round trip).
+        """
+        if best is None:
+            return self._score_around(ids, qvec, around)
+        assert self.store is not None
+        assert self.embedder is not None
+        assert qvec is not None
+        assert around is not None
+        wanted = set(best)
+        near = tuple(mid for mid in ids if mid in wanted)
+        far = tuple(mid for mid in ids if mid not in wanted)
+        alone.update(far)
+        name = self.embedder.name
+        ops = [
+            ScoreAround(self.key, part, name, qvec[0], *window)
+            for part, window in ((near, around), (far, (0, 0)))
+            if part
+        ]
+        found: list[tuple[TurnRow, ...]] = self.store.batch(ops) if ops else []
+        if near:
+            near_by.update(row.message_id for row in found[0])
+        return [row for rows in found for row in rows]
 
     def _score_around(
         self,
@@ -486,6 +535,8 @@ class StoreSearch:
         assert self.embedder is not None
         assert qvec is not None
         assert around is not None
+        if not ids:
+            return []
         op = ScoreAround(self.key, tuple(ids), self.embedder.name, qvec[0], *around)
         rows: tuple[TurnRow, ...] = self.store.batch([op])[0]
         return list(rows)

@@ -93,7 +93,7 @@ class ThreadLinks:
     def __contains__(self, mid: object) -> bool:
         return mid in self._slot
 
-    def add(self, mid: str, thread: str, *, slot: int | None = None) -> None:
+    def add(self, mid: str, thread: str, *, slot: int | None = None, linked: bool = True) -> None:
         """Append ``mid`` to the end of ``thread``.
 
         Args:
@@ -102,6 +102,10 @@ class ThreadLinks:
             slot: the slot to give it (free or new): for a caller that keeps these slots
                 equal to another index's (``RAGMemory`` uses BM25's, so that a candidate's
                 slot reads its keyword score directly). Default: a free slot, else a new one.
+            linked: ``False``: ``mid`` belongs to ``thread`` (:meth:`thread_numbers`) but
+                has no neighbours, and the next message added to the thread follows the
+                one before it: for a turn read without the turns around it (a store's
+                candidate), whose neighbours in this thread would be other turns.
 
         Raises:
             ValueError: ``mid`` is already linked, or ``slot`` is taken or negative.
@@ -135,13 +139,16 @@ class ThreadLinks:
         self._serial[slot] = self._added
         self._thread_no[slot] = self._thread_nos.setdefault(thread, len(self._thread_nos))
         self._added += 1
+        self._slot[mid] = slot
+        self._next[slot] = -1
+        if not linked:
+            self._prev[slot] = -1
+            return
         last = self._tail.get(thread, -1)
         self._prev[slot] = last
-        self._next[slot] = -1
         if last >= 0:
             self._next[last] = slot
         self._tail[thread] = slot
-        self._slot[mid] = slot
 
     def remove(self, mid: str) -> None:
         """Unlink ``mid`` (its neighbours become each other's); unknown ids are ignored."""
@@ -156,10 +163,11 @@ class ThreadLinks:
             self._next[before] = after
         if after >= 0:
             self._prev[after] = before
-        elif before >= 0:
-            self._tail[thread] = before
-        else:
-            del self._tail[thread]
+        if self._tail.get(thread) == slot:  # (a message added unlinked never is)
+            if before >= 0:
+                self._tail[thread] = before
+            else:
+                del self._tail[thread]
         self._prev[slot] = self._next[slot] = -1
         self._ids[slot] = None
         self._thread[slot] = None
