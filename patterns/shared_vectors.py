@@ -46,6 +46,10 @@ class NewInStore:
         count: how many messages the key holds now (fewer than the memory: some deleted).
         vectors: the vectors written after the vector cursor (``None``: none, or none that
             fit the embedder).
+
+    Example:
+        >>> NewInStore([], 0, None).count
+        0
     """
 
     messages: list[Message]
