@@ -501,7 +501,7 @@ class StoreSearch:
         """``ids``' rows, with the turns around those of ``best`` (``None``: of all).
 
         The ids read alone are added to ``alone``, those of the turns read around the
-        others to ``near_by``. One batch (one round trip).
+        others to ``near_by``. One query (``ScoreAround(alone=...)``).
         """
         if best is None:
             return self._score_around(ids, qvec, around)
@@ -513,16 +513,11 @@ class StoreSearch:
         near = tuple(mid for mid in ids if mid in wanted)
         far = tuple(mid for mid in ids if mid not in wanted)
         alone.update(far)
-        name = self.embedder.name
-        ops = [
-            ScoreAround(self.key, part, name, qvec[0], *window)
-            for part, window in ((near, around), (far, (0, 0)))
-            if part
-        ]
-        found: list[tuple[TurnRow, ...]] = self.store.batch(ops) if ops else []
-        if near:
-            near_by.update(row.message_id for row in found[0])
-        return [row for rows in found for row in rows]
+        op = ScoreAround(self.key, near, self.embedder.name, qvec[0], *around, alone=far)
+        rows: tuple[TurnRow, ...] = self.store.batch([op])[0]
+        far_ids = set(far)
+        near_by.update(row.message_id for row in rows if row.message_id not in far_ids)
+        return list(rows)
 
     def _score_around(
         self,

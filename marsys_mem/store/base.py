@@ -419,7 +419,9 @@ class ScoreAround:
     ``key``, ``ids``, ``before``, ``after`` and ``thread`` returns, in the same order,
     each with the cosine of its ``model`` vector to ``vector`` (as :class:`ScoreVectors`
     scores it). One query where a ranker would otherwise load messages and then score
-    them: it parses only what it ranks, and loads the hits it keeps.
+    them: it parses only what it ranks, and loads the hits it keeps. ``alone``: more ids
+    whose own rows are returned too, without the turns around them (in the same order:
+    the key's).
     """
 
     key: Key
@@ -429,6 +431,7 @@ class ScoreAround:
     before: int = 0
     after: int = 0
     thread: str | None = "thread"
+    alone: tuple[str, ...] = ()
 
 
 VECTOR_OPS = (LoadAfter, PutVectors, LoadVectors)
@@ -605,6 +608,7 @@ def _validate(op: Op) -> None:
         _validate_count(op)
     elif isinstance(op, ScoreAround):
         _validate(LoadAround(op.key, op.ids, op.before, op.after, op.thread))
+        _check_id_tuple("alone", op.alone)
         _check_model(op.model)
         _check_query_vector(op.vector)
     else:

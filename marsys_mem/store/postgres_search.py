@@ -878,7 +878,7 @@ def score_around(conn: Connection, setup: SearchSetup, op: ScoreAround) -> tuple
     Raises:
         ValueError: the query vector's dimension is not the one ``op.model`` is stored in.
     """
-    if not op.ids:
+    if not op.ids and not op.alone:
         return ()
     params = _around_params(op)
     params.update(q=literals(op.vector[None, :])[0], model=op.model, dim=op.vector.shape[0])
@@ -896,11 +896,13 @@ def score_around(conn: Connection, setup: SearchSetup, op: ScoreAround) -> tuple
 
 def _around_params(op: LoadAround | ScoreAround) -> dict[str, Any]:
     ns, agent, branch = op.key
+    alone = list(op.alone) if isinstance(op, ScoreAround) else []
     return {
         "ns": ns,
         "agent": agent,
         "branch": branch,
-        "ids": list(op.ids),
+        "ids": list(op.ids) + alone,
+        "walks": [True] * len(op.ids) + [False] * len(alone),  # each id's turns read or not
         "before": op.before,
         "after": op.after,
     }
@@ -916,14 +918,16 @@ def _around_query(thread: str | None, setup: SearchSetup | None = None) -> sql.C
         if thread is None:
             return sql.SQL(
                 "(SELECT p.seq, p.data, p.message_id FROM marsys_messages p"
-                " WHERE p.key_id = t.key_id AND {s} ORDER BY {o} LIMIT {n})"
+                " WHERE t.w AND p.key_id = t.key_id AND {s} ORDER BY {o} LIMIT {n})"
             ).format(s=step, o=order, n=limit)
         expr = _thread_expr("p", thread)
+        # (t.w and t.th are the outer row's: each filter is checked once, before a scan)
         return sql.SQL(
-            "(SELECT p.seq, p.data, p.message_id FROM marsys_messages p WHERE t.th IS NOT NULL"
-            " AND p.key_id = t.key_id AND {e} = t.th AND {s} ORDER BY {o} LIMIT {n})"
+            "(SELECT p.seq, p.data, p.message_id FROM marsys_messages p WHERE t.w"
+            " AND t.th IS NOT NULL AND p.key_id = t.key_id AND {e} = t.th AND {s}"
+            " ORDER BY {o} LIMIT {n})"
             " UNION ALL (SELECT p.seq, p.data, p.message_id FROM marsys_messages p"
-            " WHERE t.th IS NULL AND p.key_id = t.key_id AND {e} IS NULL AND {s}"
+            " WHERE t.w AND t.th IS NULL AND p.key_id = t.key_id AND {e} IS NULL AND {s}"
             " ORDER BY {o} LIMIT {n})"
         ).format(e=expr, s=step, o=order, n=limit)
 
@@ -949,8 +953,8 @@ def _around_query(thread: str | None, setup: SearchSetup | None = None) -> sql.C
         # one unique-index probe per id (LIMIT 1 keeps the planner from joining by a scan
         # of the whole key, which it does when its statistics lag); each walk reads its
         # turns' rows as it finds them, and each turn is kept once
-        " t AS MATERIALIZED (SELECT m.key_id, m.seq, m.data, m.message_id, {th} AS th"
-        " FROM k, unnest(%(ids)s::text[]) AS i(id) CROSS JOIN LATERAL"
+        " t AS MATERIALIZED (SELECT m.key_id, m.seq, m.data, m.message_id, {th} AS th, i.w"
+        " FROM k, unnest(%(ids)s::text[], %(walks)s::bool[]) AS i(id, w) CROSS JOIN LATERAL"
         " (SELECT * FROM marsys_messages m WHERE m.key_id = k.id"
         ' AND m.message_id = (i.id COLLATE "C") LIMIT 1) AS m),'
         " s AS MATERIALIZED (SELECT DISTINCT ON (u.seq) u.seq, u.data, u.message_id FROM"

@@ -26,7 +26,7 @@ from marsys_mem.model.messages import Message
 from marsys_mem.patterns import RAGMemory
 from marsys_mem.patterns.store_search import MAX_WORDS
 from marsys_mem.retrieval.embeddings import HashingEmbedder
-from marsys_mem.store.base import CountMatches, SearchText
+from marsys_mem.store.base import CountMatches, ScoreAround, SearchText
 from marsys_mem.store.postgres import PostgresStore
 from marsys_mem.testing.postgres import PostgresServer
 
@@ -293,3 +293,60 @@ def test_a_long_query_searches_a_bounded_number_of_words(pg_dsn: str) -> None:
         assert store.text_searches == 1
         assert store.word_counts == MAX_WORDS  # one CountMatches, the first MAX_WORDS words
         mem.close()
+
+
+class RowCountingStore(PostgresStore):
+    """The real store, counting the turns its ScoreAround operations return."""
+
+    rows_read = 0
+
+    def _batch(self, ops: Sequence[Any]) -> list[Any]:
+        results = super()._batch(ops)
+        for op, result in zip(ops, results, strict=True):
+            if isinstance(op, ScoreAround):
+                self.rows_read += len(result)
+        return results
+
+
+def test_context_candidates_reads_the_turns_around_fewer_candidates(pg_dsn: str) -> None:
+    """``context_candidates``: only each side's best candidates are read with their turns.
+
+    At least the candidates' depth it ranks exactly as reading around every candidate; a
+    small one reads fewer turns, keeps the best hits, and leaves the others unlinked.
+    """
+    dialogues = _bench_module("dialogues")
+    corpus = dialogues.generate(600, question_dialogues=3, turns_per_dialogue=100)
+    messages = [
+        Message.user(
+            t.text,
+            message_id=t.id,
+            name=t.speaker,
+            timestamp=t.timestamp,
+            metadata={"thread": f"d{t.dialogue}"},
+        )
+        for t in corpus.turns
+    ]
+    embedder = HashingEmbedder(128)
+    with RowCountingStore(pg_dsn, max_size=2) as store:
+        RAGMemory(embedder, store=store, key=KEY).add_many(messages)
+        every = RAGMemory(embedder, store=store, key=KEY, candidates=40)
+        same = RAGMemory(embedder, store=store, key=KEY, candidates=40, context_candidates=40)
+        few = RAGMemory(embedder, store=store, key=KEY, candidates=40, context_candidates=5)
+        read = {"every": 0, "few": 0}
+        overlap = 0.0
+        questions = corpus.questions[:12]
+        for q in questions:
+            store.rows_read = 0
+            mine = every.search(q.text, 10, None)
+            read["every"] += store.rows_read
+            assert [(h.id, h.score) for h in same.search(q.text, 10, None)] == [
+                (h.id, h.score) for h in mine
+            ]
+            store.rows_read = 0
+            theirs = few.search(q.text, 10, None)
+            read["few"] += store.rows_read
+            overlap += len({h.id for h in mine} & {h.id for h in theirs}) / 10
+        assert read["few"] < read["every"] / 2
+        assert overlap / len(questions) >= 0.5
+    with pytest.raises(ValueError, match="context_candidates"):
+        RAGMemory(embedder, context_candidates=0)

@@ -120,3 +120,24 @@ def test_rag_memory_keeps_thread_slots_equal_to_bm25_slots():
                 live.append(mem.add(f"message {i} about topic{rng.randrange(9)}",
                                     metadata={"thread": f"t{rng.randrange(4)}"}))
         assert mem._links.slots(live).tolist() == mem._bm25.slots(live).tolist()
+
+
+def test_a_message_added_unlinked_is_in_its_thread_with_no_neighbours():
+    """``add(linked=False)``: a turn read without the turns around it (a store's
+    candidate): same thread number, no neighbours, and the thread's links go past it."""
+    links = ThreadLinks()
+    links.add("a", "t")
+    links.add("x", "t", linked=False)
+    links.add("b", "t")
+    links.add("y", "u", linked=False)
+    assert links.before("x", 3) == [] and links.after("x", 3) == []
+    assert links.before("b", 3) == ["a"] and links.after("a", 1) == ["b"]
+    numbers = links.thread_numbers(links.slots(["a", "x", "b", "y"])).tolist()
+    assert numbers[0] == numbers[1] == numbers[2] != numbers[3]
+    assert links.around(["x"], 2, 2) == ["x"]
+    links.remove("x")  # the thread's tail stays "b"
+    links.add("c", "t")
+    assert links.before("c", 2) == ["b", "a"]
+    links.remove("y")  # a thread of unlinked messages only: nothing to unlink
+    links.add("z", "u")
+    assert links.before("z", 1) == []
