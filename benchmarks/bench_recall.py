@@ -247,8 +247,7 @@ def tune(
     def score(setting: dict[str, Any]) -> float:
         total = 0.0
         for mem, corpus in mems:
-            for name, value in setting.items():
-                setattr(mem, name, value)
+            mem.ranking = mem.ranking.replace(**setting)
             train = [q for q in corpus.questions if q.split == "train"]
             total += objective(evaluate(mem, train, "hybrid"))
         return total / len(mems)
@@ -331,7 +330,8 @@ def ablation(emb: VectorCache, corpora: dict[int, Corpus], split: str) -> None:
         plain = fill(emb, corpus, {"index_names": False})
         named = fill(emb, corpus, {})
         defaults = {
-            name: getattr(named, name) for name in (*OLD_DEFAULTS, "context_weight", "reply_weight")
+            name: getattr(named.ranking, name)
+            for name in (*OLD_DEFAULTS, "context_weight", "reply_weight")
         }
         for label, names, setting in STEPS:
             mem = named if names else plain
@@ -341,8 +341,7 @@ def ablation(emb: VectorCache, corpora: dict[int, Corpus], split: str) -> None:
                 options = dict(defaults, **setting)
             else:
                 options = dict(OLD_DEFAULTS, **setting)
-            for name, value in options.items():
-                setattr(mem, name, value)
+            mem.ranking = mem.ranking.replace(**options)
             s = evaluate(mem, questions, "hybrid")
             _, r1, _, r10, mrr = s.summary()
             cells = " | ".join(f"{s.summary(k)[3]:.3f}" for k in KINDS)

@@ -44,7 +44,8 @@ Honest tuning: the templates are split in two folds (half of the anchored and ha
 paraphrase templates each). ``hybrid*`` answers each fold's questions with the fusion
 setting (RRF or convex fusion, weights, candidate depth, rrf_k) that scored best on the
 *other* fold's questions at 10k (objective: mean of recall@1/5/10), so no question is
-answered with a setting tuned on its own template. ``hybrid`` is RAGMemory's defaults,
+answered with a setting tuned on its own template. ``hybrid notes`` is the ``notes`` ranking
+preset (:class:`~marsys_mem.model.ranking.Ranking`). ``hybrid`` is RAGMemory's defaults,
 chosen from runs with seed 7 (mainly its tuning fold, at 10k and 100k); the default seed
 (11, other facts and another split of the templates) was then run once at 10k to check
 them, and nothing was changed after that.
@@ -64,7 +65,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import inspect
 import itertools
 import os
 import platform
@@ -90,7 +90,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
              "pip install 'marsys-mem[embeddings]'")
 
 from marsys_mem import Message
-from marsys_mem.patterns import RAGMemory
+from marsys_mem.patterns import RAGMemory, Ranking
 
 # ---------------------------------------------------------------------- vocabulary
 NAMES = """Clara Marco Priya Tomasz Aiko Fatima Jonas Lucia Mateo Ingrid Kwame Sofia Dmitri
@@ -672,14 +672,13 @@ def _objective(samples: Samples) -> float:
 
 
 def configure(mem: RAGMemory, setting: dict[str, Any]) -> None:
-    """Apply a fusion setting to a memory (its public attributes)."""
-    for name in SETTINGS:
-        setattr(mem, name, setting[name])
+    """Apply a fusion setting to a memory (its ranking)."""
+    mem.ranking = mem.ranking.replace(**{name: setting[name] for name in SETTINGS})
 
 
 def tune(mem: RAGMemory, emb: CachedEmbedder, dev: Sequence[Fact]) -> dict[str, Any]:
     """The fusion setting with the best objective on ``dev`` (cached query vectors)."""
-    saved = {name: getattr(mem, name) for name in SETTINGS}
+    saved = {name: getattr(mem.ranking, name) for name in SETTINGS}
     best: tuple[float, dict[str, Any]] | None = None
     for setting in GRID:
         configure(mem, setting)
@@ -853,9 +852,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = dict(zip(texts, vectors, strict=True))
     emb = CachedEmbedder(model, table, {f.question for f in facts})
 
-    def fill(size: int) -> RAGMemory:
+    def fill(size: int, ranking: str = "conversation") -> RAGMemory:
         start = time.perf_counter()
-        mem = RAGMemory(emb)
+        mem = RAGMemory(emb, ranking=ranking)
         mem.add_many(make_corpus(size, chitchat, facts, args.seed))
         mem.flush()
         assert mem._index is not None
@@ -885,6 +884,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 configure(mem, setting)
                 star = star + evaluate(mem, emb, fold, ["hybrid"])["hybrid"]
             results[(size, "hybrid*")] = star
+        with fill(size, "notes") as notes:  # the preset for independent texts
+            runs = [evaluate(notes, emb, fold, ["hybrid"]) for fold in folds]
+            results[(size, "hybrid notes")] = runs[0]["hybrid"] + runs[1]["hybrid"]
     for backend, other in BACKENDS.items():  # the other backends' forward passes, alone
         if backend != chosen:
             for f in facts:
@@ -896,9 +898,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     FORWARD.update(ordered_forward)
 
     print("\n## Recall and search latency\n")
-    defaults = inspect.signature(RAGMemory).parameters
+    defaults = Ranking()
     print(f"All {len(facts)} questions. `hybrid` = RAGMemory's defaults "
-          f"({_setting({n: defaults[n].default for n in SETTINGS})}); `hybrid*` = each "
+          f"({_setting({n: getattr(defaults, n) for n in SETTINGS})}); `hybrid notes` = "
+          "`RAGMemory(ranking=\"notes\")`; `hybrid*` = each "
           "fold answered with the fusion setting tuned on the other fold's templates "
           f"(at {tune_size:,}). Latency of one `search(q, k=10)`: end-to-end (the model "
           "embeds the query) and retrieval only (query vector cached).\n")
@@ -906,7 +909,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           "| retrieval p50 ms | retrieval p95 ms |")
     print("|---:|:---|---:|---:|---:|---:|---:|---:|---:|")
     for size in sizes:
-        for mode in ("dense", "bm25", "hybrid", "hybrid*"):
+        for mode in ("dense", "bm25", "hybrid", "hybrid*", "hybrid notes"):
             r = results[(size, mode)]
             print(f"| {size:,} | {mode} | {r.recall(1):.3f} | {r.recall(5):.3f} | "
                   f"{r.recall(10):.3f} | {r.ms('live', 50):.2f} | {r.ms('live', 95):.2f} | "
