@@ -109,6 +109,9 @@ OwnScores = tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_], npt.NDArray[np
 """Messages' own scores, for the ranker: their cosines (0.0: no vector), which have a vector,
 and their keyword scores."""
 
+_SETTINGS = frozenset(Ranking.model_fields) - {"mode"} | frozenset(Ingest.model_fields)
+"""Fields of the ranking and ingest, which are not the memory's attributes (but ``mode``)."""
+
 _BUILT_WITH = ("k1", "b", "index_names", "thread_key")
 """The ranking's fields the indexes are built with: fixed for a memory's life."""
 
@@ -370,6 +373,24 @@ class RAGMemory(StoreSearch, Closing):
             raise
 
     # ------------------------------------------------------------------ settings
+    def __getattr__(self, name: str) -> Any:
+        # only for names not found: a ranking or ingest field asked of the memory
+        if name in _SETTINGS:
+            where = "ranking" if name in Ranking.model_fields else "ingest"
+            raise AttributeError(
+                f"RAGMemory has no attribute {name!r}: it is a field of its {where} "
+                f"(mem.{where}.{name})"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _SETTINGS:
+            raise AttributeError(
+                f"RAGMemory.{name} is a field of its ranking or ingest: set "
+                f"mem.ranking = mem.ranking.replace({name}=...) (ranking fields only)"
+            )
+        super().__setattr__(name, value)
+
     @property
     def ranking(self) -> Ranking:
         """How searches rank (:class:`~marsys_mem.model.ranking.Ranking`).

@@ -202,3 +202,17 @@ def test_notes_ranks_each_note_by_its_own_scores_alone():
         )
         assert [h.id for h in hits] == [c[0] for c in expected]
         assert [h.fused for h in hits] == pytest.approx([c[1] for c in expected])
+
+
+def test_the_settings_are_not_attributes_of_the_memory_and_say_where_they_are():
+    with RAGMemory(HashingEmbedder(32), fusion="rrf") as mem:
+        assert mem.mode == "hybrid"  # the mode the memory searches in stays an attribute
+        with pytest.raises(AttributeError, match=r"field of its ranking \(mem.ranking.fusion\)"):
+            _ = mem.fusion  # type: ignore[attr-defined]
+        with pytest.raises(AttributeError, match=r"mem.ingest.batch_size"):
+            _ = mem.batch_size  # type: ignore[attr-defined]
+        with pytest.raises(AttributeError, match=r"mem.ranking = mem.ranking.replace\(fusion="):
+            mem.fusion = "zscore"  # type: ignore[attr-defined]
+        assert mem.ranking.fusion == "rrf"
+        with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+            _ = mem.nothing  # type: ignore[attr-defined]
