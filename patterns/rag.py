@@ -34,7 +34,13 @@ from marsys_mem.lifecycle import Closing
 from marsys_mem.model.messages import Message
 from marsys_mem.model.ranking import Ingest, PresetName, RagOptions, Ranking, resolve_settings
 from marsys_mem.patterns.shared_vectors import SharedVectors
-from marsys_mem.patterns.store_search import Found, StoreSearch, TextPages, TurnLike
+from marsys_mem.patterns.store_search import (
+    Found,
+    StoreSearch,
+    TextPages,
+    TurnLike,
+    keyword_text,
+)
 from marsys_mem.retrieval.ahead import WorkAhead
 from marsys_mem.retrieval.bm25 import BM25Index
 from marsys_mem.retrieval.calibration import (
@@ -243,7 +249,7 @@ class _Ranked(Sequence[Candidate]):
         )
 
 
-class RAGMemory(StoreSearch, Closing):
+class RAGMemory(Closing):
     """Searchable memory of messages: dense + BM25 hybrid retrieval, durable if asked.
 
     Args:
@@ -352,7 +358,9 @@ class RAGMemory(StoreSearch, Closing):
         self._shared_vectors: SharedVectors | None = None
         self._feed: DeletionFeed | None = None
         # the store searches: no messages or vectors held here (add embeds inline)
-        self._stateless = self._searches_in_store()
+        self._in_store: StoreSearch | None = None
+        if store is not None and embedder is not None and self._searches_in_store():
+            self._in_store = StoreSearch(store, self.key, embedder.name, self._ranking)
         # the vector index, kept in step with the messages (None: no embedder)
         self._vectors: VectorSync | None = None
         if embedder is not None:
@@ -462,6 +470,34 @@ class RAGMemory(StoreSearch, Closing):
     def _share_vectors(self) -> bool:
         return SharedVectors.possible(self.store, self.embedder)
 
+    def _searches_in_store(self) -> bool:
+        """Whether to search in the store (decided when opening): it can, and vectors fit."""
+        store = self.store
+        return store is not None and store.supports_search and self._share_vectors()
+
+    @property
+    def stateless(self) -> bool:
+        """Whether searches run in the store and this memory holds no messages or vectors.
+
+        Example:
+            >>> from marsys_mem.store import InMemoryStore
+            >>> mem = RAGMemory(None, store=InMemoryStore())  # a store that does not search
+            >>> mem.stateless
+            False
+            >>> mem.close()
+        """
+        return self._in_store is not None
+
+    @property
+    def _stateless(self) -> bool:
+        return self._in_store is not None
+
+    @property
+    def _searching(self) -> StoreSearch:
+        """The store's search (only on a store that searches: :attr:`stateless`)."""
+        assert self._in_store is not None
+        return self._in_store
+
     def _persist_vectors(self, ids: Sequence[str], vectors: npt.NDArray[np.float32]) -> None:
         """Vectors just indexed: written to the store when it keeps them."""
         if self._shared_vectors is not None:
@@ -524,13 +560,15 @@ class RAGMemory(StoreSearch, Closing):
     # ------------------------------------------------------------------ container protocol
     def __len__(self) -> int:
         if self._stateless:
-            return self._stored_count()
+            return self._searching.count()
         return len(self._messages)
 
     def __contains__(self, message_id: object) -> bool:
         if self._stateless:
             return (
-                isinstance(message_id, str) and bool(message_id) and bool(self._load([message_id]))
+                isinstance(message_id, str)
+                and bool(message_id)
+                and bool(self._searching.load([message_id]))
             )
         return isinstance(message_id, str) and message_id in self._messages
 
@@ -544,7 +582,7 @@ class RAGMemory(StoreSearch, Closing):
             MessageNotFoundError: no such message.
         """
         if self._stateless:
-            return self._stored_get(message_id)
+            return self._searching.get(message_id)
         try:
             return self._messages[message_id]
         except (KeyError, TypeError):
@@ -553,7 +591,7 @@ class RAGMemory(StoreSearch, Closing):
     def messages(self) -> list[Message]:
         """All messages, in the order they were added (on a store that searches: read from it)."""
         if self._stateless:
-            return self._stored_messages()
+            return self._searching.messages()
         with self._lock:
             return list(self._messages.values())
 
@@ -618,13 +656,7 @@ class RAGMemory(StoreSearch, Closing):
 
     def _keyword_text(self, m: TurnLike, text: str) -> str:
         """What BM25 indexes: the text, after the speaker's name (``index_names``)."""
-        name = m.name or m.metadata.get("agent")
-        if self.ranking.index_names and isinstance(name, str) and name:
-            return f"{name}: {text}"
-        return text
-
-    def _thread_field(self) -> str | None:
-        return self.ranking.thread_key
+        return keyword_text(m, text, self.ranking.index_names)
 
     def _context_window(self) -> tuple[int, int] | None:
         """The turns before and after a hit that :meth:`_rank_candidates` reads (or ``None``).
@@ -799,7 +831,7 @@ class RAGMemory(StoreSearch, Closing):
             if not isinstance(mid, str):
                 raise TypeError(f"ids[{i}] must be a str, got {type(mid).__name__}")
         if self._stateless:
-            return self._stored_remove(wanted)
+            return self._searching.remove(wanted)
         with self._lock:
             present = [mid for mid in dict.fromkeys(wanted) if mid in self._messages]
             if not present:
@@ -946,19 +978,19 @@ class RAGMemory(StoreSearch, Closing):
         first = self._depth(k, keep) if mode == "hybrid" else k if keep is None else 4 * k
         text: WorkAhead[TextPages] | None = None
         if mode != "dense":  # beside the forward pass and the dense search
-            text = WorkAhead.start(lambda: self._text_pages(query, first))
+            text = WorkAhead.start(lambda: self._searching.text_pages(query, first))
         qvec = self._embed_query(query) if mode != "bm25" else None
 
         def rank(depth: int) -> tuple[Sequence[Candidate], bool, Mapping[str, Message]]:
             def pages() -> TextPages | None:
                 if text is None:
                     return None
-                return text.result() if depth == first else self._text_pages(query, depth)
+                return text.result() if depth == first else self._searching.text_pages(query, depth)
 
             around = (self._context_window() or (0, 0)) if mode == "hybrid" else None
             keyword = pages if text is not None else None
             near = self.ranking.context_candidates
-            found = self._search_store(query, qvec, keyword, depth, around=around, near=near)
+            found = self._searching.search(query, qvec, keyword, depth, around=around, near=near)
             if mode == "dense":
                 ranked: Sequence[Candidate] = [(mid, c, c, None) for mid, c in found.dense]
             elif mode == "bm25":
@@ -971,7 +1003,7 @@ class RAGMemory(StoreSearch, Closing):
             # may pass any of them; else the best k, and as many again for races, and
             # those whose evidence the calibration pools)
             best = ranked if keep is not None else ranked[: max(2 * k, EVIDENCE_DEPTH)]
-            loaded = self._load([mid for mid, *_ in best])
+            loaded = self._searching.load([mid for mid, *_ in best])
             return ranked, found.exhausted, {m.message_id: m for m in loaded}
 
         def ceiling() -> float:  # the store's statistics, as the keyword side scored with

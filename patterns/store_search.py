@@ -1,7 +1,7 @@
 """Search inside the store: a RAGMemory that holds no messages and no vectors.
 
-:class:`StoreSearch` is the stateless half of :class:`~marsys_mem.patterns.rag.RAGMemory`
-(its base class; not used on its own). When the memory's store searches by itself
+:class:`StoreSearch` is the stateless part of :class:`~marsys_mem.patterns.rag.RAGMemory`,
+an object it holds. When the memory's store searches by itself
 (:attr:`~marsys_mem.store.base.MemoryStore.supports_search`: PostgreSQL with pgvector),
 the memory loads nothing when it opens: ``add`` embeds on the host and writes the
 messages and their vectors in one store transaction, and a search embeds the query,
@@ -39,8 +39,8 @@ from pydantic_core import from_json
 
 from marsys_mem.exceptions import MessageNotFoundError
 from marsys_mem.model.messages import MESSAGE_LIST_ADAPTER, Message
-from marsys_mem.retrieval.bm25 import BM25Index, score_with_stats, tokenize
-from marsys_mem.retrieval.embeddings import Embedder
+from marsys_mem.model.ranking import Ranking
+from marsys_mem.retrieval.bm25 import score_with_stats, tokenize
 from marsys_mem.store.base import (
     MAX_COUNT_WORDS,
     MAX_SCORE_IDS,
@@ -71,6 +71,7 @@ __all__ = [
     "TurnLike",
     "idf",
     "informative",
+    "keyword_text",
     "may_match",
     "query_words",
     "term_pattern",
@@ -361,52 +362,58 @@ RANK_ALL_BELOW = 20_000
 _WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
 
 
-class StoreSearch:
-    """The stateless side of :class:`~marsys_mem.patterns.rag.RAGMemory` (a base class).
+def keyword_text(m: TurnLike, text: str, index_names: bool) -> str:
+    """What BM25 indexes of a message: its text, after the speaker's name (``index_names``).
 
-    The attributes below are set by ``RAGMemory.__init__``.
+    The speaker is ``m.name``, else ``metadata["agent"]``.
 
     Example:
-        >>> from marsys_mem.patterns import RAGMemory
+        >>> from marsys_mem.model.messages import Message
+        >>> keyword_text(Message.user("hi", name="maya"), "hi", True)
+        'maya: hi'
+    """
+    name = m.name or m.metadata.get("agent")
+    if index_names and isinstance(name, str) and name:
+        return f"{name}: {text}"
+    return text
+
+
+class StoreSearch:
+    """Search inside a store that searches: the part of a RAGMemory that holds nothing.
+
+    :class:`~marsys_mem.patterns.rag.RAGMemory` holds one when its store searches by
+    itself (:attr:`~marsys_mem.store.base.MemoryStore.supports_search`) and asks it for
+    candidates, their turns and their messages; it ranks them itself.
+
+    Args:
+        store: a store that searches.
+        key: the store key of the memory's messages.
+        model: the embedder's name, which files its vectors in the store.
+        ranking: the memory's ranking: its fields fixed for the memory's life (``k1``,
+            ``b`` score the keyword side, ``index_names``, ``thread_key``) are read.
+
+    Example:
+        >>> from marsys_mem.model.ranking import Ranking
         >>> from marsys_mem.store import InMemoryStore
-        >>> mem = RAGMemory(None, store=InMemoryStore())  # a store that does not search
-        >>> mem.stateless
-        False
-        >>> mem.close()
+        >>> found = StoreSearch(InMemoryStore(), ("n", "a", "main"), "m", Ranking())
+        >>> found.count()
+        0
     """
 
-    store: MemoryStore | None
-    key: Key
-    owner: Key | None
-    embedder: Embedder | None
-    _bm25: BM25Index  # empty here: its k1 and b score the store's candidates
-    _stateless: bool
-
-    @property
-    def stateless(self) -> bool:
-        """Whether searches run in the store and this memory holds no messages or vectors."""
-        return self._stateless
-
-    def _searches_in_store(self) -> bool:
-        """Whether to search in the store (decided when opening): it can, and vectors fit."""
-        store, embedder = self.store, self.embedder
-        if store is None or embedder is None or not store.supports_search:
-            return False
-        return self._share_vectors()
-
-    def _share_vectors(self) -> bool:
-        raise NotImplementedError  # SharedVectors'
-
-    def _keyword_text(self, m: TurnLike, text: str) -> str:
-        raise NotImplementedError  # RAGMemory's
+    def __init__(self, store: MemoryStore, key: Key, model: str, ranking: Ranking) -> None:
+        self.store = store
+        self.key = key
+        self.model = model
+        self._k1, self._b = ranking.k1, ranking.b
+        self._index_names = ranking.index_names
+        self._thread_key = ranking.thread_key
 
     # ------------------------------------------------------------------ reading
-    def _text_pages(self, query: str, depth: int) -> TextPages:
-        """The store's keyword matches under this memory's key (see :func:`text_pages`)."""
-        assert self.store is not None
+    def text_pages(self, query: str, depth: int) -> TextPages:
+        """The store's keyword matches under the key (see :func:`text_pages`)."""
         return text_pages(self.store, query, TEXT_WIDTH * depth, (self.key,))
 
-    def _search_store(
+    def search(
         self,
         query: str,
         qvec: npt.NDArray[np.float32] | None,
@@ -427,15 +434,13 @@ class StoreSearch:
         around all). A dense search alone (no keyword side, no turns around) reads its
         hits' messages with them (``with_data``).
         """
-        assert self.store is not None
         dense: list[tuple[str, float]] = []
         dense_done = True
         alone = around is None and text_pages is None
         stored: list[str] = []
         if qvec is not None:
-            assert self.embedder is not None
             # alone, the dense hits are the result: their messages come with them
-            search = SearchVectors(self.embedder.name, qvec[0], depth, (self.key,), with_data=alone)
+            search = SearchVectors(self.model, qvec[0], depth, (self.key,), with_data=alone)
             hits: tuple[SearchHit, ...] = self.store.batch([search])[0]
             dense = [(h.message_id, h.score) for h in hits]
             dense_done = len(dense) < depth
@@ -472,15 +477,14 @@ class StoreSearch:
             messages = {r.message_id: Turn.of(r) for r in rows}
             cosines.update((r.message_id, r.cosine) for r in rows if r.cosine is not None)
         elif ids:
-            messages = {m.message_id: m for m in self._load(ids, around)}
+            messages = {m.message_id: m for m in self.load(ids, around)}
             missing = [mid for mid in messages if mid not in cosines]
             if qvec is not None and missing:
-                assert self.embedder is not None
-                cosines.update(self._cosines(qvec[0], missing))
+                cosines.update(self.cosines(qvec[0], missing))
         keyword: dict[str, float] = {}
         text: list[tuple[str, float]] = []
         if pages is not None and messages:
-            keyword = self._keyword_scores(query, messages, pages)
+            keyword = self.keyword_scores(query, messages, pages)
             text = sorted(
                 ((mid, keyword[mid]) for mid in matched if keyword.get(mid, 0.0) > 0),
                 key=lambda hit: -hit[1],
@@ -504,39 +508,35 @@ class StoreSearch:
         others to ``near_by``. One query (``ScoreAround(alone=...)``).
         """
         if best is None:
-            return self._score_around(ids, qvec, around)
-        assert self.store is not None
-        assert self.embedder is not None
+            return self.score_around(ids, qvec, around)
         assert qvec is not None
         assert around is not None
         wanted = set(best)
         near = tuple(mid for mid in ids if mid in wanted)
         far = tuple(mid for mid in ids if mid not in wanted)
         alone.update(far)
-        op = ScoreAround(self.key, near, self.embedder.name, qvec[0], *around, alone=far)
+        op = ScoreAround(self.key, near, self.model, qvec[0], *around, alone=far)
         rows: tuple[TurnRow, ...] = self.store.batch([op])[0]
         far_ids = set(far)
         near_by.update(row.message_id for row in rows if row.message_id not in far_ids)
         return list(rows)
 
-    def _score_around(
+    def score_around(
         self,
         ids: Sequence[str],
         qvec: npt.NDArray[np.float32] | None,
         around: tuple[int, int] | None,
     ) -> list[TurnRow]:
         """``ids`` and the turns ``around`` them, with their cosines (``ScoreAround``)."""
-        assert self.store is not None
-        assert self.embedder is not None
         assert qvec is not None
         assert around is not None
         if not ids:
             return []
-        op = ScoreAround(self.key, tuple(ids), self.embedder.name, qvec[0], *around)
+        op = ScoreAround(self.key, tuple(ids), self.model, qvec[0], *around)
         rows: tuple[TurnRow, ...] = self.store.batch([op])[0]
         return list(rows)
 
-    def _keyword_scores(
+    def keyword_scores(
         self, query: str, messages: Mapping[str, TurnLike], pages: TextPages
     ) -> dict[str, float]:
         """BM25 of ``messages`` with the store's statistics.
@@ -544,7 +544,7 @@ class StoreSearch:
         Only texts that may hold a query term are tokenized (:func:`may_match`); the mean
         length is that of the first :data:`LENGTH_SAMPLE` texts.
         """
-        texts = {mid: self._keyword_text(m, m.text) for mid, m in messages.items()}
+        texts = {mid: keyword_text(m, m.text, self._index_names) for mid, m in messages.items()}
         terms = list(query_words(query))
         sample = [texts[mid] for mid in itertools.islice(texts, LENGTH_SAMPLE)]
         average = sum(len(tokenize(t)) for t in sample) / max(len(sample), 1)
@@ -556,57 +556,55 @@ class StoreSearch:
             doc_count=max(pages.count, len(messages)),
             doc_freq=pages.doc_freq(),
             average_length=average,
-            k1=self._bm25.k1,
-            b=self._bm25.b,
+            k1=self._k1,
+            b=self._b,
         )
         keyword = dict.fromkeys(messages, 0.0)
         keyword.update(zip(hold, scores.tolist(), strict=True))
         return keyword
 
-    def _cosines(self, vector: npt.NDArray[np.float32], ids: Sequence[str]) -> dict[str, float]:
+    def cosines(self, vector: npt.NDArray[np.float32], ids: Sequence[str]) -> dict[str, float]:
         """The exact cosines of ``ids``' vectors under the key (one batch)."""
-        assert self.store is not None
-        assert self.embedder is not None
-        name = self.embedder.name
+        name = self.model
         ops = [
             ScoreVectors(name, vector, self.key, tuple(ids[i : i + MAX_SCORE_IDS]))
             for i in range(0, len(ids), MAX_SCORE_IDS)
         ]
         return {h.message_id: h.score for hits in self.store.batch(ops) for h in hits}
 
-    def _load(self, ids: Sequence[str], around: tuple[int, int] | None = None) -> list[Message]:
+    def load(self, ids: Sequence[str], around: tuple[int, int] | None = None) -> list[Message]:
         """The messages of ``ids`` still stored under the key, in the key's order.
 
         ``around``: with the ``(before, after)`` turns around each in its thread.
         """
-        assert self.store is not None
         op: Load | LoadAround = Load(self.key, ids=tuple(ids))
         if around is not None and any(around):
-            op = LoadAround(self.key, tuple(ids), *around, thread=self._thread_field())
+            op = LoadAround(self.key, tuple(ids), *around, thread=self._thread_key)
         found: list[Message] = self.store.batch([op])[0]
         return found
 
-    def _thread_field(self) -> str | None:
-        raise NotImplementedError  # RAGMemory's thread_key
-
     # ------------------------------------------------------------------ the container
-    def _stored_count(self) -> int:
-        assert self.store is not None
+    def count(self) -> int:
+        """How many messages the key holds."""
         return self.store.count_messages(self.key)
 
-    def _stored_get(self, message_id: str) -> Message:
+    def get(self, message_id: str) -> Message:
+        """The stored message ``message_id``.
+
+        Raises:
+            MessageNotFoundError: no such message under the key.
+        """
         if isinstance(message_id, str) and message_id:
-            for m in self._load([message_id]):
+            for m in self.load([message_id]):
                 return m
         raise MessageNotFoundError(f"no message {message_id!r} in this RAGMemory")
 
-    def _stored_messages(self) -> list[Message]:
-        assert self.store is not None
+    def messages(self) -> list[Message]:
+        """Every message of the key, in order."""
         return self.store.load_messages(self.key)
 
-    def _stored_remove(self, ids: Iterable[str]) -> int:
+    def remove(self, ids: Iterable[str]) -> int:
         """Delete the stored messages of ``ids`` (unknown ids are ignored); the count."""
-        assert self.store is not None
         wanted = tuple(dict.fromkeys(ids))
         if not wanted:
             return 0
