@@ -42,6 +42,7 @@ from marsys_mem.patterns.store_search import (
     keyword_text,
 )
 from marsys_mem.retrieval.ahead import WorkAhead
+from marsys_mem.retrieval.answers import answers_question, in_first_person, tells_of_self
 from marsys_mem.retrieval.bm25 import BM25Index
 from marsys_mem.retrieval.calibration import (
     DEFAULT_MIN_SCORE,
@@ -97,6 +98,38 @@ def _flags(
     return np.fromiter(
         (m is not None and has(i, m) for i, m in enumerate(turns)), dtype=bool, count=len(turns)
     )
+
+
+def _answers(
+    links: ThreadLinks,
+    need: SlotArray,
+    grid: npt.NDArray[np.intp],
+    messages: Mapping[str, TurnLike],
+) -> npt.NDArray[np.bool_]:
+    """Which candidates (``grid[0]``) answer the turn before them (``grid[1]``).
+
+    That turn asks and another speaker wrote it
+    (:func:`~marsys_mem.retrieval.answers.answers_question`); ``need`` holds the slots of
+    ``links`` that the grid's cells point at (``len(need)``: no such turn).
+    """
+    m = len(need)
+    asked = np.zeros(m + 1, dtype=bool)
+    speakers = np.full(m + 1, -1, dtype=np.intp)
+    before = grid[1]
+    cells = np.unique(before[before < m])  # the turns before: which ask
+    for cell, mid in zip(cells.tolist(), links.ids_of(need[cells]), strict=True):
+        turn = messages.get(mid)
+        asked[cell] = turn is not None and asks(turn.text)
+    after = asked[before].nonzero()[0]  # only the turns after one that asks: who wrote them
+    if not len(after):
+        return np.zeros(len(before), dtype=bool)
+    cells = np.unique(np.concatenate([grid[0][after], before[after]]))
+    codes: dict[str | None, int] = {}
+    for cell, mid in zip(cells.tolist(), links.ids_of(need[cells]), strict=True):
+        turn = messages.get(mid)
+        if turn is not None:
+            speakers[cell] = codes.setdefault(speaker_of(turn), len(codes))
+    return answers_question(asked, speakers, grid[0], before)
 
 
 def _bm25_only_notice() -> None:
@@ -347,6 +380,7 @@ class RAGMemory(Closing):
         self._lock = threading.RLock()
         self._messages: dict[str, Message] = {}
         self._says_when: dict[str, bool] = {}  # message -> mentions_time(text), when first asked
+        self._of_self: dict[str, float] = {}  # message -> tells_of_self(text), when first asked
         self._bm25 = BM25Index(k1=self.ranking.k1, b=self.ranking.b)
         self._links = ThreadLinks()
         # per thread slot (which is also the message's BM25 slot): its vector label
@@ -847,6 +881,7 @@ class RAGMemory(Closing):
             self._bm25.remove(mid)
             self._links.remove(mid)
             self._says_when.pop(mid, None)
+            self._of_self.pop(mid, None)
         if self._vectors is not None:
             self._vectors.forget_locked(ids)
 
@@ -1056,6 +1091,7 @@ class RAGMemory(Closing):
             links.slots([mid for mid, _ in dense]) if self.embedder is not None else None,
             links.slots([mid for mid, _ in text]),
             own_scores,
+            found.messages,
         )
         return self._adjust(query, ranked, None, found.messages)
 
@@ -1070,11 +1106,18 @@ class RAGMemory(Closing):
 
         Only with ``strip_names`` and the speaker cue on (who the query is about is then
         the cue's), and only the names of those who wrote at least ``PARTICIPANT_SHARE``
-        of the messages: see :mod:`~marsys_mem.retrieval.query_names`.
+        of the messages: see :mod:`~marsys_mem.retrieval.query_names`. With
+        ``first_person``, a query about one of them (or two, "X and Y") is asked as they
+        would ask it (:func:`~marsys_mem.retrieval.answers.in_first_person`).
         """
         if not (self.ranking.strip_names and self.ranking.speaker_weight):
             return query
-        return without_names(query, self._speakers.name_words(PARTICIPANT_SHARE))
+        names = self._speakers.name_words(PARTICIPANT_SHARE)
+        if self.ranking.first_person:
+            voiced = in_first_person(query, names)
+            if voiced is not None:
+                return voiced
+        return without_names(query, names)
 
     def _query_cues(self, query: str, depth: int, asked: str | None = None) -> _Cues:
         """The best ``depth`` keyword hits of ``query`` and the cues of the query as ``asked``.
@@ -1310,6 +1353,7 @@ class RAGMemory(Closing):
         dense_slots: SlotArray | None,
         bm25_slots: SlotArray,
         own_scores: Callable[[SlotArray], OwnScores],
+        messages: Mapping[str, TurnLike] | None = None,
     ) -> _Ranked:
         """Rank the hits and the turns around them by their scores in context (hybrid).
 
@@ -1322,7 +1366,8 @@ class RAGMemory(Closing):
         into arrays, and :func:`~marsys_mem.retrieval.scoring.rank_in_context` ranks them.
         Candidates carry their own cosine and BM25 scores. ``own_scores(slots)`` gives the
         cosines (0.0 where there is no vector), which have a vector, and the keyword scores
-        of the messages at ``slots`` of ``links``.
+        of the messages at ``slots`` of ``links``; ``messages`` the messages of ``links``
+        (default: this memory's), read for the answer cue.
         """
         turns, reply = context_rows(self.ranking)
         # candidates: the hits and the turns around them, as slots of the thread links
@@ -1349,7 +1394,11 @@ class RAGMemory(Closing):
         # rows: the candidates, the turns 1 .. turns before them, the next turn
         grid = where.reshape(1 + turns + reply, n)
         threads = links.thread_numbers(cand_slots) if self.ranking.thread_weight else None
-        order, fused = rank_in_context(own, has_vec, grid, threads, self.ranking)
+        answers = None
+        if self.ranking.answer_weight and turns:
+            found = self._messages if messages is None else messages
+            answers = _answers(links, need, grid, found)
+        order, fused = rank_in_context(own, has_vec, grid, threads, self.ranking, answers)
         picked = grid[0][order]
         dense_own = np.where(has_vec[picked], own[0, picked], np.nan)
         return _Ranked(links, cand_slots[order], fused, dense_own, own[1, picked])
@@ -1381,7 +1430,8 @@ class RAGMemory(Closing):
                 others = (speaker_of(m) or "" for m in messages.values()) if messages else ()
                 speaker = self._speakers.named(query, others)
         tells = bool(self.ranking.question_weight)  # a bonus for telling: every query
-        if period is not None or when or speaker is not None or tells:
+        of_self = bool(self.ranking.self_weight)  # a bonus for telling of oneself: every query
+        if period is not None or when or speaker is not None or tells or of_self:
             # only the best candidates are looked at (regex per text)
             best, rest = ranked.split(_CUED)
             turns = [found.get(mid) for mid, *_ in best]
@@ -1397,6 +1447,19 @@ class RAGMemory(Closing):
                     flags["when"] = _flags(turns, lambda _, m: mentions_time(m.text))
             if tells:
                 flags["tells"] = _flags(turns, lambda _, m: not asks(m.text))
+            if of_self:
+                flags["of_self"] = np.fromiter(
+                    (
+                        0.0
+                        if m is None
+                        else self._tells_of_self(best[i][0], m)
+                        if messages is None
+                        else tells_of_self(m.text)  # a store's: not kept
+                        for i, m in enumerate(turns)
+                    ),
+                    dtype=np.float64,
+                    count=len(turns),
+                )
             scores = np.array([c[1] for c in best])
             order, adjusted, norm = cue_scores(scores, self.ranking, **flags)
             head = [
@@ -1409,6 +1472,13 @@ class RAGMemory(Closing):
                 ranked, lambda mid: self._session_of(mid, found), self.ranking.diversity
             )
         return ranked
+
+    def _tells_of_self(self, mid: str, m: TurnLike) -> float:
+        """``tells_of_self(m.text)``, computed once per message."""
+        told = self._of_self.get(mid)
+        if told is None:
+            told = self._of_self[mid] = tells_of_self(m.text)
+        return told
 
     def _mentions_time(self, mid: str, m: TurnLike) -> bool:
         """``mentions_time(m.text)``, computed once per message."""

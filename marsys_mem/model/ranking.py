@@ -36,6 +36,9 @@ PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
                 "strip_names": False,
                 "index_names": False,
                 "question_weight": 0.0,
+                "first_person": False,
+                "answer_weight": 0.0,
+                "self_weight": 0.0,
             }
         ),
     }
@@ -58,7 +61,10 @@ class Ranking(BaseModel):
       conversation a query is about ranks above look-alike lines of others
       (``thread_weight``), a query naming one participant prefers that participant's own
       turns and is searched without the participants' names (``speaker_weight``,
-      ``strip_names``), and turns that ask rank a little below turns that tell.
+      ``strip_names``) as that participant would ask it (``first_person``), turns that
+      ask rank a little below turns that tell, the turn after another speaker's question
+      is lent more of its match (``answer_weight``), and turns in which the speaker
+      tells about themselves rank a little higher (``self_weight``).
     * ``notes``: independent texts (documents, notes, facts, tool outputs) with no
       speakers and no conversation around them. Every cue that reads neighbours, threads,
       speakers or questions is off (they only add noise when the texts are unrelated),
@@ -113,6 +119,16 @@ class Ranking(BaseModel):
         strip_names: a hybrid search looks for the query without the names of the
             conversation's participants (on only while ``speaker_weight`` is).
         question_weight: bonus for messages that do not end with a question mark. 0: off.
+        first_person: a hybrid search that takes the names out asks a question about one
+            participant as they would ("What are Kate's hobbies?" -> "What are my
+            hobbies?"; :func:`~marsys_mem.retrieval.answers.in_first_person`): the turns
+            that answer it are that participant's own words.
+        answer_weight: how much more of a question's match the turn right after it, by
+            another speaker, is lent (on top of ``context_weight``): the answer to a
+            question like the query. 0: off.
+        self_weight: bonus for messages in which the speaker tells about themselves ("I",
+            "my" more than "you", "your"; half for as many;
+            :func:`~marsys_mem.retrieval.answers.tells_of_self`). 0: off.
 
     Example:
         >>> Ranking().dense_weight, Ranking.of("notes").context_turns
@@ -152,6 +168,9 @@ class Ranking(BaseModel):
     speaker_weight: float = Field(default=0.5, ge=0.0)
     strip_names: bool = True
     question_weight: float = Field(default=0.15, ge=0.0)
+    first_person: bool = True
+    answer_weight: float = Field(default=0.15, ge=0.0)
+    self_weight: float = Field(default=0.1, ge=0.0)
 
     @model_validator(mode="before")
     @classmethod
@@ -288,6 +307,9 @@ class RagOptions(TypedDict, total=False):
     speaker_weight: float
     strip_names: bool
     question_weight: float
+    first_person: bool
+    answer_weight: float
+    self_weight: float
     background: bool
     batch_size: int
     max_pending: int

@@ -373,6 +373,7 @@ def rank_in_context(
     grid: npt.NDArray[np.intp],
     threads: npt.NDArray[np.intp] | None,
     ranking: Ranking,
+    answers: npt.NDArray[np.bool_] | None = None,
 ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
     """Rank candidates by their scores in context, and fuse the two sides (hybrid).
 
@@ -382,7 +383,9 @@ def rank_in_context(
     that side: every turn has some cosine to any query, and summing that noise would rank
     messages by how chatty their surroundings are). On the BM25 side each candidate also
     gains ``thread_weight`` times the sum of what its thread's candidates lend, less the
-    weakest thread's sum. The two sides are then fused by the ranking's ``fusion``
+    weakest thread's sum. A candidate that answers the question of the turn before it
+    (``answers``) is lent ``answer_weight`` more of that turn's score on both sides. The
+    two sides are then fused by the ranking's ``fusion``
     (:func:`fuse_members`, or :func:`fuse_arrays` for ``"rrf"``); a candidate takes part
     on the dense side when it has a vector, on the keyword side when its score in context
     is above 0.
@@ -398,7 +401,10 @@ def rank_in_context(
             turn after it; ``m`` where there is none.
         threads: shape ``(n,)``: each candidate's thread number (``None``: one thread).
         ranking: the knobs: ``context_turns``, ``context_weight``, ``reply_weight``,
-            ``thread_weight``, ``fusion``, the weights and ``rrf_k``.
+            ``thread_weight``, ``answer_weight``, ``fusion``, the weights and ``rrf_k``.
+        answers: shape ``(n,)``: which candidates answer the turn before them, another
+            speaker's question (:func:`~marsys_mem.retrieval.answers.answers_question`);
+            ``None``: none.
 
     Returns:
         ``(order, fused)``: the candidates (positions ``0 .. n - 1``) of either side, best
@@ -428,6 +434,10 @@ def rank_in_context(
     weights = weights[:before] + [ranking.reply_weight] * after
     # what the turns lend, weighed: (weights) @ (side, turn, candidate)
     ctx = cand_own + np.array(weights) @ lent[:, grid[1:]]
+    if answers is not None and ranking.answer_weight and before:
+        # the answer to a question like the query: lent more of the question's match
+        previous = grid[1][answers]
+        ctx[:, answers] += ranking.answer_weight * lent[:, previous]
     ctx_d, ctx_b = ctx
     if ranking.thread_weight and n > 1 and threads is not None:
         # the thread's keyword relevance: what its candidates score above the mean, summed,
@@ -479,6 +489,7 @@ def cue_scores(
     period: CueFlags | None = None,
     when: CueFlags | None = None,
     tells: CueFlags | None = None,
+    of_self: CueFlags | None = None,
 ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64], float]:
     """The query's cues added to candidates' scores: the new order, scores and divisor.
 
@@ -486,7 +497,8 @@ def cue_scores(
     adds its weight, times the best score, to the candidates that have it: ``speaker``
     (the candidate is the named participant's, ``speaker_weight``), ``period`` (sent in
     the period the query names, ``time_weight``), ``when`` (says when, for a query asking
-    when, ``when_weight``), ``tells`` (does not ask, ``question_weight``). Every score is
+    when, ``when_weight``), ``tells`` (does not ask, ``question_weight``), ``of_self``
+    (its speaker tells about themselves, ``self_weight``). Every score is
     then divided by ``1 +`` the weights of the cues the query has, so the best stays near
     1.0. Candidates past the flags' length (not looked at) keep their order after the
     others, their scores divided alike.
@@ -498,6 +510,8 @@ def cue_scores(
         period: ... whether it was sent in the named period.
         when: ... whether it says when.
         tells: ... whether it does not end with a question mark.
+        of_self: ... how much its speaker tells about themselves (0 to 1:
+            :func:`~marsys_mem.retrieval.answers.tells_of_self`).
 
     Returns:
         ``(order, adjusted, norm)``: positions best first, the adjusted scores in that
@@ -516,6 +530,7 @@ def cue_scores(
             (period, ranking.time_weight),
             (when, ranking.when_weight),
             (tells, ranking.question_weight),
+            (of_self, ranking.self_weight),
         )
         if flags is not None
     ]
@@ -524,6 +539,7 @@ def cue_scores(
     norm += ranking.when_weight if when is not None else 0.0
     norm += ranking.speaker_weight if speaker is not None else 0.0
     norm += ranking.question_weight if tells is not None else 0.0
+    norm += ranking.self_weight if of_self is not None else 0.0
     n = len(scores)
     if not given or not n:
         return np.arange(n, dtype=np.intp), scores / norm, norm

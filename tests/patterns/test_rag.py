@@ -251,6 +251,7 @@ def test_convex_fusion_is_the_weighted_mean_of_cosine_and_relative_bm25(emb):
         context_weight=0,
         reply_weight=0,
         question_weight=0,  # no cue: the scores are the blend itself
+        self_weight=0,
     ) as mem:
         mem.add_many(CHITCHAT)
         hits = mem.search("coffee machine broken", k=5, min_score=None)

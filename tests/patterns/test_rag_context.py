@@ -52,6 +52,8 @@ def test_a_reply_is_found_through_the_turn_it_answers():
         context_weight=0.0,
         reply_weight=0.0,
         thread_weight=0.0,
+        answer_weight=0.0,  # nor as the answer to the question
+        self_weight=0.0,  # nor as a turn that tells of its speaker, among the non-matches
     ) as mem:
         ask, reply = _fill(mem)
         assert reply not in [h.id for h in mem.search("beagle floppy ears", k=2)]
@@ -163,6 +165,7 @@ def test_the_thread_the_query_is_about_outranks_look_alike_lines():
     # Maya's own turn, but her thread matches the query over three turns (the speaker cue
     # off: it lifts Maya's own turns on its own, below)
     opts = {"background": False, "dense_weight": 0.0, "context_weight": 0.0, "reply_weight": 0.0}
+    opts |= {"answer_weight": 0.0, "self_weight": 0.0}  # the thread and speaker cues alone
     with RAGMemory(HashingEmbedder(), thread_weight=0.0, speaker_weight=0.0, **opts) as mem:
         trip = _trip_and_look_alikes(mem)
         assert mem.search(query, k=1, min_score=None)[0].text == LOOK_ALIKE

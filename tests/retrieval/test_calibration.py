@@ -155,7 +155,7 @@ def test_nonsense_scores_below_the_default_and_real_matches_above() -> None:
         _check(mem)
         # the old per-query scale gave "x" 1.0; raw sides stay on the hit
         hit = mem.search("x", k=1, min_score=None)[0]
-        assert hit.fused == pytest.approx(1.0)
+        assert hit.fused > 0.9  # near the best there is, whatever it matched (cues aside)
         assert hit.bm25_score == 0.0
         assert hit.dense_score is not None
 

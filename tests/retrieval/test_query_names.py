@@ -65,7 +65,7 @@ def test_the_participant_is_left_to_the_speaker_cue_and_the_content_finds_the_tu
     query = "What class did Vanessa join?"
     with chat_memory(strip_names=False) as kept, chat_memory() as stripped:
         assert kept._content(query) == query
-        assert stripped._content(query) == "What class did join?"
+        assert stripped._content(query) == "What class did I join?"  # in her voice
         before = {h.text: h for h in kept.search(query, k=6, min_score=None)}
         after = stripped.search(query, k=6, min_score=None)
     # the turn that only says her name matched the query on the keyword side; now not
@@ -79,7 +79,7 @@ def test_the_speaker_cue_still_reads_the_name_of_the_query_as_asked():
     query = "Good night to Vanessa?"
     with chat_memory(speaker_weight=0.0) as off, chat_memory() as on:
         assert off._content(query) == query  # no speaker cue: the names stay
-        assert on._content(query) == "Good night to?"
+        assert on._content(query) == "Good night to me?"
         first = on.search(query, k=1, min_score=None)[0]
     assert first.message.name == "Vanessa"  # her own good night, lifted by the cue
 
@@ -106,4 +106,4 @@ def test_the_names_of_the_many_people_of_a_shared_memory_stay():
         mem.add_many(Message.user(f"hello number {i}", name=people[i % 6]) for i in range(36))
         assert mem._content("What did Anna cook?") == "What did Anna cook?"
         mem.add_many(Message.user(f"more from Anna {i}", name="Anna") for i in range(10))
-        assert mem._content("What did Anna cook?") == "What did cook?"  # now 16 of 46
+        assert mem._content("What did Anna cook?") == "What did I cook?"  # now 16 of 46

@@ -46,7 +46,8 @@ def chat_memory(**options: object) -> RAGMemory:
 
 def test_the_answer_outranks_the_question_that_repeats_the_query():
     query = "What plans for New Year's Eve?"
-    with chat_memory(question_weight=0.0) as off, chat_memory() as on:
+    alone = {"answer_weight": 0.0, "self_weight": 0.0}  # the question cue alone
+    with chat_memory(question_weight=0.0, **alone) as off, chat_memory(**alone) as on:
         before = [h.text for h in off.search(query, k=2, min_score=None)]
         after = [h.text for h in on.search(query, k=2, min_score=None)]
     assert before == [TURNS[0][1], TURNS[1][1]]  # the question echoes every word
