@@ -334,6 +334,9 @@ STEPS: tuple[Step, ...] = (
             "strip_names": False,
             "question_weight": 0.0,
             "dense_weight": 1.0,
+            "first_person": False,
+            "answer_weight": 0.0,
+            "self_weight": 0.0,
         },
     ),
     Step(
@@ -390,6 +393,30 @@ STEPS: tuple[Step, ...] = (
         "dense 1.3",
         "dense_weight=1.3 (1.0 before): with the names out, the dense side is weighed up",
         options={"dense_weight": 1.3},
+    ),
+    Step(
+        "first person",
+        "first_person=True: a question about one participant is searched as they would ask "
+        'it ("What are Kate\'s hobbies?" -> "What are my hobbies?"), not only without the name',
+        options={"first_person": True},
+    ),
+    Step(
+        "answers",
+        "answer_weight=0.15: a turn right after another speaker's question is lent 0.15 more "
+        "of that question's match (on top of context_weight)",
+        options={"answer_weight": 0.15},
+    ),
+    Step(
+        "answers 0.35",
+        "answer_weight=0.35 (tried: lower on tune than 0.15)",
+        options={"answer_weight": 0.35},
+        kept=False,
+    ),
+    Step(
+        "tells of self",
+        "self_weight=0.1: turns that say I/my more than you/your rank a little higher (as "
+        "often: half the bonus)",
+        options={"self_weight": 0.1},
     ),
 )
 """The changes, in order; a new change to the ranking adds a row here."""

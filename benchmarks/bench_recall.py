@@ -209,7 +209,8 @@ def evaluate(mem: RAGMemory, questions: Sequence[Question], mode: str) -> Scores
     scores = Scores()
     for q in questions:
         start = time.perf_counter()
-        hits = mem.search(q.text, k=10, mode=mode)  # type: ignore[arg-type]
+        # the ranking alone: every query's top 10 (the default min_score would cut it short)
+        hits = mem.search(q.text, k=10, min_score=None, mode=mode)  # type: ignore[arg-type]
         ms = (time.perf_counter() - start) * 1000
         scores.add(q, [h.id for h in hits], ms)
     return scores
