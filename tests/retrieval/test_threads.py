@@ -130,8 +130,10 @@ def test_a_message_added_unlinked_is_in_its_thread_with_no_neighbours():
     links.add("x", "t", linked=False)
     links.add("b", "t")
     links.add("y", "u", linked=False)
-    assert links.before("x", 3) == [] and links.after("x", 3) == []
-    assert links.before("b", 3) == ["a"] and links.after("a", 1) == ["b"]
+    assert links.before("x", 3) == []
+    assert links.after("x", 3) == []
+    assert links.before("b", 3) == ["a"]
+    assert links.after("a", 1) == ["b"]
     numbers = links.thread_numbers(links.slots(["a", "x", "b", "y"])).tolist()
     assert numbers[0] == numbers[1] == numbers[2] != numbers[3]
     assert links.around(["x"], 2, 2) == ["x"]
