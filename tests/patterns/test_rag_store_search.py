@@ -215,6 +215,22 @@ def _bench_module(name: str) -> Any:
     return module
 
 
+def _dialogues(turns: int, **shape: int) -> tuple[Any, list[Message]]:
+    """The bench dialogues (``benchmarks/dialogues.py``) and each turn as a message."""
+    corpus = _bench_module("dialogues").generate(turns, **shape)
+    messages = [
+        Message.user(
+            t.text,
+            message_id=t.id,
+            name=t.speaker,
+            timestamp=t.timestamp,
+            metadata={"thread": f"d{t.dialogue}", "session": f"d{t.dialogue}-s{t.session}"},
+        )
+        for t in corpus.turns
+    ]
+    return corpus, messages
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("turns", "min_overlap", "max_recall_loss"), [(2000, 0.93, 0.02), (10000, 0.85, 0.04)]
@@ -230,18 +246,7 @@ def test_rankings_match_the_in_process_path(
     (CountMatches): measured 0.98 / 0.90 overlap at 2,000 / 10,000 turns (0.65 / 0.32
     when the context turns were only the candidates of their thread).
     """
-    dialogues = _bench_module("dialogues")
-    corpus = dialogues.generate(turns, question_dialogues=5, turns_per_dialogue=200)
-    messages = [
-        Message.user(
-            t.text,
-            message_id=t.id,
-            name=t.speaker,
-            timestamp=t.timestamp,
-            metadata={"thread": f"d{t.dialogue}", "session": f"d{t.dialogue}-s{t.session}"},
-        )
-        for t in corpus.turns
-    ]
+    corpus, messages = _dialogues(turns, question_dialogues=5, turns_per_dialogue=200)
     embedder = HashingEmbedder(256)
     local = RAGMemory(embedder, background=False)
     local.add_many(messages)
@@ -314,18 +319,7 @@ def test_context_candidates_reads_the_turns_around_fewer_candidates(pg_dsn: str)
     At least the candidates' depth it ranks exactly as reading around every candidate; a
     small one reads fewer turns, keeps the best hits, and leaves the others unlinked.
     """
-    dialogues = _bench_module("dialogues")
-    corpus = dialogues.generate(600, question_dialogues=3, turns_per_dialogue=100)
-    messages = [
-        Message.user(
-            t.text,
-            message_id=t.id,
-            name=t.speaker,
-            timestamp=t.timestamp,
-            metadata={"thread": f"d{t.dialogue}"},
-        )
-        for t in corpus.turns
-    ]
+    corpus, messages = _dialogues(600, question_dialogues=3, turns_per_dialogue=100)
     embedder = HashingEmbedder(128)
     with RowCountingStore(pg_dsn, max_size=2) as store:
         RAGMemory(embedder, store=store, key=KEY).add_many(messages)
