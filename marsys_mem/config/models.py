@@ -44,7 +44,7 @@ from marsys_mem.config.schema_forms import AlsoAccepts, SchemaAs, SchemaOf
 from marsys_mem.context.compose import BudgetSplit
 from marsys_mem.context.policy import ContextPolicy
 from marsys_mem.exceptions import ConfigError
-from marsys_mem.model.hnsw import HnswSettings
+from marsys_mem.model.hnsw import HnswSettings, VectorIndex
 from marsys_mem.model.names import NAME_PATTERN
 from marsys_mem.model.ranking import Ingest, Ranking
 
@@ -512,9 +512,10 @@ class StoreConfig(BaseModel):
     to the config file's folder; without one, :func:`default_store_path` in the user's data
     folder) or ``postgres`` (one database shared by many hosts: ``dsn``, or, so that no
     password sits in a file, the environment variable named by ``dsn_env``, by default
-    ``MARSYS_MEM_PG_DSN``; ``pool``: connections per process; ``vector_index``: the HNSW
+    ``MARSYS_MEM_PG_DSN``; ``pool``: connections per process; ``vector_index``: the vector
     index's settings where the database has pgvector,
-    :class:`~marsys_mem.model.hnsw.HnswSettings`). ``namespace`` separates projects
+    :class:`~marsys_mem.model.hnsw.HnswSettings` or, with ``kind: ivfflat``,
+    :class:`~marsys_mem.model.hnsw.IvfSettings`). ``namespace`` separates projects
     sharing a store.
 
     Example:
@@ -533,7 +534,7 @@ class StoreConfig(BaseModel):
     dsn_env: str = Field(default=PG_DSN_ENV, pattern=_ENV_NAME)
     pool: PoolConfig = PoolConfig()
     connect_timeout: float = Field(default=10.0, gt=0, le=3600)
-    vector_index: HnswSettings = HnswSettings()
+    vector_index: VectorIndex = HnswSettings()
 
     @model_validator(mode="after")
     def _check(self) -> StoreConfig:

@@ -1,15 +1,22 @@
-"""How a store that searches in the database builds and walks its vector index (HNSW).
+"""How a store that searches in the database builds and searches its vector index.
 
-One frozen model, :class:`HnswSettings`: the constructor argument of
-:class:`~marsys_mem.store.postgres.PostgresStore` and the ``store.vector_index`` section of
-a config file. See the guide ``docs/guides/several-hosts.md`` for how to choose.
+Two frozen models, one per pgvector index kind: :class:`HnswSettings` (a graph, the
+default) and :class:`IvfSettings` (lists of vectors around trained centroids). Either is
+the ``vector_index`` argument of :class:`~marsys_mem.store.postgres.PostgresStore` and the
+``store.vector_index`` section of a config file (:data:`VectorIndex`: ``kind`` picks one,
+``hnsw`` when it is left out). See the guide ``docs/guides/several-hosts.md`` for how to
+choose.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+import math
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
-__all__ = ["HnswSettings"]
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
+
+__all__ = ["HnswSettings", "IvfSettings", "VectorIndex", "vector_index"]
 
 
 class HnswSettings(BaseModel):
@@ -43,6 +50,7 @@ class HnswSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    kind: Literal["hnsw"] = "hnsw"
     m: int = Field(default=16, ge=2, le=100, strict=True)
     ef_construction: int = Field(default=64, ge=4, le=1000, strict=True)
     ef_search: int = Field(default=200, ge=1, le=1000, strict=True)
@@ -64,3 +72,128 @@ class HnswSettings(BaseModel):
             (100, 1000)
         """
         return min(1000, max(self.ef_search, 2 * k))
+
+    def scan_settings(self, k: int) -> dict[str, str]:
+        """The session settings that steer a search of ``k`` hits (pgvector's GUCs).
+
+        Example:
+            >>> HnswSettings().scan_settings(10)["hnsw.ef_search"]
+            '200'
+        """
+        return {"hnsw.ef_search": str(self.search_width(k)), "hnsw.iterative_scan": "relaxed_order"}
+
+
+class IvfSettings(BaseModel):
+    """An IVFFlat index of a store's vectors (pgvector): trained lists, and how many to scan.
+
+    The index sorts the vectors into ``lists`` lists, each around a centroid trained on the
+    vectors there when it is built; a search scans the ``probes`` lists whose centroids are
+    nearest the query, exactly. Scanning a share of the vectors holds up where a graph walk
+    gets lost: on ``benchmarks/bench_scale.py``'s million chat turns, searched with
+    questions (far from every turn, and many turns about as near), 2,000 lists and 80
+    probes found 0.945 of the exact top 10 in 17.5 ms, where the HNSW graph found 0.625
+    in 6.8 ms and 0.842 at its widest walk; it builds in minutes, not hours.
+
+    The centroids are trained only when the index is built: build it over the vectors
+    (:meth:`~marsys_mem.store.postgres.PostgresStore.bulk_load` builds it after a load,
+    :meth:`~marsys_mem.store.postgres.PostgresStore.rebuild_vector_index` again later, as
+    the store grows or drifts). A model's first vectors do not build one (it would be
+    trained on a handful): until then its searches scan exactly. For a store that grows
+    message by message with no rebuilds, keep HNSW.
+
+    Attributes:
+        kind: ``"ivfflat"``.
+        lists: the number of lists (pgvector: 1-32768); ``None``: chosen from the model's
+            vectors when the index is built (:meth:`lists_for`).
+        probes: the lists one search scans (at most ``lists``; the default over fewer lists
+            scans them all): recall for time.
+
+    Example:
+        >>> IvfSettings(lists=2000, probes=80).probes
+        80
+        >>> IvfSettings().lists_for(1_000_000), IvfSettings().lists_for(50_000)
+        (1000, 50)
+        >>> try:
+        ...     IvfSettings(lists=10, probes=20)
+        ... except ValueError as exc:
+        ...     print(exc.errors()[0]["msg"])
+        Value error, probes (20) must not exceed lists (10)
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["ivfflat"] = "ivfflat"
+    lists: int | None = Field(default=None, ge=1, le=32768, strict=True)
+    probes: int = Field(default=40, ge=1, le=32768, strict=True)
+
+    @model_validator(mode="after")
+    def _check(self) -> IvfSettings:
+        # the default probes over fewer lists scan them all; a setting that asks for more is
+        # a mistake worth naming
+        if (
+            self.lists is not None
+            and self.probes > self.lists
+            and "probes" in self.model_fields_set
+        ):
+            raise ValueError(f"probes ({self.probes}) must not exceed lists ({self.lists})")
+        return self
+
+    def lists_for(self, rows: int) -> int:
+        """The lists of an index over ``rows`` vectors: ``lists``, or pgvector's advice.
+
+        pgvector advises rows / 1,000 lists up to a million rows and their square root
+        above; at least ``probes`` (a search scans that many).
+        """
+        if self.lists is not None:
+            return self.lists
+        advised = rows // 1000 if rows <= 1_000_000 else math.isqrt(rows)
+        return max(1, self.probes, min(advised, 32768))
+
+    def scan_settings(self, k: int) -> dict[str, str]:
+        """The session settings that steer a search (pgvector's GUCs; ``k`` does not matter).
+
+        Example:
+            >>> IvfSettings(probes=8).scan_settings(10)["ivfflat.probes"]
+            '8'
+        """
+        del k
+        return {"ivfflat.probes": str(self.probes), "ivfflat.iterative_scan": "relaxed_order"}
+
+
+def _hnsw_unless_named(value: Any) -> Any:
+    if isinstance(value, Mapping) and "kind" not in value:
+        return {"kind": "hnsw", **value}
+    return value
+
+
+VectorIndex = Annotated[
+    Annotated[HnswSettings | IvfSettings, Field(discriminator="kind")],
+    BeforeValidator(_hnsw_unless_named),
+]
+"""A store's vector index settings: ``kind`` picks :class:`HnswSettings` (the default, also
+when ``kind`` is left out) or :class:`IvfSettings`."""
+
+_ADAPTER: TypeAdapter[HnswSettings | IvfSettings] = TypeAdapter(
+    VectorIndex, config=ConfigDict(title="vector_index")
+)
+
+
+def vector_index(
+    value: HnswSettings | IvfSettings | Mapping[str, Any] | None,
+) -> HnswSettings | IvfSettings:
+    """Index settings from a model, a mapping or ``None`` (the default HNSW settings).
+
+    A mapping's ``kind`` is ``"hnsw"`` (also when left out) or ``"ivfflat"``.
+
+    Raises:
+        pydantic.ValidationError: a field or value is invalid (named).
+
+    Example:
+        >>> vector_index({"kind": "ivfflat", "probes": 8})
+        IvfSettings(kind='ivfflat', lists=None, probes=8)
+        >>> vector_index({"m": 24, "ef_construction": 128}).m
+        24
+    """
+    if isinstance(value, HnswSettings | IvfSettings):
+        return value
+    return _ADAPTER.validate_python(dict(value or {}))

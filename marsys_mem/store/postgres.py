@@ -88,7 +88,8 @@ from marsys_mem.exceptions import (
     StoreConnectionError,
     StoreError,
 )
-from marsys_mem.model.hnsw import HnswSettings
+from marsys_mem.model.hnsw import HnswSettings, IvfSettings
+from marsys_mem.model.hnsw import vector_index as index_settings
 from marsys_mem.model.messages import MESSAGE_LIST_ADAPTER
 from marsys_mem.model.runs import RunSnapshot
 from marsys_mem.store.base import (
@@ -137,6 +138,7 @@ from marsys_mem.store.postgres_async import AsyncIO, AsyncPools
 __all__ = ["MIGRATIONS", "Migration", "PostgresStore"]
 
 Connection = psycopg.Connection[tuple[Any, ...]]
+AsyncConnection = psycopg.AsyncConnection[tuple[Any, ...]]
 Migration = Callable[[Connection], None]
 """A schema migration: runs inside the open transaction, must not commit."""
 
@@ -447,9 +449,11 @@ class PostgresStore(MemoryStore):
         connect_timeout: seconds one connection attempt may take (libpq's minimum is 2).
         retry_timeout: seconds a batch keeps retrying while the server is unreachable
             (a restart), before :class:`~marsys_mem.exceptions.StoreConnectionError`.
-        vector_index: how the HNSW vector index is built and searched, where the database
-            has pgvector (:class:`~marsys_mem.model.hnsw.HnswSettings`, or its fields
-            as a mapping). The graph settings apply to indexes built from now on; see
+        vector_index: how the vector index is built and searched, where the database has
+            pgvector: :class:`~marsys_mem.model.hnsw.HnswSettings` (the default) or
+            :class:`~marsys_mem.model.hnsw.IvfSettings`, or their fields as a mapping
+            (``kind``: ``"hnsw"``, also when left out, or ``"ivfflat"``). The build
+            settings (and the kind) apply to indexes built from now on; see
             :meth:`rebuild_vector_index`.
 
     Attributes:
@@ -483,13 +487,9 @@ class PostgresStore(MemoryStore):
         max_size: int = 10,
         connect_timeout: float = 10.0,
         retry_timeout: float = 60.0,
-        vector_index: HnswSettings | Mapping[str, Any] | None = None,
+        vector_index: HnswSettings | IvfSettings | Mapping[str, Any] | None = None,
     ) -> None:
-        index = (
-            vector_index
-            if isinstance(vector_index, HnswSettings)
-            else HnswSettings.model_validate(vector_index or {})
-        )
+        index = index_settings(vector_index)
         for name, value, low in (("min_size", min_size, 0), ("max_size", max_size, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
@@ -547,6 +547,7 @@ class PostgresStore(MemoryStore):
             timeout=self.retry_timeout,
             reconnect_timeout=max(self.retry_timeout, 60.0),
             name="marsys-mem",
+            configure=self._configure,
         )
         self._pool.open(wait=False)
         self._apools = AsyncPools(  # the async twins' pools: one per event loop
@@ -556,6 +557,7 @@ class PostgresStore(MemoryStore):
             kwargs=self._kwargs,
             timeout=self.retry_timeout,
             reconnect_timeout=max(self.retry_timeout, 60.0),
+            configure=self._aconfigure,
         )
         self._sync_io = _SyncIO(self._pool_or_raise, self._check_pool)
 
@@ -579,6 +581,20 @@ class PostgresStore(MemoryStore):
         if "timeout expired" in text:
             text += f" (connect_timeout {self.connect_timeout:g} s)"
         return StoreConnectionError(f"cannot connect to {self.where}: {text}")
+
+    def _configure(self, conn: Connection) -> None:
+        """A new pooled connection's scan settings (:func:`postgres_search.scan_defaults`)."""
+        if self._search is not None:
+            conn.execute(*postgres_search.scan_defaults(self._search))
+            if not conn.autocommit:
+                conn.commit()
+
+    async def _aconfigure(self, conn: AsyncConnection) -> None:
+        """Async twin of :meth:`_configure`."""
+        if self._search is not None:
+            await conn.execute(*postgres_search.scan_defaults(self._search))
+            if not conn.autocommit:
+                await conn.commit()
 
     @contextmanager
     def _connect_once(self) -> Iterator[Connection]:
@@ -621,7 +637,11 @@ class PostgresStore(MemoryStore):
             self._apools.close()
 
     def rebuild_vector_index(self) -> list[str]:
-        """Build each model's HNSW index again with this store's :attr:`vector_index`.
+        """Build each model's vector index again with this store's :attr:`vector_index`.
+
+        An IVFFlat index trains its lists again on the vectors stored now: rebuild it as
+        the store grows (with ``lists=None`` the number of lists grows with it) or its
+        texts drift. A store opened with another kind than its index's builds the new kind.
 
         For a store whose index was built with other settings (an earlier version, or
         before a bulk load): each new index is built beside the old one without blocking
@@ -654,14 +674,15 @@ class PostgresStore(MemoryStore):
 
     @contextmanager
     def bulk_load(self) -> Iterator[None]:
-        """Write many vectors fast: the HNSW indexes are dropped, and built once at the end.
+        """Write many vectors fast: the vector indexes are dropped, and built once at the end.
 
         An index takes each vector in as it is written, which bounds a load at about a
         thousand messages a second; built once over the loaded rows it takes a fraction of
         that time. Meanwhile searches (on every host) scan exactly: slower, never wrong.
         Writes through this store object inside the block do not build a new model's
         index either. On leaving (also on an error) every model without an index gets one
-        (:attr:`vector_index`'s settings). Without pgvector it does nothing.
+        (:attr:`vector_index`'s settings: an IVFFlat index trains its lists on all the
+        vectors then). Without pgvector it does nothing.
 
         Example:
             >>> import os

@@ -1,10 +1,11 @@
-"""PostgresStore's search inside the database: pgvector HNSW (dense) and full text (keywords).
+"""PostgresStore's search inside the database: pgvector (dense) and full text (keywords).
 
 With the ``vector`` extension in the store's database, schema version 4 adds::
 
     marsys_vectors.embedding halfvec            -- the vector again, half precision, indexed:
-        marsys_hnsw_<md5(model)>                --   one partial HNSW cosine index per model,
-                                                --   on (embedding::halfvec(dim)), WHERE model = it
+        marsys_hnsw_<md5(model)>                --   one partial cosine index per model (HNSW,
+                                                --   or IVFFlat: the store's vector_index), on
+                                                --   (embedding::halfvec(dim)), WHERE model = it
     marsys_messages.tsv tsvector                -- 'english' lexemes of the speaker's name and
         marsys_messages_tsv (GIN)               --   the text (what RAGMemory's BM25 indexes)
 
@@ -30,7 +31,7 @@ import numpy as np
 import psycopg
 from psycopg import sql
 
-from marsys_mem.model.hnsw import HnswSettings
+from marsys_mem.model.hnsw import HnswSettings, IvfSettings
 from marsys_mem.model.messages import MESSAGE_LIST_ADAPTER, Message
 from marsys_mem.store.base import (
     CountMatches,
@@ -128,7 +129,8 @@ class SearchSetup:
 
     Attributes:
         schema: the extension's schema.
-        index: how vector indexes are built and searched (:class:`HnswSettings`).
+        index: how vector indexes are built and searched (:class:`HnswSettings` or
+            :class:`IvfSettings`).
         deferred: a new model's vectors are written without building its index (a bulk
             load builds it at the end: :func:`build_missing_indexes`).
 
@@ -138,7 +140,7 @@ class SearchSetup:
     """
 
     schema: str
-    index: HnswSettings = field(default_factory=HnswSettings)
+    index: HnswSettings | IvfSettings = field(default_factory=HnswSettings)
     deferred: bool = False
 
     def halfvec(self, dim: int | None = None) -> sql.Composable:
@@ -215,7 +217,7 @@ def migrate_search(conn: Connection) -> None:
 
 
 def open_search(
-    conn: Connection, where: str, lock: int, index: HnswSettings | None = None
+    conn: Connection, where: str, lock: int, index: HnswSettings | IvfSettings | None = None
 ) -> SearchSetup | None:
     """At open: the store's search setup, or ``None`` (said once, in a log line).
 
@@ -351,7 +353,7 @@ def _fill_embeddings(conn: Connection, setup: SearchSetup) -> None:
 
 # ---------------------------------------------------------------------- writing
 def index_name(model: str) -> str:
-    """The name of ``model``'s HNSW index.
+    """The name of ``model``'s vector index (HNSW or IVFFlat: the prefix is historical).
 
     Example:
         >>> index_name("minilm")
@@ -369,31 +371,46 @@ def model_index(
     name: str | None = None,
     concurrently: bool = False,
 ) -> None:
-    """The HNSW cosine index of ``model``'s vectors (created once, when the model appears).
+    """The cosine index of ``model``'s vectors, of ``setup.index``'s kind and settings.
 
-    Built with ``setup.index``'s ``m`` and ``ef_construction``. ``name``: another name than
-    :func:`index_name` (a rebuild); ``concurrently``: without blocking writes (outside a
-    transaction).
+    HNSW: built with ``m`` and ``ef_construction`` (once, when the model appears). IVFFlat:
+    its lists trained on the model's vectors now (:meth:`IvfSettings.lists_for` their
+    count). ``name``: another name than :func:`index_name` (a rebuild); ``concurrently``:
+    without blocking writes (outside a transaction).
     """
+    index = setup.index
+    if isinstance(index, IvfSettings):
+        rows = conn.execute(
+            "SELECT count(*) FROM marsys_vectors WHERE model = %s", (model,)
+        ).fetchone()
+        method = sql.SQL("ivfflat")
+        options = sql.SQL("lists = {}").format(
+            sql.Literal(index.lists_for(int(rows[0]) if rows else 0))
+        )
+    else:
+        method = sql.SQL("hnsw")
+        options = sql.SQL("m = {}, ef_construction = {}").format(
+            sql.Literal(index.m), sql.Literal(index.ef_construction)
+        )
     conn.execute(
         sql.SQL(
-            "CREATE INDEX {c}IF NOT EXISTS {n} ON marsys_vectors USING hnsw"
-            " ((embedding::{t}) {s}.halfvec_cosine_ops) WITH (m = {m}, ef_construction = {e})"
+            "CREATE INDEX {c}IF NOT EXISTS {n} ON marsys_vectors USING {method}"
+            " ((embedding::{t}) {s}.halfvec_cosine_ops) WITH ({options})"
             " WHERE model = {model}"
         ).format(
             c=sql.SQL("CONCURRENTLY " if concurrently else ""),
             n=sql.Identifier(name or index_name(model)),
+            method=method,
             t=setup.halfvec(dim),
             s=sql.Identifier(setup.schema),
-            m=sql.Literal(setup.index.m),
-            e=sql.Literal(setup.index.ef_construction),
+            options=options,
             model=sql.Literal(model),
         )
     )
 
 
 def drop_indexes(conn: Connection) -> list[str]:
-    """Drop every model's HNSW index (a bulk load, which builds them after); their names."""
+    """Drop every model's vector index (a bulk load, which builds them after); their names."""
     names = [
         str(r[0])
         for r in conn.execute(
@@ -407,7 +424,7 @@ def drop_indexes(conn: Connection) -> list[str]:
 
 
 def build_missing_indexes(conn: Connection, setup: SearchSetup) -> list[str]:
-    """Build the HNSW index of every model that has none (after a bulk load); the models.
+    """Build the vector index of every model that has none (after a bulk load); the models.
 
     A plain ``CREATE INDEX`` (writes wait for it, searches do not): the fastest build, with
     the server's parallel maintenance workers.
@@ -422,7 +439,7 @@ def build_missing_indexes(conn: Connection, setup: SearchSetup) -> list[str]:
 
 
 def rebuild_indexes(conn: Connection, setup: SearchSetup) -> list[str]:
-    """Build every model's HNSW index again with ``setup.index``; the models rebuilt.
+    """Build every model's vector index again with ``setup.index``; the models rebuilt.
 
     Each new index is built beside the old one without blocking writes (``CREATE INDEX
     CONCURRENTLY``; searches keep using the old one), then takes its place. ``conn`` is in
@@ -517,24 +534,22 @@ def _hits(rows: list[tuple[Any, ...]]) -> tuple[SearchHit, ...]:
 def prepare_search(
     conn: Connection, op: SearchVectors, setup: SearchSetup | None = None
 ) -> tuple[int | None, list[int] | None, int]:
-    """Set the connection's HNSW scan for ``op``; the model's dimension and the key filter.
+    """Set the connection's index scan for ``op``; the model's dimension and the key filter.
 
     Returns ``(dim, key_ids, count)``: the model's dimension (``None``: unknown model) and
-    :func:`key_filter`'s ids and count, in the same round trip. ``hnsw.ef_search`` suits
-    ``k`` (:meth:`HnswSettings.search_width` of ``setup.index``); ``hnsw.iterative_scan``
+    :func:`key_filter`'s ids and count, in the same round trip. The scan settings are
+    ``setup.index``'s ``scan_settings(k)``: ``hnsw.ef_search`` suits ``k``
+    (:meth:`HnswSettings.search_width`), or ``ivfflat.probes``; their ``iterative_scan``
     lets a filtered scan go on until it has ``k`` rows that pass. Session settings: they
-    only steer HNSW scans, which only a search runs, and each search sets them first.
+    only steer index scans, which only a search runs, and each search sets them first.
 
     Raises:
         ValueError: the query vector's dimension is not the one ``op.model`` is stored in.
     """
-    ef = HnswSettings().search_width(op.k) if setup is None else setup.index.search_width(op.k)
-    query = (
-        "SELECT (SELECT dim FROM marsys_vector_models WHERE model = %s),"
-        " set_config('hnsw.ef_search', %s, false),"
-        " set_config('hnsw.iterative_scan', 'relaxed_order', false)"
-    )
-    params: list[Any] = [op.model, str(ef)]
+    scan = (HnswSettings() if setup is None else setup.index).scan_settings(op.k)
+    settings = ", set_config(%s, %s, false)" * len(scan)  # names and values bound
+    query = "SELECT (SELECT dim FROM marsys_vector_models WHERE model = %s)" + settings  # noqa: S608
+    params: list[Any] = [op.model, *(x for item in scan.items() for x in item)]
     keys = _key_query(op.keys, op.namespace)
     if keys is not None:
         query += ", kf.* FROM (" + keys[0] + ") AS kf"
@@ -548,7 +563,25 @@ def prepare_search(
         )
     if keys is None:
         return dim, None, -1
-    return dim, [int(i) for i in row[3]], int(row[4])
+    return dim, [int(i) for i in row[1 + len(scan)]], int(row[2 + len(scan)])
+
+
+def scan_defaults(setup: SearchSetup) -> tuple[str, list[str]]:
+    """The statement (and its values) that gives a new connection the store's scan settings.
+
+    A search sets them again in its own statement, but as a filter on the index scan's
+    rows, and pgvector reads them when the scan starts: the new connection's first search
+    would run on pgvector's defaults (one IVFFlat probe, no iterative scan). The pools run
+    this on each connection they open; ``k`` up to ``ef_search / 2`` needs nothing more.
+
+    Example:
+        >>> from marsys_mem.model.hnsw import IvfSettings
+        >>> scan_defaults(SearchSetup("public", IvfSettings(probes=8)))[1][:2]
+        ['ivfflat.probes', '8']
+    """
+    scan = setup.index.scan_settings(1)
+    values = [x for item in scan.items() for x in item]
+    return "SELECT " + ", ".join(["set_config(%s, %s, false)"] * len(scan)), values
 
 
 def search_vectors(
@@ -594,20 +627,23 @@ def nearest_once(
     distance = sql.SQL("(v.embedding::{t}) {op} %(q)s::{t}").format(
         t=setup.halfvec(dim), op=setup.distance()
     )
+    scan = setup.index.scan_settings(op.k)
+    settings = "".join(  # names and values bound
+        f"set_config(%(g{n})s, %(s{n})s, false) IS NOT NULL AND " for n in range(len(scan))
+    )
     ready = sql.SQL(
-        "set_config('hnsw.ef_search', %(ef)s, false) IS NOT NULL"
-        " AND set_config('hnsw.iterative_scan', 'relaxed_order', false) IS NOT NULL"
-        " AND (SELECT dim FROM marsys_vector_models WHERE model = %(model)s) = %(dim)s"
+        settings + "(SELECT dim FROM marsys_vector_models WHERE model = %(model)s) = %(dim)s"  # noqa: S608
     )
     params: dict[str, Any] = {
         "q": literals(op.vector[None, :])[0],
         "model": op.model,
         "k": op.k,
         "dim": dim,
-        "ef": str(setup.index.search_width(op.k)),
         "exact": EXACT_BELOW,
         "always": EXACT_ALWAYS_BELOW,
     }
+    for n, (name, value) in enumerate(scan.items()):
+        params[f"g{n}"], params[f"s{n}"] = name, value
     head = sql.SQL("EXPLAIN " if explain else "")
     tail = sql.SQL(" JOIN marsys_keys k ON k.id = c.key_id ORDER BY c.d, c.key_id, c.message_id")
     data = sql.SQL(", m.data" if op.with_data else "")

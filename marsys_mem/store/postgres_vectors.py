@@ -151,7 +151,9 @@ def put_vectors(conn: Connection, op: PutVectors, search: SearchSetup | None = N
                 literals(op.vectors),
             ),
         )
-        if new is not None and not search.deferred:  # a new model: its index, built at once
+        # a new model: its HNSW index, built at once (IVFFlat lists are trained on the
+        # vectors when the index is built: bulk_load or rebuild_vector_index)
+        if new is not None and not search.deferred and search.index.kind == "hnsw":
             model_index(conn, search, op.model, dim)
         return len(ids)
     conn.execute(

@@ -48,3 +48,20 @@ class TestPostgresStorePgvector(StoreConformance):
     @pytest.fixture
     def store_location(self, pgvector_dsn: str) -> str:
         return pgvector_dsn
+
+
+class TestPostgresStoreIvfflat(StoreConformance):
+    """PostgresStore with pgvector and IVFFlat settings: no index until one is built, so
+    every search scans exactly (tests/store/test_postgres_ivf.py searches the lists)."""
+
+    store_factory = PostgresStore
+
+    @pytest.fixture
+    def store(self, pgvector_dsn: str) -> Iterator[MemoryStore]:
+        backend = PostgresStore(pgvector_dsn, max_size=4, vector_index={"kind": "ivfflat"})
+        yield backend
+        backend.close()
+
+    @pytest.fixture
+    def store_location(self, pgvector_dsn: str) -> str:
+        return pgvector_dsn
