@@ -7,6 +7,7 @@ kind can be changed by a rebuild, both ways. The conformance suite runs on these
 too (tests/store/test_postgres_conformance.py).
 """
 
+import asyncio
 from pathlib import Path
 
 import numpy as np
@@ -102,7 +103,7 @@ def test_a_filtered_search_over_the_lists_still_returns_k(pgvector_dsn: str) -> 
     n = postgres_search.EXACT_BELOW
     with PostgresStore(pgvector_dsn, vector_index={"kind": "ivfflat", "probes": 1}) as store:
         crowd = _fill(store, n, seed=3)
-        wanted = _fill(store, 40, seed=4, key=OTHER)
+        _fill(store, 40, seed=4, key=OTHER)
         silent = ("default", "silent", "main")  # many messages, no vectors: the index is used
         store.append_messages(silent, [Message.user("s", message_id=f"s{i}") for i in range(n)])
         store.rebuild_vector_index()
@@ -176,3 +177,37 @@ def test_bad_ivfflat_settings_are_refused_before_connecting(
     """The field and the value are named; nothing is opened."""
     with pytest.raises(ValueError, match=named):
         PostgresStore("postgresql://nobody@127.0.0.1:1/none", vector_index=settings)
+
+
+@pytest.mark.parametrize(
+    ("settings", "shown"),
+    [
+        (
+            IvfSettings(lists=4, probes=3),
+            {"ivfflat.probes": "3", "ivfflat.iterative_scan": "relaxed_order"},
+        ),
+        (
+            HnswSettings(ef_search=77),
+            {"hnsw.ef_search": "77", "hnsw.iterative_scan": "relaxed_order"},
+        ),
+    ],
+)
+def test_each_pooled_connection_opens_with_the_scan_settings(
+    pgvector_dsn: str, settings: HnswSettings | IvfSettings, shown: dict[str, str]
+) -> None:
+    """Sync and async pools: a connection's first search already scans with the store's
+    settings (pgvector reads them when the scan starts, before a statement's own
+    ``set_config`` filter has run)."""
+    with PostgresStore(pgvector_dsn, vector_index=settings) as store:
+        vectors = _fill(store, 30, seed=7)
+        pool = store._pool  # the pool's own connections are what is checked
+        assert pool is not None
+        with pool.connection() as conn:
+            for name, value in shown.items():
+                assert conn.execute("SELECT current_setting(%s)", (name,)).fetchone() == (value,)
+
+        async def search() -> list[str]:
+            hits = (await store.abatch([SearchVectors(MODEL, vectors[4], 3)]))[0]
+            return [h.message_id for h in hits]
+
+        assert asyncio.run(search())[0] == "a4"
