@@ -4,18 +4,17 @@ What is IVFFlat's own: the lists are trained when the index is built (a bulk loa
 ``rebuild_vector_index``), never on a model's first vectors; until then searches scan
 exactly; each search sets ``ivfflat.probes``; a filtered search still returns ``k``; the
 kind can be changed by a rebuild, both ways. The conformance suite runs on these settings
-too (tests/store/test_postgres_conformance.py).
+too (tests/store/test_postgres_conformance.py); the config file's ``kind: ivfflat`` is
+tested beside HNSW's (tests/store/test_postgres_search.py).
 """
 
 import asyncio
-from pathlib import Path
 
 import numpy as np
 import psycopg
 import pytest
 
 from marsys_mem import Message
-from marsys_mem.manager import MemoryManager
 from marsys_mem.model.hnsw import HnswSettings, IvfSettings
 from marsys_mem.store import postgres_search
 from marsys_mem.store.base import SearchVectors
@@ -145,20 +144,6 @@ def test_a_rebuild_changes_the_kind_both_ways(pgvector_dsn: str) -> None:
         assert store.rebuild_vector_index() == ["m", "other"]
         assert [m for _, m, _ in _indexes(pgvector_dsn)] == ["hnsw", "hnsw"]
         assert store.search_vectors(MODEL, vectors[7], 1)[0].message_id == "a7"
-
-
-def test_the_config_file_picks_ivfflat(
-    tmp_path: Path, pgvector_dsn: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``vector_index: {kind: ivfflat, ...}`` reaches the store; without ``kind``, HNSW."""
-    path = tmp_path / "memory.yaml"
-    path.write_text(
-        "store:\n  backend: postgres\n  dsn_env: TEST_IVF_DSN\n"
-        "  vector_index: {kind: ivfflat, lists: 64, probes: 8}\n"
-    )
-    monkeypatch.setenv("TEST_IVF_DSN", pgvector_dsn)
-    with MemoryManager.from_config(path) as manager:
-        assert manager.store.vector_index == IvfSettings(lists=64, probes=8)  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(

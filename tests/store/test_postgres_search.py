@@ -18,7 +18,7 @@ import pytest
 from marsys_mem import Message
 from marsys_mem.exceptions import StoreError
 from marsys_mem.manager import MemoryManager
-from marsys_mem.model.hnsw import HnswSettings
+from marsys_mem.model.hnsw import HnswSettings, IvfSettings
 from marsys_mem.store import postgres_search, postgres_vectors
 from marsys_mem.store.base import Append, CountMatches, PutVectors, SearchText, SearchVectors
 from marsys_mem.store.postgres import MIGRATIONS, PostgresStore, _Prepared
@@ -331,20 +331,35 @@ def test_bad_vector_index_settings_are_refused_before_connecting() -> None:
         PostgresStore("postgresql://x@127.0.0.1:1/none", vector_index={"ef_search": "wide"})
 
 
+@pytest.mark.parametrize(
+    ("written", "settings"),
+    [
+        (
+            "{m: 12, ef_construction: 48, ef_search: 150}",
+            HnswSettings(m=12, ef_construction=48, ef_search=150),
+        ),
+        ("{kind: ivfflat, lists: 64, probes: 8}", IvfSettings(lists=64, probes=8)),
+    ],
+)
 def test_the_config_file_sets_the_vector_index(
-    tmp_path: Path, pgvector_dsn: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    pgvector_dsn: str,
+    monkeypatch: pytest.MonkeyPatch,
+    written: str,
+    settings: HnswSettings | IvfSettings,
 ) -> None:
-    """``store.vector_index`` in a config file reaches the store a MemoryManager opens."""
+    """``store.vector_index`` in a config file reaches the store a MemoryManager opens
+    (HNSW without a ``kind``; ``kind: ivfflat`` for IVFFlat)."""
     path = tmp_path / "memory.yaml"
     path.write_text(
         "store:\n  backend: postgres\n  dsn_env: TEST_VECTOR_INDEX_DSN\n"
-        "  vector_index: {m: 12, ef_construction: 48, ef_search: 150}\n"
+        f"  vector_index: {written}\n"
     )
     monkeypatch.setenv("TEST_VECTOR_INDEX_DSN", pgvector_dsn)
     with MemoryManager.from_config(path) as manager:
         store = manager.store
         assert isinstance(store, PostgresStore)
-        assert store.vector_index == HnswSettings(m=12, ef_construction=48, ef_search=150)
+        assert store.vector_index == settings
 
 
 def test_a_bulk_load_builds_the_indexes_once_at_the_end(pgvector_dsn: str) -> None:
