@@ -485,7 +485,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     sizes = sorted(int(s) for s in args.sizes.split(","))
     sqlite_sizes = {int(s) for s in args.sqlite_sizes.split(",") if s}
-    systems = args.systems.split(",")
+    systems = [s for s in args.systems.split(",") if s]
     variants = [v for v in args.variants.split(",") if v]
     corpus = generate(max(max(sizes), args.corpus), 7)
     model = SentenceTransformerEmbedder(cache_size=0)

@@ -125,6 +125,10 @@ class SpeakerNames:
         self._last: dict[str, str] = {}  # thread -> its last speaker
         self._turns: Counter[str] = Counter()  # speaker -> messages observed
         self._forms: dict[str, frozenset[str]] | None = None  # speaker -> names and aliases
+        # the forms by first letter, and the forms they were made from
+        self._initials: (
+            tuple[dict[str, frozenset[str]], dict[str, tuple[tuple[str, str], ...]]] | None
+        ) = None
 
     def __len__(self) -> int:
         return len(self._names)
@@ -218,19 +222,38 @@ class SpeakerNames:
                 of a store's candidates, where this memory observed no messages).
         """
         with self._lock:
-            forms = dict(self._forms_locked())
+            known = self._forms_locked()
+            initials = self._initials_locked()
+        extra: dict[str, list[tuple[str, str]]] = {}
         for speaker in speakers:
-            if speaker and speaker not in forms:
-                forms[speaker] = frozenset(w for w in _words(speaker) if len(w) >= 2)
-        if not forms:
+            if speaker and speaker not in known:
+                for name in {w for w in _words(speaker) if len(w) >= 2}:
+                    extra.setdefault(name[0], []).append((speaker, name))
+        if not known and not extra:
             return None
         words = {w for w in _words(query) if len(w) >= 3}
+        # same_name() holds only between words of the same first letter: each word is
+        # compared with those names only (a big store knows thousands of speakers)
         named = {
             speaker
-            for speaker, names in forms.items()
-            if any(same_name(word, name) for word in words for name in names)
+            for word in words
+            for group in (initials.get(word[0], ()), extra.get(word[0], ()))
+            for speaker, name in group
+            if same_name(word, name)
         }
         return named.pop() if len(named) == 1 else None
+
+    def _initials_locked(self) -> dict[str, tuple[tuple[str, str], ...]]:
+        """``(speaker, name or alias)`` of the known forms, by the name's first letter."""
+        forms = self._forms_locked()
+        if self._initials is None or self._initials[0] is not forms:
+            groups: dict[str, list[tuple[str, str]]] = {}
+            for speaker, names in forms.items():
+                for name in names:
+                    if name:
+                        groups.setdefault(name[0], []).append((speaker, name))
+            self._initials = (forms, {k: tuple(v) for k, v in groups.items()})
+        return self._initials[1]
 
 
 def same_name(word: str, name: str) -> bool:
