@@ -94,12 +94,16 @@ class IvfSettings(BaseModel):
     probes found 0.945 of the exact top 10 in 17.5 ms, where the HNSW graph found 0.625
     in 6.8 ms and 0.842 at its widest walk; it builds in minutes, not hours.
 
-    The centroids are trained only when the index is built: build it over the vectors
-    (:meth:`~marsys_mem.store.postgres.PostgresStore.bulk_load` builds it after a load,
-    :meth:`~marsys_mem.store.postgres.PostgresStore.rebuild_vector_index` again later, as
-    the store grows or drifts). A model's first vectors do not build one (it would be
-    trained on a handful): until then its searches scan exactly. For a store that grows
-    message by message with no rebuilds, keep HNSW.
+    The centroids are trained when the index is built, and a store keeps them fitting as
+    it grows: once a model has ``train_at`` vectors its index is built, and each time its
+    vectors reach ``retrain_at`` times those the lists were trained on, the index is built
+    again beside the old one (``CREATE INDEX CONCURRENTLY``; searches use the old one
+    meanwhile). One host of a database trains at a time (an advisory lock), on a thread of
+    its own, after the writes that passed the mark. Until a model's first index is built
+    its searches scan exactly. :meth:`~marsys_mem.store.postgres.PostgresStore.bulk_load`
+    builds the index after a load, and
+    :meth:`~marsys_mem.store.postgres.PostgresStore.rebuild_vector_index` trains it again
+    at any time (after the store's texts drift, say).
 
     Attributes:
         kind: ``"ivfflat"``.
@@ -107,12 +111,20 @@ class IvfSettings(BaseModel):
             vectors when the index is built (:meth:`lists_for`).
         probes: the lists one search scans (at most ``lists``; the default over fewer lists
             scans them all): recall for time.
+        train_at: a model's vectors at which its first index is built (``None``: only
+            ``bulk_load`` and ``rebuild_vector_index`` build it).
+        retrain_at: the growth, over the vectors its lists were trained on, at which a
+            model's index is trained again (``None``: never by itself).
 
     Example:
         >>> IvfSettings(lists=2000, probes=80).probes
         80
         >>> IvfSettings().lists_for(1_000_000), IvfSettings().lists_for(50_000)
         (1000, 50)
+        >>> IvfSettings().due(9_999, None), IvfSettings().due(10_000, None)
+        (False, True)
+        >>> IvfSettings().due(19_999, 10_000), IvfSettings(retrain_at=None).due(10**6, 10_000)
+        (False, False)
         >>> try:
         ...     IvfSettings(lists=10, probes=20)
         ... except ValueError as exc:
@@ -125,6 +137,8 @@ class IvfSettings(BaseModel):
     kind: Literal["ivfflat"] = "ivfflat"
     lists: int | None = Field(default=None, ge=1, le=32768, strict=True)
     probes: int = Field(default=40, ge=1, le=32768, strict=True)
+    train_at: int | None = Field(default=10_000, ge=1, strict=True)
+    retrain_at: float | None = Field(default=2.0, gt=1.0, le=1000.0, strict=True)
 
     @model_validator(mode="after")
     def _check(self) -> IvfSettings:
@@ -148,6 +162,27 @@ class IvfSettings(BaseModel):
             return self.lists
         advised = rows // 1000 if rows <= 1_000_000 else math.isqrt(rows)
         return max(1, self.probes, min(advised, 32768))
+
+    def due(self, rows: int, trained: int | None) -> bool:
+        """Whether a model's index should be built now, over ``rows`` vectors.
+
+        ``trained``: the vectors its lists were trained on (``None``: it has no index).
+        """
+        if trained is None:
+            return self.train_at is not None and rows >= self.train_at
+        return self.retrain_at is not None and rows >= self.retrain_at * max(trained, 1)
+
+    def check_every(self) -> int:
+        """How many vectors a host writes between two looks at whether training is due.
+
+        A tenth of ``train_at`` (at most 1,000, at least 1): a look counts a model's
+        vectors, a few milliseconds per 100,000.
+
+        Example:
+            >>> IvfSettings().check_every(), IvfSettings(train_at=50).check_every()
+            (1000, 5)
+        """
+        return max(1, min((self.train_at or 10_000) // 10, 1000))
 
     def scan_settings(self, k: int) -> dict[str, str]:
         """The session settings that steer a search (pgvector's GUCs; ``k`` does not matter).
@@ -190,7 +225,7 @@ def vector_index(
 
     Example:
         >>> vector_index({"kind": "ivfflat", "probes": 8})
-        IvfSettings(kind='ivfflat', lists=None, probes=8)
+        IvfSettings(kind='ivfflat', lists=None, probes=8, train_at=10000, retrain_at=2.0)
         >>> vector_index({"m": 24, "ef_construction": 128}).m
         24
     """

@@ -134,6 +134,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - the extra is installed 
 from marsys_mem.store import postgres_search, postgres_vectors  # after the check: psycopg
 from marsys_mem.store.greenlets import run_sync_style
 from marsys_mem.store.postgres_async import AsyncIO, AsyncPools
+from marsys_mem.store.postgres_upkeep import IvfUpkeep, training_lock
 
 __all__ = ["MIGRATIONS", "Migration", "PostgresStore"]
 
@@ -560,6 +561,7 @@ class PostgresStore(MemoryStore):
             configure=self._aconfigure,
         )
         self._sync_io = _SyncIO(self._pool_or_raise, self._check_pool)
+        self._upkeep = IvfUpkeep(self._connect_once)  # IVFFlat lists trained as it grows
 
     supports_vectors: ClassVar[bool] = True  # see marsys_mem.store.postgres_vectors
 
@@ -632,6 +634,7 @@ class PostgresStore(MemoryStore):
         with self._lock:
             self.closed = True
             pool, self._pool = self._pool, None
+        self._upkeep.close()
         if pool is not None:
             pool.close()
             self._apools.close()
@@ -666,11 +669,45 @@ class PostgresStore(MemoryStore):
             return []
         with self._connect_once() as conn:
             try:
-                return postgres_search.rebuild_indexes(conn, self._search)
+                with training_lock(conn):  # not beside another host's training
+                    return postgres_search.rebuild_indexes(conn, self._search)
             except psycopg.Error as exc:
                 raise StoreError(
                     f"cannot rebuild the vector index on {self.where}: {self._clean(exc)}"
                 ) from exc
+
+    def train_vector_index(self, *, wait: bool = True) -> list[str]:
+        """Train each model's IVFFlat lists now if they are due (what the store does itself).
+
+        A store opened with :class:`~marsys_mem.model.hnsw.IvfSettings` looks by itself,
+        on a thread of its own, as it writes vectors (:mod:`marsys_mem.store.postgres_upkeep`):
+        a model's first index at ``train_at`` vectors, again at ``retrain_at`` times those
+        its lists were trained on. This looks now and waits for the training.
+
+        Args:
+            wait: wait while another host trains (else leave the training to it).
+
+        Returns:
+            The models whose index was built (none with HNSW settings or without pgvector).
+
+        Example:
+            >>> import os
+            >>> with PostgresStore(  # doctest: +SKIP
+            ...     os.environ["MARSYS_MEM_PG_DSN"], vector_index={"kind": "ivfflat"}
+            ... ) as store:
+            ...     store.train_vector_index()
+            ['all-MiniLM-L6-v2']
+        """
+        if self.closed:
+            raise StoreError(f"PostgresStore ({self.where}) is closed")
+        if self._search is None:
+            return []
+        try:
+            return self._upkeep.run(self._search, wait=wait)
+        except psycopg.Error as exc:
+            raise StoreError(
+                f"cannot train the vector index on {self.where}: {self._clean(exc)}"
+            ) from exc
 
     @contextmanager
     def bulk_load(self) -> Iterator[None]:
@@ -709,7 +746,8 @@ class PostgresStore(MemoryStore):
             self._search = setup
             with self._connect_once() as conn:
                 try:
-                    postgres_search.build_missing_indexes(conn, setup)
+                    with training_lock(conn):
+                        postgres_search.build_missing_indexes(conn, setup)
                 except psycopg.Error as exc:
                     raise StoreError(
                         f"cannot build the vector indexes on {self.where}: {self._clean(exc)}"
@@ -729,12 +767,13 @@ class PostgresStore(MemoryStore):
 
     def _run(self, ops: Sequence[Op], io: _IO) -> list[Any]:
         """Run ``ops`` as one transaction, retried until ``retry_timeout``, over ``io``."""
-        prepared = _Prepared(ops, self._search)  # serialise outside any connection
+        search = self._search
+        prepared = _Prepared(ops, search)  # serialise outside any connection
         deadline = time.monotonic() + self.retry_timeout
         delay = 0.05
         while True:
             try:
-                return self._attempt(prepared, deadline, io)
+                results = self._attempt(prepared, deadline, io)
             except _Retry as retry:
                 if isinstance(retry.cause, psycopg.OperationalError):
                     io.check_pool()
@@ -746,6 +785,14 @@ class PostgresStore(MemoryStore):
                     ) from retry.cause
                 io.sleep(delay)
                 delay = min(delay * 2, 1.0)
+            else:
+                if search is not None and prepared.writes:
+                    written: dict[str, int] = {}
+                    for op in ops:
+                        if isinstance(op, PutVectors):
+                            written[op.model] = written.get(op.model, 0) + len(op.message_ids)
+                    self._upkeep.wrote(search, written)
+                return results
 
     def _check_pool(self) -> None:
         """After a lost connection: drop the pool's dead idle connections (in background)."""

@@ -52,10 +52,12 @@ __all__ = [
     "KEYWORD_CHARS",
     "TEXT_CONFIG",
     "THREAD_FIELD",
+    "TRAINED_ON",
     "TSV_STATISTICS",
     "SearchSetup",
     "build_missing_indexes",
     "count_matches",
+    "count_vectors",
     "drop_indexes",
     "index_name",
     "key_filter",
@@ -67,6 +69,7 @@ __all__ = [
     "nearest_once",
     "open_search",
     "prepare_search",
+    "rebuild_index",
     "rebuild_indexes",
     "scans_exactly",
     "score_around",
@@ -74,6 +77,7 @@ __all__ = [
     "search_text",
     "search_vectors",
     "thread_index",
+    "trained_on",
     "tsv_statistics",
 ]
 
@@ -379,19 +383,17 @@ def model_index(
     without blocking writes (outside a transaction).
     """
     index = setup.index
+    rows = 0
     if isinstance(index, IvfSettings):
-        rows = conn.execute(
-            "SELECT count(*) FROM marsys_vectors WHERE model = %s", (model,)
-        ).fetchone()
+        rows = count_vectors(conn, model)
         method = sql.SQL("ivfflat")
-        options = sql.SQL("lists = {}").format(
-            sql.Literal(index.lists_for(int(rows[0]) if rows else 0))
-        )
+        options = sql.SQL("lists = {}").format(sql.Literal(index.lists_for(rows)))
     else:
         method = sql.SQL("hnsw")
         options = sql.SQL("m = {}, ef_construction = {}").format(
             sql.Literal(index.m), sql.Literal(index.ef_construction)
         )
+    name = name or index_name(model)
     conn.execute(
         sql.SQL(
             "CREATE INDEX {c}IF NOT EXISTS {n} ON marsys_vectors USING {method}"
@@ -399,7 +401,7 @@ def model_index(
             " WHERE model = {model}"
         ).format(
             c=sql.SQL("CONCURRENTLY " if concurrently else ""),
-            n=sql.Identifier(name or index_name(model)),
+            n=sql.Identifier(name),
             method=method,
             t=setup.halfvec(dim),
             s=sql.Identifier(setup.schema),
@@ -407,6 +409,40 @@ def model_index(
             model=sql.Literal(model),
         )
     )
+    if isinstance(index, IvfSettings):  # what the lists were trained on, kept with them
+        conn.execute(
+            sql.SQL("COMMENT ON INDEX {} IS {}").format(
+                sql.Identifier(name), sql.Literal(f"{TRAINED_ON}{rows}")
+            )
+        )
+
+
+TRAINED_ON = "marsys-mem: lists trained on "
+"""The start of an IVFFlat index's comment, before the number of vectors it was trained on."""
+
+
+def count_vectors(conn: Connection, model: str) -> int:
+    """How many vectors of ``model`` the store holds (an index-only count)."""
+    row = conn.execute("SELECT count(*) FROM marsys_vectors WHERE model = %s", (model,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def trained_on(conn: Connection, model: str) -> tuple[str | None, int | None]:
+    """``model``'s index method and the vectors its lists were trained on.
+
+    The method is ``None`` when the model has no index; the count is ``None`` for an HNSW
+    index or an IVFFlat one built before the count was kept.
+    """
+    row = conn.execute(
+        "SELECT a.amname, obj_description(c.oid, 'pg_class') FROM pg_class c"
+        " JOIN pg_am a ON a.oid = c.relam WHERE c.oid = to_regclass(%s)",
+        (index_name(model),),
+    ).fetchone()
+    if row is None:
+        return None, None
+    note = str(row[1] or "")
+    count = note[len(TRAINED_ON) :] if note.startswith(TRAINED_ON) else ""
+    return str(row[0]), int(count) if count.isdigit() else None
 
 
 def drop_indexes(conn: Connection) -> list[str]:
@@ -450,18 +486,28 @@ def rebuild_indexes(conn: Connection, setup: SearchSetup) -> list[str]:
         for r in conn.execute("SELECT model, dim FROM marsys_vector_models ORDER BY model")
     ]
     for model, dim in models:
-        name = index_name(model)
-        fresh = name[: len("marsys_hnsw_")] + "new_" + name[len("marsys_hnsw_") :]
-        conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(fresh)))
-        model_index(conn, setup, model, dim, name=fresh, concurrently=True)
-        with conn.transaction():
-            conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(name)))
-            conn.execute(
-                sql.SQL("ALTER INDEX {} RENAME TO {}").format(
-                    sql.Identifier(fresh), sql.Identifier(name)
-                )
-            )
+        rebuild_index(conn, setup, model, dim)
     return [model for model, _ in models]
+
+
+def rebuild_index(conn: Connection, setup: SearchSetup, model: str, dim: int) -> None:
+    """Build ``model``'s vector index again beside the old one, then swap them.
+
+    ``CREATE INDEX CONCURRENTLY`` (writes and searches go on; searches use the old index
+    meanwhile); ``conn`` is in autocommit mode. A build left unfinished (its connection
+    lost) is dropped by the next one.
+    """
+    name = index_name(model)
+    fresh = name[: len("marsys_hnsw_")] + "new_" + name[len("marsys_hnsw_") :]
+    conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(fresh)))
+    model_index(conn, setup, model, dim, name=fresh, concurrently=True)
+    with conn.transaction():
+        conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(name)))
+        conn.execute(
+            sql.SQL("ALTER INDEX {} RENAME TO {}").format(
+                sql.Identifier(fresh), sql.Identifier(name)
+            )
+        )
 
 
 def literals(vectors: np.ndarray[Any, Any]) -> list[str]:
