@@ -134,3 +134,26 @@ def test_close_stops_the_upkeep_and_a_closed_store_refuses_to_train(pgvector_dsn
 def test_bad_upkeep_settings_are_named(settings: dict[str, object], field: str) -> None:
     with pytest.raises(ValueError, match=field):
         PostgresStore("postgresql://nobody@127.0.0.1:1/none", vector_index=settings)
+
+
+def test_the_build_gets_the_memory_its_lists_need(pgvector_dsn: str) -> None:
+    """pgvector refuses an IVFFlat build past ``maintenance_work_mem`` (k-means keeps a
+    bound per sample and list); the store's build raises the session's setting to fit."""
+    sep = "&" if "?" in pgvector_dsn else "?"
+    small = f"{pgvector_dsn}{sep}options=-c%20maintenance_work_mem%3D1MB"
+    many = IvfSettings(lists=1000, probes=1, train_at=None, retrain_at=None)
+    with PostgresStore(small, vector_index=many) as store:
+        _add(store, 0, 300)
+        with psycopg.connect(small, autocommit=True) as conn:
+            assert conn.execute("SHOW maintenance_work_mem").fetchone() == ("1MB",)
+            with pytest.raises(psycopg.errors.ProgramLimitExceeded, match="maintenance_work_mem"):
+                conn.execute(
+                    "CREATE INDEX ON marsys_vectors USING ivfflat ((embedding::halfvec(16))"
+                    " halfvec_cosine_ops) WITH (lists = 1000)"
+                )
+        assert store.rebuild_vector_index() == [MODEL]
+    with psycopg.connect(small) as conn:
+        assert postgres_search.trained_on(conn, MODEL) == ("ivfflat", 300)
+        name = postgres_search.index_name(MODEL)
+        row = conn.execute("SELECT reloptions FROM pg_class WHERE relname = %s", (name,))
+        assert row.fetchone() == (["lists=1000"],)
