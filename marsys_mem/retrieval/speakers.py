@@ -53,6 +53,9 @@ _GREETING = re.compile(
 )
 _LAST_WORD = re.compile(r"[,\s]([A-Z][a-z]{2,})\s*[!?.]*\s*$")
 
+_Initials = dict[str, tuple[tuple[str, tuple[str, ...]], ...]]
+"""Distinct names and aliases by first letter: ``(name, the speakers it names)``."""
+
 
 class Authored(Protocol):
     """A message as far as speakers go: a ``name`` and ``metadata``."""
@@ -125,10 +128,9 @@ class SpeakerNames:
         self._last: dict[str, str] = {}  # thread -> its last speaker
         self._turns: Counter[str] = Counter()  # speaker -> messages observed
         self._forms: dict[str, frozenset[str]] | None = None  # speaker -> names and aliases
-        # the forms by first letter, and the forms they were made from
-        self._initials: (
-            tuple[dict[str, frozenset[str]], dict[str, tuple[tuple[str, str], ...]]] | None
-        ) = None
+        # the forms they were made from, and each distinct form (with the speakers it
+        # names) by its first letter
+        self._initials: tuple[dict[str, frozenset[str]], _Initials] | None = None
 
     def __len__(self) -> int:
         return len(self._names)
@@ -224,34 +226,40 @@ class SpeakerNames:
         with self._lock:
             known = self._forms_locked()
             initials = self._initials_locked()
-        extra: dict[str, list[tuple[str, str]]] = {}
+        extra: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
         for speaker in speakers:
             if speaker and speaker not in known:
                 for name in {w for w in _words(speaker) if len(w) >= 2}:
-                    extra.setdefault(name[0], []).append((speaker, name))
+                    extra.setdefault(name[0], []).append((name, (speaker,)))
         if not known and not extra:
             return None
         words = {w for w in _words(query) if len(w) >= 3}
         # same_name() holds only between words of the same first letter: each word is
-        # compared with those names only (a big store knows thousands of speakers)
-        named = {
-            speaker
-            for word in words
-            for group in (initials.get(word[0], ()), extra.get(word[0], ()))
-            for speaker, name in group
-            if same_name(word, name)
-        }
-        return named.pop() if len(named) == 1 else None
+        # compared with those names only, each distinct name once (a big store knows
+        # thousands of speakers, who share learned aliases: "sunday", "night"); a second
+        # speaker named settles it
+        named: set[str] = set()
+        for word in words:
+            for group in (initials.get(word[0], ()), extra.get(word[0], ())):
+                for name, owners in group:
+                    if same_name(word, name):
+                        named.update(owners)
+                        if len(named) > 1:
+                            return None
+        return named.pop() if named else None
 
-    def _initials_locked(self) -> dict[str, tuple[tuple[str, str], ...]]:
-        """``(speaker, name or alias)`` of the known forms, by the name's first letter."""
+    def _initials_locked(self) -> _Initials:
+        """The distinct names and aliases of the known forms by first letter, and their speakers."""
         forms = self._forms_locked()
         if self._initials is None or self._initials[0] is not forms:
-            groups: dict[str, list[tuple[str, str]]] = {}
+            owners: dict[str, list[str]] = {}
             for speaker, names in forms.items():
                 for name in names:
                     if name:
-                        groups.setdefault(name[0], []).append((speaker, name))
+                        owners.setdefault(name, []).append(speaker)
+            groups: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
+            for name, of in owners.items():
+                groups.setdefault(name[0], []).append((name, tuple(of)))
             self._initials = (forms, {k: tuple(v) for k, v in groups.items()})
         return self._initials[1]
 
@@ -268,11 +276,12 @@ def same_name(word: str, name: str) -> bool:
     """
     if word == name:
         return True
-    if len(name) < 4 or len(word) < 4 or word[0] != name[0]:
+    short, total = min(len(word), len(name)), len(word) + len(name)
+    if short < 4 or word[0] != name[0]:
         return False
-    match = difflib.SequenceMatcher(None, word, name)  # its cheap upper bounds first
-    return (
-        match.real_quick_ratio() >= FUZZY
-        and match.quick_ratio() >= FUZZY
-        and (match.ratio() >= FUZZY)
-    )
+    # the bounds first, cheapest first: real_quick_ratio()'s (from the lengths alone,
+    # computed as difflib does), before a matcher is even made
+    if 2.0 * short / total < FUZZY:
+        return False
+    match = difflib.SequenceMatcher(None, word, name)
+    return match.quick_ratio() >= FUZZY and match.ratio() >= FUZZY
