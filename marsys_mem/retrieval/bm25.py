@@ -137,6 +137,7 @@ class BM25Index:
 
     __slots__ = (
         "_arrays",
+        "_contributions",
         "_doc_terms",
         "_free",
         "_generation",
@@ -170,6 +171,10 @@ class BM25Index:
         # the latter built lazily and dropped when the term's postings change
         self._len_array: npt.NDArray[np.float64] = np.zeros(64)
         self._arrays: dict[str, tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]] = {}
+        # term -> each of its documents' share of a score, for the weights of one
+        # (generation, k1, b): a big index's common words are in many queries, and the share
+        # costs more to work out than to add up
+        self._contributions: tuple[tuple[int, float, float], _Shares] = ((-1, 0.0, 0.0), {})
         # the last query's scores of every slot, reused while the index is unchanged (a
         # hybrid search asks for the best documents, then for its candidates' scores)
         self._generation = 0
@@ -292,6 +297,7 @@ class BM25Index:
         self._free.clear()
         self._total_length = 0
         self._arrays.clear()
+        self._contributions = ((-1, 0.0, 0.0), {})
         self._generation += 1
         self._last = None
         self._len_array = np.zeros(64)
@@ -482,16 +488,32 @@ class BM25Index:
         key = (tuple(terms), self._generation, self.k1, self.b)
         if self._last is not None and self._last[0] == key:
             return self._last[1]
-        k1p, base, slope = self._weights()
         acc = np.zeros(len(self._ids))
         hit = np.zeros(len(self._ids), dtype=bool)
         for term in terms:
-            slots, tfs = self._term_arrays(term)
-            w = self._idf(len(slots)) * k1p
-            acc[slots] += w * tfs / (tfs + base + slope * self._len_array[slots])
+            slots, shares = self._contribution(term)
+            acc[slots] += shares
             hit[slots] = True
         self._last = (key, (acc, hit))
         return acc, hit
+
+    def _contribution(self, term: str) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
+        """A term's documents (slots) and each one's share of a score.
+
+        Cached while the index and its weights (``k1``, ``b``) are unchanged.
+        """
+        weights = (self._generation, self.k1, self.b)
+        held, cache = self._contributions
+        if held != weights:
+            cache = {}
+            self._contributions = (weights, cache)
+        slots, tfs = self._term_arrays(term)
+        shares = cache.get(term)
+        if shares is None:
+            k1p, base, slope = self._weights()
+            w = self._idf(len(slots)) * k1p
+            shares = cache[term] = w * tfs / (tfs + base + slope * self._len_array[slots])
+        return slots, shares
 
     def _term_arrays(self, term: str) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
         cached = self._arrays.get(term)
@@ -507,6 +529,7 @@ class BM25Index:
 
 
 _Accumulated = tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]
+_Shares = dict[str, npt.NDArray[np.float64]]
 
 
 def score_with_stats(
