@@ -346,6 +346,10 @@ class BM25Index:
             return [(ids[slot], score) for slot, score in best]  # type: ignore[misc]
         slots, values = self._score_arrays(terms)
         if k < len(slots):  # keep everything tied with the k-th score, then cut exactly
+            floor = self._floor(terms, k, len(slots))
+            if floor is not None:  # the k-th score is at least this: most documents fall below
+                keep = values >= floor
+                slots, values = slots[keep], values[keep]
             kth = np.partition(values, len(values) - k)[len(values) - k]
             keep = values >= kth
             slots, values = slots[keep], values[keep]
@@ -477,6 +481,21 @@ class BM25Index:
         acc, hit = self._accumulate(terms)
         found = np.flatnonzero(hit)
         return found, acc[found]
+
+    def _floor(self, terms: list[str], k: int, matched: int) -> float | None:
+        """A score the ``k``-th best of the ``matched`` documents reaches, for a cheap cut.
+
+        The ``k``-th best score of the rarest term's documents (each matches): at most the
+        ``k``-th best of all. ``None`` where no term has ``k`` documents, or the rarest that
+        does has more than a quarter of the matches (a cut saves little).
+        """
+        sizes = [(len(self._postings[t]), t) for t in terms]
+        n, term = min(((n, t) for n, t in sizes if n >= k), default=(0, ""))
+        if not n or 4 * n > matched:
+            return None
+        acc, _ = self._accumulate(terms)
+        mine = acc[self._term_arrays(term)[0]]
+        return float(np.partition(mine, n - k)[n - k])
 
     def _prepared(self, terms: list[str]) -> bool:
         """Whether :meth:`_accumulate` has these terms' scores at hand."""

@@ -276,3 +276,22 @@ def test_queries_are_fast_at_10k_documents():
         idx.search(q, 10)
         times.append(time.perf_counter() - start)
     assert statistics.median(times) < 0.010
+
+
+def test_a_rare_terms_documents_cut_the_common_ones_exactly():
+    # the k-th best score of a rare term's documents cuts the common term's many matches
+    # before the exact cut: the same hits, ties included; the cached score shares follow
+    # a change of k1 or b and of the index
+    idx = BM25Index()
+    docs = [(f"c{i}", "common word " * (1 + i % 3) + f"filler{i % 7}") for i in range(4000)]
+    docs += [(f"r{i}", f"rare common {'extra ' * (i % 4)}") for i in range(60)]
+    random.Random(5).shuffle(docs)
+    idx.add_many(docs)
+    for query in ["rare common", "common rare word", "rare filler3 common"]:
+        for k in (1, 7, 50, 60, 61):
+            assert idx.search(query, k) == _reference(idx, query, k)
+    idx.k1, idx.b = 0.9, 0.4
+    assert idx.search("rare common", 20) == _reference(idx, "rare common", 20)
+    idx.add("new", "rare rare common")
+    assert idx.search("rare common", 20) == _reference(idx, "rare common", 20)
+    assert idx.search("rare common", 1)[0][0] == "new"
