@@ -108,3 +108,33 @@ def test_speaker_weight_is_validated_and_zero_is_off():
         RAGMemory(None, speaker_weight=-1)
     with chat_memory(speaker_weight=0.0) as mem:
         assert mem.ranking.speaker_weight == 0.0
+
+
+def test_an_alias_several_speakers_share_names_none_of_them():
+    # a big store's speakers share learned aliases ("sunday": "See you Sunday!"); named()
+    # compares each distinct name once, for all the speakers it names
+    names = SpeakerNames()
+    for who in ["Ana", "Ben", "Cleo"]:
+        for _ in range(3):
+            names.observe(who, "hello", thread=who)
+            names.observe("Zed", "See you Sunday", thread=who)
+    aliases = names.aliases()
+    assert all("sunday" in aliases[who] for who in ["Ana", "Ben", "Cleo"])
+    assert names.named("What happened on Sunday?") is None
+    assert names.named("What did Cleo do on Sunday?") is None  # Cleo, and all three
+    assert names.named("What did Cleo say?") == "Cleo"
+    assert names.named("What did Cleo say?", ["Dora"]) == "Cleo"
+    assert names.named("Did Dora and Cleo meet?", ["Dora"]) is None
+
+
+def test_same_name_agrees_with_difflib():
+    import difflib
+
+    from marsys_mem.retrieval.speakers import FUZZY, same_name
+
+    words = ["kate", "katie", "kathrine", "muhammad", "muhhamed", "maya", "mayaaaaaa", "max"]
+    for word in words:
+        for name in words:
+            ratio = difflib.SequenceMatcher(None, word, name).ratio()
+            fuzzy = min(len(word), len(name)) >= 4 and word[0] == name[0] and ratio >= FUZZY
+            assert same_name(word, name) == (word == name or fuzzy)
