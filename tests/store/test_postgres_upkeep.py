@@ -155,5 +155,6 @@ def test_the_build_gets_the_memory_its_lists_need(pgvector_dsn: str) -> None:
     with psycopg.connect(small) as conn:
         assert postgres_search.trained_on(conn, MODEL) == ("ivfflat", 300)
         name = postgres_search.index_name(MODEL)
-        row = conn.execute("SELECT reloptions FROM pg_class WHERE relname = %s", (name,))
+        # (by to_regclass: the test's own schema, where other tests' stores have theirs)
+        row = conn.execute("SELECT reloptions FROM pg_class WHERE oid = to_regclass(%s)", (name,))
         assert row.fetchone() == (["lists=1000"],)
