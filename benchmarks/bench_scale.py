@@ -351,6 +351,7 @@ def host(
     store = open_store(system, target, index)
     mem = RAGMemory(Lookup(table), store=store, key=KEY, background=False, **options)
     len(mem)  # opened: the fallback has loaded every vector and message by now
+    mem.flush()  # and made the codes its flat index scans (SQLite, faiss/host)
     mem.search(texts[0], k=10, min_score=None)
     out["open_s"] = time.perf_counter() - start
     out["rss_open"] = rss_mb()

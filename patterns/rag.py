@@ -906,6 +906,10 @@ class RAGMemory(Closing):
     def flush(self, timeout: float | None = None) -> None:
         """Wait for pending embeddings, then save the index to ``index_path`` (if set).
 
+        Also waits for the compact codes a large vector index scans (made in the background
+        from 4,096 vectors, about 30 s at 1M: the searches until then score every vector),
+        so the searches after a flush run at their steady speed.
+
         Raises:
             EmbeddingError: the embedder failed on messages since the last flush (they stay
                 searchable by keywords; see :attr:`failed`). Raised once per failure.
@@ -916,6 +920,7 @@ class RAGMemory(Closing):
         if sync is None:
             return
         sync.wait(timeout)
+        sync.index.build_codes()
         sync.save()
         failed = sync.take_unreported()
         if failed:

@@ -234,6 +234,7 @@ def _parse_header(
             raise IndexCorruptError(f"corrupt {where}: header field {key!r} is missing or invalid")
     if header["kind"] not in ("flat", "hnsw") or header["requested_kind"] not in (
         "flat",
+        "ivf",
         "hnsw",
         "auto",
     ):

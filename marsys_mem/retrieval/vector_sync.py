@@ -233,6 +233,7 @@ class VectorSync:
             index = self.index
             missing = [mid for mid in want if mid not in index]
         self.embed_ids(missing)
+        index.build_codes(wait=False)  # a large index's first queries need not wait for them
 
     def adopt_locked(self, message_ids: Sequence[str], vectors: npt.NDArray[np.float32]) -> int:
         """Index stored vectors of messages that have none yet (no embedding); the count."""

@@ -188,7 +188,8 @@ def test_a_dumped_config_loads_back_with_the_same_ranking(tmp_path):
         ("{ranking: chat}", False),
         ("{ranking: {context_turns: 9}}", False),
         ("{mode: semantic}", False),
-        ("{ingest: {index_kind: ivf}}", False),
+        ("{ingest: {index_kind: ivf}}", True),
+        ("{ingest: {index_kind: lsh}}", False),
     ],
 )
 def test_the_json_schema_accepts_what_the_loader_accepts(rag, valid):

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from marsys_mem.exceptions import EmbeddingError, IndexCorruptError, StoreError
+from marsys_mem.retrieval.codes import lists_for
 from marsys_mem.retrieval.index import (
     COARSE_FROM,
     FORMAT_VERSION,
@@ -212,6 +213,66 @@ def test_a_large_flat_index_finds_its_best_through_codes_that_follow_its_rows(
         assert got[0].tolist() == full_scan_top(loaded, query, 100, monkeypatch)[0].tolist()
 
 
+def clustered(rng: np.random.Generator, n: int, dim: int, centres: int = 60) -> np.ndarray:
+    """Unit vectors around ``centres`` random directions, as embeddings of topics are."""
+    middle = unit(rng, centres, dim)
+    v = middle[rng.integers(0, centres, n)] + 0.35 * unit(rng, n, dim)
+    return (v / np.linalg.norm(v, axis=1, keepdims=True)).astype(np.float32)
+
+
+def test_an_ivf_index_splits_its_codes_into_lists_that_follow_its_rows(tmp_path, monkeypatch):
+    """From lists_from vectors an "ivf" index's codes are split into lists under their row
+    numbers: appends, removals (the later rows renumbered) and replacements keep every
+    stored vector finding itself first with its exact score; a query scans a twelfth of
+    the lists and still finds most of the exact best 10; a save and load keeps the kind
+    and the threshold; below the threshold it is a flat index."""
+    dim, rng = 32, np.random.default_rng(5)
+    n = 2 * COARSE_FROM
+    vecs = clustered(rng, n, dim)
+    index = FaissIndex(dim, "ivf", lists_from=COARSE_FROM)
+    assert (index.kind, index.requested_kind) == ("flat", "ivf")
+    index.add([f"id{i}" for i in range(n)], vecs)
+    near = vecs[rng.integers(0, n, 30)] + 0.2 * unit(rng, 30, dim)  # asked near stored ones
+    queries = near / np.linalg.norm(near, axis=1)[:, None]
+
+    def check(index: FaissIndex) -> None:
+        assert index.build_codes()
+        codes = index._codes._codes
+        assert codes is not None
+        assert codes.lists == lists_for(codes.trained_rows)
+        assert codes.rows == len(index)
+        ids = index.ids()
+        for i in range(0, len(ids), 61):
+            vector = index.vectors([ids[i]])
+            labels, got = index.query_scores(vector).top(1)
+            assert index.ids_of_labels(labels) == [ids[i]]
+            assert got[0] == pytest.approx(float(vector[0] @ vector[0]), abs=1e-5)
+        found = []
+        for query in queries:
+            labels, got = index.query_scores(query[None, :]).top(10)
+            exact = index.inner_products(index.ids_of_labels(labels), query)
+            np.testing.assert_allclose(got, exact, atol=1e-5)  # scored exactly
+            want = full_scan_top(index, query, 10, monkeypatch)[0]
+            found.append(len(set(labels.tolist()) & set(want.tolist())) / 10)
+        assert np.mean(found) >= 0.85, found
+
+    check(index)
+    index.add([f"late{i}" for i in range(300)], clustered(rng, 300, dim))  # coded on search
+    index.remove([f"id{i}" for i in range(0, 3000, 5)])  # later rows renumbered
+    index.add(["id1", "id4001"], clustered(rng, 2, dim))  # replaced: removed and appended
+    check(index)
+    index.save(tmp_path / "ivf.faiss")
+    loaded = FaissIndex.load(tmp_path / "ivf.faiss")
+    assert loaded.requested_kind == "ivf"
+    assert FaissIndex.read_header(tmp_path / "ivf.faiss")["lists_from"] == COARSE_FROM
+    check(loaded)
+    small = FaissIndex(dim, "ivf")  # below LISTS_FROM: one plain scan of every code
+    small.add([f"s{i}" for i in range(COARSE_FROM)], vecs[:COARSE_FROM])
+    assert small.build_codes()
+    assert small._codes._codes is not None
+    assert small._codes._codes.lists == 0
+
+
 def test_codes_made_while_rows_moved_are_made_again_and_failures_leave_the_full_scan(
     monkeypatch, caplog
 ):
@@ -230,7 +291,7 @@ def test_codes_made_while_rows_moved_are_made_again_and_failures_leave_the_full_
 
     from marsys_mem.retrieval import codes as codes_module
 
-    def broken(read: object, n: int, layout: int) -> None:
+    def broken(read: object, n: int, layout: int, lists_from: int | None = None) -> None:
         raise MemoryError("no room for codes")
 
     monkeypatch.setattr(codes_module.Codes, "make", staticmethod(broken))
@@ -470,7 +531,13 @@ def test_bad_remove_raises_and_changes_nothing():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"dim": 0}, {"dim": 4, "kind": "ivf"}, {"dim": 4, "hnsw_m": 1}, {"dim": 4, "ef_search": 0}],
+    [
+        {"dim": 0},
+        {"dim": 4, "kind": "lsh"},
+        {"dim": 4, "hnsw_m": 1},
+        {"dim": 4, "ef_search": 0},
+        {"dim": 4, "lists_from": 100},
+    ],
 )
 def test_bad_settings(kwargs):
     with pytest.raises(ValueError):  # noqa: PT011
@@ -772,8 +839,7 @@ def test_rows_hold_while_the_layout_does_and_score_like_inner_products(kind):
     assert (rows[[0, 2, 3]] >= 0).all()
     want = [model["id3"] @ query, np.nan, model["id39"] @ query, model["id0"] @ query]
     np.testing.assert_allclose(index.row_inner_products(rows, query), want, atol=1e-6)
-    np.testing.assert_allclose(index.query_scores(query[None, :]).row_scores(rows), want,
-                               atol=1e-6)
+    np.testing.assert_allclose(index.query_scores(query[None, :]).row_scores(rows), want, atol=1e-6)
     layout = index.layout
     index.add(["late"], unit(np.random.default_rng(9), 1))  # appended: nothing moves
     assert index.layout == layout

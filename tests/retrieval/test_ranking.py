@@ -106,7 +106,7 @@ def test_unknown_fields_and_both_weights_zero_are_refused():
     with pytest.raises(ValidationError, match="batch_size"):
         Ingest(batch_size=0)
     with pytest.raises(ValidationError, match="index_kind"):
-        Ingest.model_validate({"index_kind": "ivf"})
+        Ingest.model_validate({"index_kind": "lsh"})
 
 
 def test_the_models_are_frozen():
