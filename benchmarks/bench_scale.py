@@ -15,7 +15,9 @@ seed 7) and the same vectors go into:
 * **langgraph**: ``langgraph.store.postgres.PostgresStore`` with its pgvector index
   (``index={"dims": 384, "embed": ..., "fields": ["text"]}``, HNSW), same server as pgvector;
   dense search only (it has no keyword ranking);
-* **sqlite** (``--sqlite-sizes``): ``RAGMemory`` on a ``SQLiteStore`` file, one host.
+* **sqlite** (``--sqlite-sizes``): ``RAGMemory`` on a ``SQLiteStore`` file, one host,
+  measured again per ``--sqlite-variants`` (by default ``index_kind="flat"``: its vector
+  codes scanned in full, where the default ``"ivf"`` splits them into lists from 200,000).
 
 Each system is searched by a separate host process (this script with ``--host``): its RSS
 after opening (and the open time), ``--searches`` searches (half hybrid, half dense; all
@@ -446,6 +448,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", default="10000,100000,1000000")
     parser.add_argument("--systems", default="pgvector,pgvector-ivf,faiss,langgraph")
     parser.add_argument("--sqlite-sizes", default="10000,1000000")
+    parser.add_argument(
+        "--sqlite-variants",
+        default='index_kind="flat"',
+        help="sqlite measured again per variant (RAGMemory options, as --variants): by "
+        'default index_kind="flat", the vector codes scanned in full (the default "ivf" '
+        "splits them into lists from 200,000 vectors); empty: none",
+    )
     parser.add_argument("--searches", type=int, default=1000)
     parser.add_argument(
         "--variants",
@@ -488,6 +497,7 @@ def main(argv: list[str] | None = None) -> None:
     sqlite_sizes = {int(s) for s in args.sqlite_sizes.split(",") if s}
     systems = [s for s in args.systems.split(",") if s]
     variants = [v for v in args.variants.split(",") if v]
+    sqlite_variants = [v for v in args.sqlite_variants.split(",") if v]
     corpus = generate(max(max(sizes), args.corpus), 7)
     model = SentenceTransformerEmbedder(cache_size=0)
     cache = VectorCache(model, args.cache_dir)
@@ -568,7 +578,11 @@ def main(argv: list[str] | None = None) -> None:
                 settle(system, target)
                 size_bytes = database_size(system, target)
                 mine = [v for v in variants if not (ivf and v.startswith("ef_search"))]
-                for variant in [""] + (mine if system.startswith("pgvector") else []):
+                if system == "sqlite":
+                    mine = sqlite_variants
+                elif not system.startswith("pgvector"):
+                    mine = []
+                for variant in ["", *mine]:
                     label = system if not variant else f"{system} ({variant.replace(';', ', ')})"
                     if ivf:
                         both = ";".join(filter(None, [ivf, variant]))
