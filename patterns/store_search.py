@@ -67,6 +67,7 @@ __all__ = [
     "Found",
     "StoreSearch",
     "TextPages",
+    "TextTurns",
     "Turn",
     "TurnLike",
     "idf",
@@ -192,6 +193,25 @@ class Turn:
             data.get("metadata") or {},
             datetime.fromisoformat(data["timestamp"]),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class TextTurns:
+    """The turns around a query's keyword matches, with their cosines (``ScoreAround``).
+
+    Attributes:
+        rows: the matches' rows and those of the turns read around them.
+        alone: the matches read without their turns (past ``near``).
+        near_by: the ids of the rows read around a match (the matches among them).
+
+    Example:
+        >>> TextTurns([], frozenset(), frozenset()).rows
+        []
+    """
+
+    rows: list[TurnRow]
+    alone: frozenset[str]
+    near_by: frozenset[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -426,6 +446,7 @@ class StoreSearch:
         *,
         around: tuple[int, int] | None = None,
         near: int | None = None,
+        text_turns: Callable[[], TextTurns] | None = None,
     ) -> Found:
         """The store's ``depth`` best candidates on each side, their messages and scores.
 
@@ -435,8 +456,11 @@ class StoreSearch:
         many turns before and after each candidate in its thread to read too, each with
         its cosine and keyword score (``ScoreAround``); ``near``: only around each side's
         best ``near`` candidates (the others are read alone: :attr:`Found.bare`; ``None``:
-        around all). A dense search alone (no keyword side, no turns around) reads its
-        hits' messages with them (``with_data``).
+        around all); ``text_turns()``: the keyword matches' turns (:meth:`text_turns`, for
+        ``text_pages()``'s matches, which may have been read on another thread beside the
+        dense side's; ``None``: read here, those of the matches the dense side's did not
+        read). A dense search alone (no keyword side, no turns around) reads its hits'
+        messages with them (``with_data``).
         """
         dense: list[tuple[str, float]] = []
         dense_done = True
@@ -471,9 +495,16 @@ class StoreSearch:
             # a turn's window does not depend on the other ids: the keyword hits' turns
             # are read apart and the two sets merged in the key's order
             rest = [mid for mid in ids if mid not in read]
-            if rest:
+            more: list[TurnRow] = []
+            if text_turns is not None:  # all the matches' turns, read beside the dense's
+                ahead = text_turns()
+                more = ahead.rows
+                unlinked |= ahead.alone
+                near_by |= ahead.near_by
+            elif rest:
                 best = matched[:near] if near is not None else None
                 more = self._read_turns(rest, best, qvec, around, unlinked, near_by)
+            if more:
                 rows = sorted(
                     {r.position: r for r in rows + more}.values(), key=lambda r: r.position
                 )
@@ -496,6 +527,26 @@ class StoreSearch:
         exhausted = dense_done and (pages is None or pages.exhausted)
         bare = frozenset(unlinked)
         return Found(dense, text, cosines, keyword, messages, None, exhausted, light, bare)
+
+    def text_turns(
+        self,
+        pages: TextPages,
+        qvec: npt.NDArray[np.float32],
+        around: tuple[int, int],
+        near: int | None = None,
+    ) -> TextTurns:
+        """The turns around ``pages``' matches (around its best ``near``), with cosines.
+
+        As :meth:`search` reads them, for a helper thread to read beside the dense side's.
+        A match that is also a dense candidate has its turns read twice (once here): the
+        price of not waiting for the dense search.
+        """
+        alone: set[str] = set()
+        near_by: set[str] = set()
+        matched = pages.ids()
+        best = matched[:near] if near is not None else None
+        rows = self._read_turns(matched, best, qvec, around, alone, near_by) if matched else []
+        return TextTurns(rows, frozenset(alone), frozenset(near_by))
 
     def _read_turns(
         self,
