@@ -38,6 +38,7 @@ from marsys_mem.patterns.store_search import (
     Found,
     StoreSearch,
     TextPages,
+    TextTurns,
     TurnLike,
     keyword_text,
 )
@@ -105,21 +106,27 @@ def _answers(
     need: SlotArray,
     grid: npt.NDArray[np.intp],
     messages: Mapping[str, TurnLike],
+    asked_of: Callable[[SlotArray], npt.NDArray[np.int64]] | None = None,
 ) -> npt.NDArray[np.bool_]:
     """Which candidates (``grid[0]``) answer the turn before them (``grid[1]``).
 
     That turn asks and another speaker wrote it
     (:func:`~marsys_mem.retrieval.answers.answers_question`); ``need`` holds the slots of
-    ``links`` that the grid's cells point at (``len(need)``: no such turn).
+    ``links`` that the grid's cells point at (``len(need)``: no such turn);
+    ``asked_of(slots)``: whether the messages of ``slots`` ask, 1 or 0 (memoised; ``None``:
+    worked out here from their texts).
     """
     m = len(need)
     asked = np.zeros(m + 1, dtype=bool)
     speakers = np.full(m + 1, -1, dtype=np.intp)
     before = grid[1]
     cells = np.unique(before[before < m])  # the turns before: which ask
-    for cell, mid in zip(cells.tolist(), links.ids_of(need[cells]), strict=True):
-        turn = messages.get(mid)
-        asked[cell] = turn is not None and asks(turn.text)
+    if asked_of is not None:
+        asked[cells] = asked_of(need[cells]) > 0
+    else:
+        for cell, mid in zip(cells.tolist(), links.ids_of(need[cells]), strict=True):
+            turn = messages.get(mid)
+            asked[cell] = turn is not None and asks(turn.text)
     after = asked[before].nonzero()[0]  # only the turns after one that asks: who wrote them
     if not len(after):
         return np.zeros(len(before), dtype=bool)
@@ -386,6 +393,8 @@ class RAGMemory(Closing):
         # per thread slot (which is also the message's BM25 slot): its vector label
         # per thread slot: the storage row of the message's vector, for one index layout
         self._row_memo: tuple[FaissIndex | None, int, SlotMemo] = (None, -1, SlotMemo())
+        # whether each message of the thread links asks (1) or not (0), by slot
+        self._asks_memo = SlotMemo()
         self._slot_memo: tuple[FaissIndex | None, LabelSlots] = (None, LabelSlots())
         self._closed = False
         # the vectors in the store (set by _open when they go through it)
@@ -706,6 +715,15 @@ class RAGMemory(Closing):
         reply = 1 if self.ranking.reply_weight else 0
         return reply + turns, min(turns, _SPREAD) + reply
 
+    def _ask_flags(self, ids: list[str]) -> npt.NDArray[np.int64]:
+        """Whether each of this memory's messages ``ids`` asks a question: 1 or 0."""
+        messages = self._messages
+        return np.fromiter(
+            (1 if (m := messages.get(mid)) is not None and asks(m.text) else 0 for mid in ids),
+            dtype=np.int64,
+            count=len(ids),
+        )
+
     def _thread_of(self, m: TurnLike) -> str:
         """The conversation thread of ``m``: ``metadata[thread_key]``, else one shared thread."""
         if self.ranking.thread_key is None:
@@ -1020,6 +1038,16 @@ class RAGMemory(Closing):
         if mode != "dense":  # beside the forward pass and the dense search
             text = WorkAhead.start(lambda: self._searching.text_pages(query, first))
         qvec = self._embed_query(query) if mode != "bm25" else None
+        around = (self._context_window() or (0, 0)) if mode == "hybrid" else None
+        near = self.ranking.context_candidates
+        turns: WorkAhead[TextTurns] | None = None
+        if text is not None and qvec is not None and around is not None:
+            # the keyword matches' turns, read beside the dense search and its turns
+            pages = text
+            vector = qvec
+            turns = WorkAhead.start(
+                lambda: self._searching.text_turns(pages.result(), vector, around, near)
+            )
 
         def rank(depth: int) -> tuple[Sequence[Candidate], bool, Mapping[str, Message]]:
             def pages() -> TextPages | None:
@@ -1027,10 +1055,11 @@ class RAGMemory(Closing):
                     return None
                 return text.result() if depth == first else self._searching.text_pages(query, depth)
 
-            around = (self._context_window() or (0, 0)) if mode == "hybrid" else None
             keyword = pages if text is not None else None
-            near = self.ranking.context_candidates
-            found = self._searching.search(query, qvec, keyword, depth, around=around, near=near)
+            ahead = turns.result if turns is not None and depth == first else None
+            found = self._searching.search(
+                query, qvec, keyword, depth, around=around, near=near, text_turns=ahead
+            )
             if mode == "dense":
                 ranked: Sequence[Candidate] = [(mid, c, c, None) for mid, c in found.dense]
             elif mode == "bm25":
@@ -1402,7 +1431,13 @@ class RAGMemory(Closing):
         answers = None
         if self.ranking.answer_weight and turns:
             found = self._messages if messages is None else messages
-            answers = _answers(links, need, grid, found)
+            asked_of = None
+            if messages is None:  # this memory's links: whether a message asks, once
+
+                def asked_of(slots: SlotArray) -> npt.NDArray[np.int64]:
+                    return self._asks_memo.get(links, slots, self._ask_flags)
+
+            answers = _answers(links, need, grid, found, asked_of)
         order, fused = rank_in_context(own, has_vec, grid, threads, self.ranking, answers)
         picked = grid[0][order]
         dense_own = np.where(has_vec[picked], own[0, picked], np.nan)
