@@ -169,6 +169,33 @@ def test_the_answer_to_another_speakers_question_gains_from_it():
     assert after[answer] - after[other] > before[answer] - before[other]
 
 
+def test_whether_a_turn_asks_is_worked_out_again_when_its_message_changes():
+    """The answer cue keeps whether each message asks, by thread slot: when the last two
+    turns (statements) are removed and a question and its answer are added in their freed
+    slots, the question is read afresh, and the turns rank exactly as in a memory that
+    held these messages from the start."""
+    from marsys_mem import Message
+    from marsys_mem.patterns import RAGMemory
+    from marsys_mem.retrieval.embeddings import HashingEmbedder
+
+    query = "How is the new job going?"
+    plain = {"self_weight": 0.0, "question_weight": 0.0}
+    now = [
+        *TURNS[:2],
+        ("Kate", "And how is the new job going for your sister?"),
+        ("Elise", "Her new job is going well, she says"),
+    ]
+    fresh = RAGMemory(HashingEmbedder(64), background=False, **plain)  # type: ignore[arg-type]
+    with chat_memory(**plain) as mem, fresh:
+        mem.search(query, k=4, min_score=None)  # each turn's flag worked out
+        mem.remove([m.message_id for m in reversed(mem.messages()[2:])])
+        mem.add_many(Message.user(t, name=n) for n, t in now[2:])  # into the freed slots
+        fresh.add_many(Message.user(t, name=n) for n, t in now)
+        want = {h.text: h.fused for h in fresh.search(query, k=4, min_score=None)}
+        got = {h.text: h.fused for h in mem.search(query, k=4, min_score=None)}
+    assert got == pytest.approx(want)
+
+
 def test_a_turn_telling_of_its_speaker_ranks_above_one_speaking_to_the_listener():
     query = "bakery job"
     plain = {"answer_weight": 0.0, "question_weight": 0.0}
