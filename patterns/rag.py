@@ -1485,7 +1485,13 @@ class RAGMemory(Closing):
                     flags["when"] = _flags(turns, lambda i, m: self._mentions_time(best[i][0], m))
                 else:
                     flags["when"] = _flags(turns, lambda _, m: mentions_time(m.text))
-            if tells:
+            if tells and messages is None:  # this memory's: whether each asks, once
+                slots = self._links.slots([mid for mid, *_ in best])
+                linked = slots >= 0  # (a message with no text to index is not)
+                told = _flags(turns, lambda i, m: not linked[i] and not asks(m.text))
+                told[linked] = self._asks_memo.get(self._links, slots[linked], self._ask_flags) == 0
+                flags["tells"] = told
+            elif tells:
                 flags["tells"] = _flags(turns, lambda _, m: not asks(m.text))
             if of_self:
                 flags["of_self"] = np.fromiter(
