@@ -227,7 +227,7 @@ class SpeakerNames:
             known = self._forms_locked()
             initials = self._initials_locked()
         extra: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
-        for speaker in speakers:
+        for speaker in dict.fromkeys(speakers):  # each once: a store's turns repeat them
             if speaker and speaker not in known:
                 for name in {w for w in _words(speaker) if len(w) >= 2}:
                     extra.setdefault(name[0], []).append((name, (speaker,)))
