@@ -770,6 +770,25 @@ def test_existing_store_messages_are_loaded_without_index_path():
         assert emb.texts[0] == "loaded from the store"
 
 
+def test_a_memory_opened_on_many_stored_messages_starts_its_codes_and_flush_waits():
+    """A memory that loads more than COARSE_FROM stored messages starts making the codes its
+    vector index scans before any search; flush() waits for them (the steady state)."""
+    from marsys_mem.retrieval.index import COARSE_FROM
+
+    store = InMemoryStore()
+    n = COARSE_FROM + 50
+    store.append_messages(KEY, [Message.user(f"note {i} about topic {i % 97}") for i in range(n)])
+    with RAGMemory(HashingEmbedder(32), store=store, key=KEY, background=False) as mem:
+        sync = mem._vectors
+        assert sync is not None
+        codes = sync.index._codes
+        assert codes.making or codes.coded_rows == n  # started at open, not by a search
+        mem.flush()
+        assert codes.coded_rows == n
+        assert not codes.making
+        assert mem.search("note 7 about topic 7", k=1)[0].text == "note 7 about topic 7"
+
+
 def test_index_saved_with_meta(tmp_path):
     from marsys_mem.retrieval.index import FaissIndex
 
