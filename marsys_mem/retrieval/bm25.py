@@ -2,9 +2,12 @@
 
 :class:`BM25Index` keeps, per term, a postings map ``{document slot: term frequency}``;
 a query scores only the postings of its own terms, so its cost grows with how common the
-query's terms are, not with the number of documents. Documents are added and removed one
-at a time, and the collection statistics (document count, average length, document
-frequencies) are always current: no rebuild step.
+query's terms are, not with the number of documents. A big index's search goes further
+(MaxScore): a common word whose best share cannot lift a document into the best ``k`` is
+only looked up for the candidates the rarer words bring, not added up over every document
+that holds it; the hits are exactly those of scoring them all. Documents are added and
+removed one at a time, and the collection statistics (document count, average length,
+document frequencies) are always current: no rebuild step.
 
 The tokenizer (:func:`tokenize`) lower-cases, splits on non-word characters, drops English
 stop words and single letters, and applies a light suffix stemmer (plurals, ``-ing``,
@@ -312,17 +315,16 @@ class BM25Index:
 
     # ------------------------------------------------------------------ reading
     def prepare(self, query: str) -> None:
-        """Do a query's work ahead: its terms and every document's score.
+        """Do a query's work ahead: its terms and each term's documents and score shares.
 
         The next :meth:`search`, :meth:`slot_scores` or :meth:`score_array` for the same
-        query reuse it while the index is unchanged (another query's work replaces it).
+        query reuse it while the index is unchanged.
 
         Raises:
             TypeError: ``query`` is not a string.
         """
-        terms = self._query_terms(query)
-        if terms:
-            self._accumulate(terms)
+        for term in self._query_terms(query):
+            self._contribution(term)
 
     def search(self, query: str, k: int = 10) -> list[tuple[str, float]]:
         """The ``k`` best ``(doc_id, score)`` pairs for ``query``, best first.
@@ -344,12 +346,17 @@ class BM25Index:
             scores = self._score_dict(terms)
             best = heapq.nlargest(k, scores.items(), key=_by_score_then_slot)
             return [(ids[slot], score) for slot, score in best]  # type: ignore[misc]
-        slots, values = self._score_arrays(terms)
+        found = None if self._prepared(terms) else self._bounded(terms, k)
+        if found is not None:
+            slots, values = found
+        else:
+            slots, values = self._score_arrays(terms)
+            if k < len(slots):
+                floor = self._floor(terms, k, len(slots))
+                if floor is not None:  # the k-th score is at least this: most fall below
+                    keep = values >= floor
+                    slots, values = slots[keep], values[keep]
         if k < len(slots):  # keep everything tied with the k-th score, then cut exactly
-            floor = self._floor(terms, k, len(slots))
-            if floor is not None:  # the k-th score is at least this: most documents fall below
-                keep = values >= floor
-                slots, values = slots[keep], values[keep]
             kth = np.partition(values, len(values) - k)[len(values) - k]
             keep = values >= kth
             slots, values = slots[keep], values[keep]
@@ -434,8 +441,11 @@ class BM25Index:
         if not terms or not len(slots):
             return out
         known = slots >= 0
-        acc, _ = self._accumulate(terms)
-        out[known] = acc[slots[known]]
+        if self._prepared(terms):
+            acc, _ = self._accumulate(terms)
+            out[known] = acc[slots[known]]
+        else:
+            out[known] = self._looked_up(terms, slots[known])
         return out
 
     def _query_terms(self, query: str) -> list[str]:
@@ -482,6 +492,64 @@ class BM25Index:
         found = np.flatnonzero(hit)
         return found, acc[found]
 
+    def _bounded(
+        self, terms: list[str], k: int
+    ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]] | None:
+        """The documents that may be among the ``k`` best, and their scores (MaxScore).
+
+        The rarest terms' documents, up to the first term with ``k`` of them, are scored
+        in full; their ``k``-th best score is at most the ``k``-th best of all. The other
+        terms are taken by their largest share, smallest first, while those shares add up
+        to less than that score: a document that holds only these terms cannot reach the
+        ``k`` best, nor tie with them. The documents of the terms left over join the
+        candidates. Exact: the same hits and scores as scoring every document.
+
+        ``None`` where looking the candidates up would cost more than scoring every
+        document (:meth:`_accumulate`).
+        """
+        parts = {t: self._contribution(t) for t in terms}
+        by_size = sorted(terms, key=lambda t: len(parts[t][0]))
+        seed = 1 + next((i for i, t in enumerate(by_size) if len(parts[t][0]) >= k), len(terms))
+        budget = (sum(len(parts[t][0]) for t in terms) + len(self._ids) // 4) // len(terms)
+        found = _union([parts[t][0] for t in by_size[:seed]])
+        if len(found) > budget:
+            return None
+        values = self._looked_up(terms, found)
+        rest = by_size[seed:]
+        if not rest:
+            return found, values
+        essential = rest
+        if len(found) >= k:
+            floor = np.partition(values, len(values) - k)[len(values) - k]
+            rest.sort(key=lambda t: parts[t][2])
+            bound = 0.0
+            for i, term in enumerate(rest):
+                bound += parts[term][2]
+                if bound * (1.0 + 1e-9) >= floor:  # rounding in the sums: a margin
+                    essential = rest[i:]
+                    break
+            else:
+                return found, values
+        found = _union([found, *(parts[t][0] for t in essential)])
+        if len(found) > budget:
+            return None
+        return found, self._looked_up(terms, found)
+
+    def _looked_up(self, terms: list[str], slots: npt.NDArray[np.intp]) -> npt.NDArray[np.float64]:
+        """The scores of the documents in ``slots`` (``>= 0``), each term's postings searched.
+
+        The shares are added term by term in query order, as :meth:`_accumulate` adds
+        them: the same sums, to the last bit.
+        """
+        out = np.zeros(len(slots))
+        for term in terms:
+            holders, shares, _ = self._contribution(term)
+            at = np.searchsorted(holders, slots)
+            np.minimum(at, len(holders) - 1, out=at)
+            hit = holders[at] == slots
+            out[hit] += shares[at[hit]]
+        return out
+
     def _floor(self, terms: list[str], k: int, matched: int) -> float | None:
         """A score the ``k``-th best of the ``matched`` documents reaches, for a cheap cut.
 
@@ -510,14 +578,16 @@ class BM25Index:
         acc = np.zeros(len(self._ids))
         hit = np.zeros(len(self._ids), dtype=bool)
         for term in terms:
-            slots, shares = self._contribution(term)
+            slots, shares, _ = self._contribution(term)
             np.add.at(acc, slots, shares)  # a term's slots are distinct: `+=`, a quarter faster
             hit[slots] = True
         self._last = (key, (acc, hit))
         return acc, hit
 
-    def _contribution(self, term: str) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
-        """A term's documents (slots) and each one's share of a score.
+    def _contribution(
+        self, term: str
+    ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64], float]:
+        """A term's documents (slots, ascending), each one's share of a score, the largest.
 
         Cached while the index and its weights (``k1``, ``b``) are unchanged.
         """
@@ -527,28 +597,36 @@ class BM25Index:
             cache = {}
             self._contributions = (weights, cache)
         slots, tfs = self._term_arrays(term)
-        shares = cache.get(term)
-        if shares is None:
+        got = cache.get(term)
+        if got is None:
             k1p, base, slope = self._weights()
             w = self._idf(len(slots)) * k1p
-            shares = cache[term] = w * tfs / (tfs + base + slope * self._len_array[slots])
-        return slots, shares
+            shares = w * tfs / (tfs + base + slope * self._len_array[slots])
+            got = cache[term] = (shares, float(shares.max()))
+        return slots, got[0], got[1]
 
     def _term_arrays(self, term: str) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
+        """A term's documents (slots, ascending) and its frequency in each."""
         cached = self._arrays.get(term)
         if cached is None:
             plist = self._postings[term]
             n = len(plist)
-            cached = (
-                np.fromiter(plist.keys(), dtype=np.intp, count=n),
-                np.fromiter(plist.values(), dtype=np.float64, count=n),
-            )
-            self._arrays[term] = cached
+            slots = np.fromiter(plist.keys(), dtype=np.intp, count=n)
+            tfs = np.fromiter(plist.values(), dtype=np.float64, count=n)
+            if n > 1 and not bool((slots[1:] > slots[:-1]).all()):  # a freed slot reused
+                order = np.argsort(slots, kind="stable")
+                slots, tfs = slots[order], tfs[order]
+            cached = self._arrays[term] = (slots, tfs)
         return cached
 
 
 _Accumulated = tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]
-_Shares = dict[str, npt.NDArray[np.float64]]
+_Shares = dict[str, tuple[npt.NDArray[np.float64], float]]
+
+
+def _union(parts: Sequence[npt.NDArray[np.intp]]) -> npt.NDArray[np.intp]:
+    """The distinct slots of ascending ``parts``, ascending."""
+    return parts[0] if len(parts) == 1 else np.unique(np.concatenate(parts))
 
 
 def score_with_stats(

@@ -295,3 +295,40 @@ def test_a_rare_terms_documents_cut_the_common_ones_exactly():
     idx.add("new", "rare rare common")
     assert idx.search("rare common", 20) == _reference(idx, "rare common", 20)
     assert idx.search("rare common", 1)[0][0] == "new"
+
+
+def test_a_search_scores_only_the_documents_that_can_reach_the_best_k():
+    """MaxScore: a common word whose largest share cannot lift a document past the rare
+    words' k-th best is looked up for the candidates, not added up over its documents.
+    The hits and scores equal scoring every document, ties included, also after removals
+    reuse slots (a word's documents are then out of slot order) and with the weights
+    changed; and no search here scores every document."""
+    rng = random.Random(11)
+    vocab = [f"w{i}" for i in range(400)]
+    weights = [1.0 / (i + 1) for i in range(len(vocab))]  # Zipf: w0..w5 are in most documents
+    docs = [(f"d{i}", " ".join(rng.choices(vocab, weights, k=rng.randint(3, 14))))
+            for i in range(6000)]
+    idx = BM25Index()
+    idx.add_many(docs)
+    for doc_id, _ in rng.sample(docs, 900):
+        idx.remove(doc_id)
+    for i in range(600):  # into the freed slots, out of order
+        idx.add(f"n{i}", " ".join(rng.choices(vocab, weights, k=rng.randint(3, 14))))
+    queries = ["w0 w1 w150", "w2 w390 w3", "w0 w380", "w5 w60 w61 w1", "w1 w2", "w399 w398"]
+    for k1, b in ((1.5, 0.75), (0.9, 0.3)):
+        idx.k1, idx.b = k1, b
+        for query in queries:
+            for k in (1, 5, 40, 300):
+                idx._last = None
+                expected = sorted(idx.scores(query).items(),
+                                  key=lambda kv: (-kv[1], idx.slot_of(kv[0])))[:k]
+                assert idx.search(query, k) == expected, (query, k)  # ties: by slot
+        for query in ["w0 w1 w150", "w2 w390 w3", "w399 w398"]:
+            idx._last = None
+            idx.search(query, 10)
+            assert idx._last is None  # no document's score was added up in full
+            slots = idx.slots([d for d in list(idx)[::7]] + ["gone"])
+            looked_up = idx.slot_scores(query, slots)
+            every = idx._accumulate(idx._query_terms(query))[0]
+            assert looked_up[:-1].tolist() == every[slots[:-1]].tolist()
+            assert looked_up[-1] == 0.0
