@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from marsys_mem.retrieval import bm25
 from marsys_mem.retrieval.bm25 import STOP_WORDS, BM25Index, stem, tokenize
 
 
@@ -194,13 +195,21 @@ def _corpus(n: int, seed: int = 0) -> list[tuple[str, str]]:
     ]
 
 
+@pytest.fixture(params=[0, None], ids=["maxscore", "default"])
+def bounded_from(request, monkeypatch):
+    """Each test twice: with every search bounded (MaxScore), and with the index's default."""
+    if request.param is not None:
+        monkeypatch.setattr(bm25, "_BOUNDED_FROM", request.param)
+    return request.param
+
+
 def _reference(idx: BM25Index, query: str, k: int) -> list[tuple[str, float]]:
     order = {d: i for i, d in enumerate(idx)}
     scores = idx.scores(query)
     return sorted(scores.items(), key=lambda kv: (-kv[1], order[kv[0]]))[:k]
 
 
-def test_long_postings_are_scored_like_short_ones():
+def test_long_postings_are_scored_like_short_ones(bounded_from):
     # common terms take the vectorised path; the result must equal the plain computation,
     # ties included (ties are broken by insertion order when no slot was reused)
     idx = BM25Index()
@@ -210,7 +219,7 @@ def test_long_postings_are_scored_like_short_ones():
             assert idx.search(query, k) == _reference(idx, query, k)
 
 
-def test_prepared_queries_search_and_score_as_unprepared_ones():
+def test_prepared_queries_search_and_score_as_unprepared_ones(bounded_from):
     """prepare() does a query's work ahead (every document's score); search and
     slot_scores then read it, with the same results as without, short postings included,
     and the generation tells when the index changed (the work is redone)."""
@@ -278,7 +287,7 @@ def test_queries_are_fast_at_10k_documents():
     assert statistics.median(times) < 0.010
 
 
-def test_a_rare_terms_documents_cut_the_common_ones_exactly():
+def test_a_rare_terms_documents_cut_the_common_ones_exactly(bounded_from):
     # the k-th best score of a rare term's documents cuts the common term's many matches
     # before the exact cut: the same hits, ties included; the cached score shares follow
     # a change of k1 or b and of the index
@@ -297,12 +306,14 @@ def test_a_rare_terms_documents_cut_the_common_ones_exactly():
     assert idx.search("rare common", 1)[0][0] == "new"
 
 
-def test_a_search_scores_only_the_documents_that_can_reach_the_best_k():
+def test_a_search_scores_only_the_documents_that_can_reach_the_best_k(monkeypatch):
     """MaxScore: a common word whose largest share cannot lift a document past the rare
     words' k-th best is looked up for the candidates, not added up over its documents.
     The hits and scores equal scoring every document, ties included, also after removals
     reuse slots (a word's documents are then out of slot order) and with the weights
-    changed; and no search here scores every document."""
+    changed; and no search here scores every document (from any size: the index's own
+    threshold is 50,000 documents)."""
+    monkeypatch.setattr(bm25, "_BOUNDED_FROM", 0)
     rng = random.Random(11)
     vocab = [f"w{i}" for i in range(400)]
     weights = [1.0 / (i + 1) for i in range(len(vocab))]  # Zipf: w0..w5 are in most documents
