@@ -74,7 +74,7 @@ from marsys_mem.retrieval.scoring import (
     rank_in_context,
 )
 from marsys_mem.retrieval.speakers import SpeakerNames, speaker_of
-from marsys_mem.retrieval.threads import LabelSlots, SlotArray, SlotMemo, ThreadLinks
+from marsys_mem.retrieval.threads import LabelSlots, SlotArray, SlotMemo, ThreadLinks, distinct
 from marsys_mem.retrieval.vector_sync import StoredVectors, VectorSync
 from marsys_mem.store.base import Append, Key, Load, MemoryStore, PutVectors, validate_key
 from marsys_mem.store.owners import DeletionFeed
@@ -120,7 +120,7 @@ def _answers(
     asked = np.zeros(m + 1, dtype=bool)
     speakers = np.full(m + 1, -1, dtype=np.intp)
     before = grid[1]
-    cells = np.unique(before[before < m])  # the turns before: which ask
+    cells, _ = distinct(before[before < m])  # the turns before: which ask
     if asked_of is not None:
         asked[cells] = asked_of(need[cells]) > 0
     else:
@@ -130,7 +130,7 @@ def _answers(
     after = asked[before].nonzero()[0]  # only the turns after one that asks: who wrote them
     if not len(after):
         return np.zeros(len(before), dtype=bool)
-    cells = np.unique(np.concatenate([grid[0][after], before[after]]))
+    cells, _ = distinct(np.concatenate([grid[0][after], before[after]]))
     codes: dict[str | None, int] = {}
     for cell, mid in zip(cells.tolist(), links.ids_of(need[cells]), strict=True):
         turn = messages.get(mid)

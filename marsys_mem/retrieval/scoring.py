@@ -33,6 +33,7 @@ import numpy.typing as npt
 
 from marsys_mem.model.messages import Message
 from marsys_mem.model.ranking import Ranking
+from marsys_mem.retrieval.threads import distinct
 
 __all__ = [
     "FUSIONS",
@@ -448,7 +449,7 @@ def rank_in_context(
             if hi - lo <= 4 * n:  # thread numbers are dense: count them directly
                 group = threads - lo
             else:
-                _, group = np.unique(threads, return_inverse=True)
+                _, group = distinct(threads)
             per = np.bincount(group, weights=lent[1, cand_at])[group]
             ctx_b += ranking.thread_weight * (per - np.minimum.reduce(per))
     if ranking.fusion == "convex":  # keep the blend <= 1: cosines in context, rescaled

@@ -19,11 +19,32 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["LabelSlots", "SlotMemo", "ThreadLinks"]
+__all__ = ["LabelSlots", "SlotMemo", "ThreadLinks", "distinct"]
 
 SlotArray = npt.NDArray[np.intp]
 
 _UNSEEN = np.iinfo(np.intp).max  # a cell of ThreadLinks._first that no position filled
+
+
+def distinct(values: SlotArray) -> tuple[SlotArray, SlotArray]:
+    """The distinct ``values`` (ascending) and where each of ``values`` went among them.
+
+    ``np.unique(values, return_inverse=True)``, by one stable sort: numpy's own hashes
+    integers first, which costs more for the few thousand values of a search.
+
+    Example:
+        >>> unique, where = distinct(np.array([7, -1, 3, 7]))
+        >>> unique.tolist(), where.tolist()
+        ([-1, 3, 7], [2, 0, 1, 2])
+    """
+    order = np.argsort(values, kind="stable")
+    ranked = values[order]
+    new = np.empty(len(values), dtype=bool)
+    new[:1] = True
+    np.not_equal(ranked[1:], ranked[:-1], out=new[1:])
+    where = np.empty(len(values), dtype=np.intp)
+    where[order] = np.cumsum(new) - 1
+    return ranked[new], where
 
 
 class ThreadLinks:
@@ -280,6 +301,13 @@ class ThreadLinks:
         ``unique``, or ``len(unique)`` for ``-1`` (a spare cell for "no such message").
         """
         size = len(self._prev)
+        if 16 * len(slots) < size:  # a few slots of a big index: sorted, not marked
+            unique, where = distinct(slots)
+            if len(unique) and unique[0] < 0:  # -1 (no message) sorts first: the spare cell
+                unique = unique[1:]
+                where -= 1
+                where[where < 0] = len(unique)
+            return unique, where
         mark, at = self._mark, self._at
         if len(mark) < size:
             mark = self._mark = np.zeros(size, dtype=bool)
@@ -290,8 +318,7 @@ class ThreadLinks:
         mark[unique] = False
         at[unique] = np.arange(len(unique))
         at[-1] = len(unique)
-        where: SlotArray = at[slots]
-        return unique, where
+        return unique, at[slots]
 
     def _walk_one(self, links: SlotArray, mid: str, n: int) -> list[str]:
         out: list[str] = []

@@ -143,3 +143,24 @@ def test_a_message_added_unlinked_is_in_its_thread_with_no_neighbours():
     links.remove("y")  # a thread of unlinked messages only: nothing to unlink
     links.add("z", "u")
     assert links.before("z", 1) == []
+
+
+def test_positions_are_the_same_for_a_few_slots_of_a_big_index_as_for_many():
+    """A few slots of a big index are sorted (numpy's unique, without its hashing), many
+    are marked in an index-wide array: both give the distinct linked slots, ascending, and
+    where each slot went (``len(unique)``: the spare cell for -1)."""
+    import numpy as np
+
+    links = ThreadLinks()
+    for i in range(3000):
+        links.add(f"m{i}", f"t{i % 7}")
+    rng = np.random.default_rng(4)
+    for n in (1, 5, 40, 150, 2000, 9000):  # below and above a sixteenth of the capacity
+        slots = rng.integers(-1, 3000, size=n)
+        slots[: n // 3] = slots[n // 3 : 2 * (n // 3)]  # repeats
+        slots[-1] = -1  # no such message
+        unique, where = links.positions(slots)
+        expected = np.unique(slots[slots >= 0])
+        assert unique.tolist() == expected.tolist()
+        spare = np.append(unique, -1)
+        assert spare[where].tolist() == slots.tolist()
