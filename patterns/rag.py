@@ -501,6 +501,7 @@ class RAGMemory(Closing):
         with self._lock:
             for m in messages:
                 self._index_text_locked(m)
+            self._bm25.warm()  # a big index's common words, ready for the first searches
             want = [mid for mid in self._messages if mid in self._bm25]
         if self._vectors is not None:
             self._vectors.load(want, stored)

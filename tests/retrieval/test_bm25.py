@@ -343,3 +343,21 @@ def test_a_search_scores_only_the_documents_that_can_reach_the_best_k(monkeypatc
             every = idx._accumulate(idx._query_terms(query))[0]
             assert looked_up[:-1].tolist() == every[slots[:-1]].tolist()
             assert looked_up[-1] == 0.0
+
+
+def test_warm_makes_a_big_indexs_common_words_ready_and_changes_no_result(monkeypatch):
+    """warm() builds the arrays a search would build on a word's first use (common words
+    only), from the size where searches are bounded; a small index is left alone."""
+    idx = BM25Index()
+    idx.add_many(_corpus(3000))
+    assert idx.warm(min_postings=100) == 0  # below 50,000 documents: nothing
+    assert not idx._arrays
+    monkeypatch.setattr(bm25, "_BOUNDED_FROM", 1000)
+    common = {t for t, plist in idx._postings.items() if len(plist) >= 100}
+    assert common and idx.warm(min_postings=100) == len(common)
+    assert set(idx._arrays) == common
+    plain = BM25Index()
+    plain.add_many(_corpus(3000))
+    for query in ["hello weather", "term1 movie friend", "work home"]:
+        assert idx.search(query, 20) == plain.search(query, 20)
+    assert idx.warm(min_postings=100) == 0  # made already
