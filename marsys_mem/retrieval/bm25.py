@@ -333,8 +333,8 @@ class BM25Index:
     def warm(self, min_postings: int = _WARM_FROM) -> int:
         """Make ready what a big index's search makes on a word's first use.
 
-        From 50,000 documents (where a search bounds its work), each word in at least ``min_postings``
-        documents gets its postings as arrays (sorted by slot; about 16 bytes a posting:
+        From 50,000 documents (where a search bounds its work), each word in at least
+        ``min_postings`` documents gets its postings as arrays (sorted by slot; 16 bytes a posting:
         320 MB for the 20M postings of 1M chat messages, built in about 5 s), which a
         search would otherwise build the first time it meets the word (2-3 ms a search
         over the first queries after opening 1M messages). A word's arrays are dropped

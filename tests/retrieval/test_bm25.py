@@ -354,7 +354,8 @@ def test_warm_makes_a_big_indexs_common_words_ready_and_changes_no_result(monkey
     assert not idx._arrays
     monkeypatch.setattr(bm25, "_BOUNDED_FROM", 1000)
     common = {t for t, plist in idx._postings.items() if len(plist) >= 100}
-    assert common and idx.warm(min_postings=100) == len(common)
+    assert common
+    assert idx.warm(min_postings=100) == len(common)
     assert set(idx._arrays) == common
     plain = BM25Index()
     plain.add_many(_corpus(3000))
