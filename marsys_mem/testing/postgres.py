@@ -335,8 +335,7 @@ class PostgresServer:
             self.password = saved.read_text().strip()
             copies = sorted((self.root / "pginstall").glob(f"*/*/{self.bin_dir.name}"))
             self.bin_dir = copies[0] if copies else self.bin_dir
-            self._initialised = True
-            self._watch()
+            self._initialised = True  # armed to stop at exit once this object starts it
 
     # ------------------------------------------------------------------ paths
     @property
@@ -490,6 +489,16 @@ class PostgresServer:
             return
         if not self._initialised:
             self._initdb()
+        other = self._postmaster_pid()
+        if other is not None and _is_postgres(other):
+            # another object's (or process's) server: configuring a new port and stopping
+            # it at exit would take the cluster from under it
+            raise PostgresServerError(
+                f"a PostgreSQL server (pid {other}) already runs on the cluster in "
+                f"{self.data_dir}: stop it, or connect to it, before starting another"
+            )
+        if self._finalizer is None:
+            self._watch()
         attempts = 5 if self.port == 0 else 1
         for attempt in range(attempts):
             if self.port == 0 or attempt > 0:
@@ -665,6 +674,16 @@ def _copy_install(bin_dir: Path, target: Path) -> Path:
     if libs.is_dir():
         shutil.copytree(libs, target / libs.name, symlinks=True)
     return copy / bin_dir.name
+
+
+def _is_postgres(pid: int) -> bool:
+    """Whether ``pid`` is a live PostgreSQL process (not a stale pid file's reused number)."""
+    if not _alive(pid):
+        return False
+    try:
+        return b"postgres" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # no /proc: the number is taken, trust it
+        return True
 
 
 def _alive(pid: int) -> bool:

@@ -1,5 +1,6 @@
 """marsys_mem.testing.postgres: the throwaway server the PostgreSQL tests (and others) use."""
 
+import gc
 import os
 import shutil
 import tempfile
@@ -73,3 +74,22 @@ def test_a_kept_cluster_outlives_its_server_object() -> None:
             assert conn.execute("SELECT count(*) FROM t").fetchone() == (1,)
     assert os.path.isdir(os.path.join(folder, "data"))
     shutil.rmtree(parent)
+
+
+def test_a_second_server_object_on_a_running_kept_cluster_leaves_it_running() -> None:
+    bin_dir = require_postgres()
+    parent = tempfile.mkdtemp(prefix="marsys-kept-")
+    os.chmod(parent, 0o711)
+    folder = os.path.join(parent, "cluster")
+    try:
+        with PostgresServer(bin_dir=bin_dir, settings={"fsync": "off"}, keep=folder) as server:
+            other = PostgresServer(bin_dir=bin_dir, keep=folder)
+            with pytest.raises(pg_testing.PostgresServerError, match="already runs"):
+                other.start()
+            assert other.port == 0  # nothing of the running cluster's settings rewritten
+            del other
+            gc.collect()  # the refused object stops nothing when it goes
+            with psycopg.connect(server.dsn(), autocommit=True, connect_timeout=5) as conn:
+                assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        shutil.rmtree(parent)
