@@ -1069,12 +1069,12 @@ class RAGMemory(Closing):
                 ranked = self._rank_found(query, found)
             if not found.light:
                 return ranked, found.exhausted, found.messages  # type: ignore[return-value]
-            # the ranker read turns: load the messages that can be returned (a filter
-            # may pass any of them; else the best k, and as many again for races, and
-            # those whose evidence the calibration pools)
+            # the ranker read turns: the messages that can be returned (a filter may pass
+            # any of them; else the best k, and as many again, and those whose evidence
+            # the calibration pools), validated from the rows read with the turns
             best = ranked if keep is not None else ranked[: max(2 * k, EVIDENCE_DEPTH)]
-            loaded = self._searching.load([mid for mid, *_ in best])
-            return ranked, found.exhausted, {m.message_id: m for m in loaded}
+            parsed = self._searching.parse([mid for mid, *_ in best], found.stored)
+            return ranked, found.exhausted, {m.message_id: m for m in parsed}
 
         def ceiling() -> float:  # the store's statistics, as the keyword side scored with
             if text is None:
@@ -1090,10 +1090,13 @@ class RAGMemory(Closing):
         The candidates are linked into their threads in the key's order, so a candidate's
         context turns are the candidates before and after it in its thread.
         """
-        links = ThreadLinks()
-        for m in found.messages.values():  # the key's order
+        turns = found.messages.values()  # the key's order
+        links = ThreadLinks.of(
+            [m.message_id for m in turns],
+            [self._thread_of(m) for m in turns],
             # a candidate read without its turns (context_candidates) has no neighbours
-            links.add(m.message_id, self._thread_of(m), linked=m.message_id not in found.bare)
+            [m.message_id not in found.bare for m in turns] if found.bare else None,
+        )
         cosines = dict(found.cosines)
         keyword = found.keyword
         dense = [(mid, c) for mid, c in found.dense if mid in links]

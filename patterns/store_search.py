@@ -23,7 +23,6 @@ page; then the keyword hits' other turns, and the hits it keeps.
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import math
@@ -40,7 +39,7 @@ from pydantic_core import from_json
 from marsys_mem.exceptions import MessageNotFoundError
 from marsys_mem.model.messages import MESSAGE_LIST_ADAPTER, Message
 from marsys_mem.model.ranking import Ranking
-from marsys_mem.retrieval.bm25 import score_with_stats, tokenize
+from marsys_mem.retrieval.bm25 import bm25_of_counts, idfs_of, term_counts, tokenize
 from marsys_mem.store.base import (
     MAX_COUNT_WORDS,
     MAX_SCORE_IDS,
@@ -65,6 +64,7 @@ __all__ = [
     "TEXT_BUDGET",
     "TEXT_WIDTH",
     "Found",
+    "KeywordCounts",
     "StoreSearch",
     "TextPages",
     "TextTurns",
@@ -234,6 +234,8 @@ class Found:
         bare: the candidates read without the turns around them
             (``Ranking.context_candidates``): each belongs to its thread but has no
             neighbours in ``messages``.
+        stored: when ``light``, each turn's message as stored (its JSON), as read with
+            the turns: :meth:`StoreSearch.parse` makes the hits of it without loading them.
 
     Example:
         >>> found = Found([("a", 0.9)], [("b", 2.0)], {"a": 0.9}, {"b": 2.0}, {}, 0.9, True)
@@ -250,6 +252,7 @@ class Found:
     exhausted: bool
     light: bool = False
     bare: frozenset[str] = frozenset()
+    stored: Mapping[str, str] = field(default_factory=dict)
 
     def ids(self) -> list[str]:
         """The candidates of either side, dense first, each once."""
@@ -402,6 +405,86 @@ def keyword_text(m: TurnLike, text: str, index_names: bool) -> str:
     return text
 
 
+class KeywordCounts:
+    """A query's terms counted in turns as they come; their BM25 scores once all are in.
+
+    What BM25 needs of a turn (its length in terms, how often it holds each query term)
+    does not depend on the corpus, so each side's turns are counted as soon as they are
+    read, while the other side's are still on their way; :meth:`scores` then weighs the
+    counts with the store's statistics. Only turns that may hold a query term
+    (:func:`term_pattern`) are counted; the mean length is that of the first
+    :data:`LENGTH_SAMPLE` turns in the key's order.
+
+    Args:
+        query: the query, as the keyword side searched for it.
+        index_names: the speaker's name is part of a turn's keyword text
+            (:func:`keyword_text`).
+
+    Example:
+        >>> from marsys_mem.model.messages import Message
+        >>> counts = KeywordCounts("red car", index_names=False)
+        >>> counts.add({"a": Message.user("a red car"), "b": Message.user("blue sky")})
+        >>> pages = TextPages(10, ["a"], {"red": 5, "car": 50}, count=1_000)
+        >>> scores = counts.scores(["a", "b"], pages)
+        >>> scores["a"] > 0, scores["b"]
+        (True, 0.0)
+    """
+
+    def __init__(self, query: str, *, index_names: bool) -> None:
+        self.terms = list(dict.fromkeys(tokenize(query)))  # BM25 adds them in this order
+        self._pattern = term_pattern(list(query_words(query)))
+        self._index_names = index_names
+        self._texts: dict[str, str] = {}
+        self._held: dict[str, int] = {}  # id: its row in the counts below
+        self._lengths: list[npt.NDArray[np.int64]] = []
+        self._counts: list[npt.NDArray[np.float64]] = []
+
+    def __contains__(self, message_id: object) -> bool:
+        return message_id in self._texts
+
+    def add(self, turns: Mapping[str, TurnLike]) -> None:
+        """Count the query's terms in ``turns`` (those already counted are skipped)."""
+        texts = {
+            mid: keyword_text(m, m.text, self._index_names)
+            for mid, m in turns.items()
+            if mid not in self._texts
+        }
+        self._texts.update(texts)
+        search = self._pattern.search
+        hold = [mid for mid, t in texts.items() if search(t.lower().replace("'", ""))]
+        if not hold:
+            return
+        lengths, counts = term_counts([texts[mid] for mid in hold], self.terms)
+        start = sum(len(x) for x in self._lengths)
+        self._held.update((mid, start + i) for i, mid in enumerate(hold))
+        self._lengths.append(lengths)
+        self._counts.append(counts)
+
+    def scores(
+        self, ordered: Iterable[str], pages: TextPages, *, k1: float = 1.5, b: float = 0.75
+    ) -> dict[str, float]:
+        """BM25 of each counted turn of ``ordered`` (the key's order), by the store's statistics."""
+        order = [mid for mid in ordered if mid in self._texts]
+        keyword = dict.fromkeys(order, 0.0)
+        held = [mid for mid in order if mid in self._held]
+        if not held:
+            return keyword
+        sample = order[:LENGTH_SAMPLE]
+        lengths = np.concatenate(self._lengths)
+        counts = np.concatenate(self._counts)
+        total = sum(
+            int(lengths[self._held[mid]]) if mid in self._held else len(tokenize(self._texts[mid]))
+            for mid in sample
+        )
+        rows = np.fromiter((self._held[mid] for mid in held), np.int64, len(held))
+        idfs = idfs_of(self.terms, max(pages.count, len(order)), pages.doc_freq())
+        found = bm25_of_counts(
+            lengths[rows], counts[rows], idfs, total / max(len(sample), 1), k1=k1, b=b
+        )
+        keyword.update(zip(held, found.tolist(), strict=True))
+        return keyword
+
+
 class StoreSearch:
     """Search inside a store that searches: the part of a RAGMemory that holds nothing.
 
@@ -479,11 +562,17 @@ class StoreSearch:
         read: set[str] = set()  # the ids whose turns are read
         unlinked: set[str] = set()  # the ids read without their turns
         near_by: set[str] = set()  # the ids of the turns read around candidates
+        # the keyword side's counts of the turns, made as each side's turns come in
+        counting = self.keyword_counts(query) if light and text_pages is not None else None
+        turns: dict[str, Turn] = {}
         if light and dense:  # the dense hits' turns, while the keyword side may still run
             ids = [mid for mid, _ in dense]
             best = ids[:near] if near is not None else None
             rows = self._read_turns(ids, best, qvec, around, unlinked, near_by)
             read = set(ids)
+            turns = {r.message_id: Turn.of(r) for r in rows}
+            if counting is not None:
+                counting.add(turns)
         pages = text_pages() if text_pages is not None else None
         matched = pages.ids() if pages is not None else []
         ids = list(dict.fromkeys([mid for mid, _ in dense] + matched))
@@ -509,24 +598,31 @@ class StoreSearch:
                     {r.position: r for r in rows + more}.values(), key=lambda r: r.position
                 )
             unlinked -= near_by  # read around another candidate: it has its neighbours
-            messages = {r.message_id: Turn.of(r) for r in rows}
+            messages = {r.message_id: turns.get(r.message_id) or Turn.of(r) for r in rows}
             cosines.update((r.message_id, r.cosine) for r in rows if r.cosine is not None)
         elif ids:
             messages = {m.message_id: m for m in self.load(ids, around)}
             missing = [mid for mid in messages if mid not in cosines]
             if qvec is not None and missing:
                 cosines.update(self.cosines(qvec[0], missing))
+        as_stored = {r.message_id: r.data for r in rows} if light else {}
         keyword: dict[str, float] = {}
         text: list[tuple[str, float]] = []
         if pages is not None and messages:
-            keyword = self.keyword_scores(query, messages, pages)
+            if counting is None:
+                keyword = self.keyword_scores(query, messages, pages)
+            else:
+                counting.add(messages)  # the turns the dense side's did not hold
+                keyword = counting.scores(messages, pages, k1=self._k1, b=self._b)
             text = sorted(
                 ((mid, keyword[mid]) for mid in matched if keyword.get(mid, 0.0) > 0),
                 key=lambda hit: -hit[1],
             )[:depth]
         exhausted = dense_done and (pages is None or pages.exhausted)
         bare = frozenset(unlinked)
-        return Found(dense, text, cosines, keyword, messages, None, exhausted, light, bare)
+        return Found(
+            dense, text, cosines, keyword, messages, None, exhausted, light, bare, as_stored
+        )
 
     def text_turns(
         self,
@@ -594,29 +690,18 @@ class StoreSearch:
     def keyword_scores(
         self, query: str, messages: Mapping[str, TurnLike], pages: TextPages
     ) -> dict[str, float]:
-        """BM25 of ``messages`` with the store's statistics.
+        """BM25 of ``messages`` (the key's order) with the store's statistics.
 
         Only texts that may hold a query term are tokenized (:func:`may_match`); the mean
-        length is that of the first :data:`LENGTH_SAMPLE` texts.
+        length is that of the first :data:`LENGTH_SAMPLE` texts (:class:`KeywordCounts`).
         """
-        texts = {mid: keyword_text(m, m.text, self._index_names) for mid, m in messages.items()}
-        terms = list(query_words(query))
-        sample = [texts[mid] for mid in itertools.islice(texts, LENGTH_SAMPLE)]
-        average = sum(len(tokenize(t)) for t in sample) / max(len(sample), 1)
-        pattern = term_pattern(terms)  # may_match, compiled once for all the texts
-        hold = [mid for mid, t in texts.items() if pattern.search(t.lower().replace("'", ""))]
-        scores = score_with_stats(
-            query,
-            [texts[mid] for mid in hold],
-            doc_count=max(pages.count, len(messages)),
-            doc_freq=pages.doc_freq(),
-            average_length=average,
-            k1=self._k1,
-            b=self._b,
-        )
-        keyword = dict.fromkeys(messages, 0.0)
-        keyword.update(zip(hold, scores.tolist(), strict=True))
-        return keyword
+        counts = self.keyword_counts(query)
+        counts.add(messages)
+        return counts.scores(messages, pages, k1=self._k1, b=self._b)
+
+    def keyword_counts(self, query: str) -> KeywordCounts:
+        """A :class:`KeywordCounts` of ``query`` for this memory's keyword texts."""
+        return KeywordCounts(query, index_names=self._index_names)
 
     def cosines(self, vector: npt.NDArray[np.float32], ids: Sequence[str]) -> dict[str, float]:
         """The exact cosines of ``ids``' vectors under the key (one batch)."""
@@ -637,6 +722,18 @@ class StoreSearch:
             op = LoadAround(self.key, tuple(ids), *around, thread=self._thread_key)
         found: list[Message] = self.store.batch([op])[0]
         return found
+
+    @staticmethod
+    def parse(ids: Sequence[str], stored: Mapping[str, str]) -> list[Message]:
+        """The messages of ``ids`` from their stored JSON (:attr:`Found.stored`), validated.
+
+        What :meth:`load` would return for them, as the search's own statement read them:
+        no second round trip. Ids without a stored message are left out.
+        """
+        texts = [stored[mid] for mid in ids if mid in stored]
+        if not texts:
+            return []
+        return MESSAGE_LIST_ADAPTER.validate_json("[" + ",".join(texts) + "]")
 
     # ------------------------------------------------------------------ the container
     def count(self) -> int:

@@ -21,16 +21,26 @@ distinct query terms.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["STOP_WORDS", "BM25Index", "score_with_stats", "stem", "tokenize"]
+__all__ = [
+    "STOP_WORDS",
+    "BM25Index",
+    "bm25_of_counts",
+    "idfs_of",
+    "score_with_stats",
+    "stem",
+    "term_counts",
+    "tokenize",
+]
 
 STOP_WORDS: frozenset[str] = frozenset(
     """
@@ -98,24 +108,73 @@ def tokenize(text: str) -> list[str]:
     """
     out: list[str] = []
     for raw in _WORD.findall(text.lower()):
-        word = raw[:-2] if raw.endswith("'s") else raw
-        if word in STOP_WORDS or (len(word) == 1 and not word.isdigit()):
-            continue
-        stemmed = _STEMS.get(word)
-        if stemmed is None:
-            stemmed = stem(word.replace("'", "")) if "'" in word else stem(word)
-            if len(_STEMS) < _STEMS_KEPT:
-                _STEMS[word] = stemmed
-        out.append(stemmed)
+        term = _TERMS.get(raw)
+        if term is None:
+            term = _term_of(raw)
+        if term:
+            out.append(term)
     return out
 
 
-_STEMS: dict[str, str] = {}
-"""Words :func:`tokenize` stemmed, and their stems (a word is stemmed once per process)."""
+def term_counts(
+    texts: Sequence[str], terms: Sequence[str]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """Each text's length in terms and how often it holds each of ``terms``.
 
-_STEMS_KEPT = 500_000
-"""The most words :data:`_STEMS` keeps (about 60 MB at most; then new words are stemmed
-each time)."""
+    As :func:`tokenize` would count them (``lengths[i] == len(tokenize(texts[i]))``), by
+    each distinct word of a text rather than each word: what BM25 needs of a text it
+    scores, for less than tokenizing it.
+
+    Returns:
+        ``(lengths, counts)``: shapes ``(len(texts),)`` and ``(len(texts), len(terms))``.
+
+    Example:
+        >>> lengths, counts = term_counts(["Cars, cars and a car park", "no"], ["car", "park"])
+        >>> lengths.tolist(), counts.tolist()
+        ([4, 0], [[3.0, 1.0], [0.0, 0.0]])
+    """
+    words: list[str] = []
+    ends = np.zeros(len(texts), dtype=np.int64)
+    for i, text in enumerate(texts):  # each text's words, one list for all (C loops below)
+        words += _WORD.findall(text.lower())
+        ends[i] = len(words)
+    seen = list(map(_TERMS.get, words))
+    found: list[str] = (
+        [_term_of(w) if t is None else t for w, t in zip(words, seen, strict=True)]
+        if None in seen  # words met for the first time
+        else seen  # type: ignore[assignment]
+    )
+    # each word's code: -2 dropped (a stop word), -1 another term, j: terms[j]
+    code = {t: j for j, t in enumerate(terms)}
+    code[""] = -2
+    codes = np.fromiter(map(code.get, found, itertools.repeat(-1)), np.int64, len(found))
+    doc = np.repeat(np.arange(len(texts)), np.diff(ends, prepend=0))
+    lengths = np.bincount(doc[codes != -2], minlength=len(texts))
+    hits = codes >= 0
+    counts = np.bincount(
+        doc[hits] * len(terms) + codes[hits], minlength=len(texts) * len(terms)
+    ).astype(np.float64)
+    return lengths, counts.reshape(len(texts), len(terms))
+
+
+def _term_of(raw: str) -> str:
+    """The term a word as :data:`_WORD` finds it (lower case) gives; ``""``: none (kept)."""
+    word = raw[:-2] if raw.endswith("'s") else raw
+    if word in STOP_WORDS or (len(word) == 1 and not word.isdigit()):
+        term = ""
+    else:
+        term = stem(word.replace("'", "")) if "'" in word else stem(word)
+    if len(_TERMS) < _TERMS_KEPT:
+        _TERMS[raw] = term
+    return term
+
+
+_TERMS: dict[str, str] = {}
+"""Words :func:`tokenize` met, and their terms (``""``: dropped): each once per process."""
+
+_TERMS_KEPT = 500_000
+"""The most words :data:`_TERMS` keeps (about 60 MB at most; then new words are worked
+out each time)."""
 
 
 _WARM_FROM = 1024
@@ -708,23 +767,55 @@ def score_with_stats(
         [10.1, 1.55]
     """
     terms = list(dict.fromkeys(tokenize(query)))
-    out = np.zeros(len(texts))
     if not terms or not texts:
-        return out
-    docs = [tokenize(text) for text in texts]
+        return np.zeros(len(texts))
+    lengths, counts = term_counts(texts, terms)
     if average_length is None:
-        average_length = sum(map(len, docs)) / len(docs)
-    k1p = k1 + 1.0
-    base, slope = k1 * (1.0 - b), k1 * b / (average_length or 1.0)
+        average_length = float(lengths.sum()) / len(texts)
+    idfs = idfs_of(terms, doc_count, doc_freq)
+    return bm25_of_counts(lengths, counts, idfs, average_length, k1=k1, b=b)
+
+
+def idfs_of(terms: Sequence[str], doc_count: int, doc_freq: Mapping[str, int]) -> list[float]:
+    """BM25's idf of each of ``terms`` in ``doc_count`` documents (``doc_freq``: their counts).
+
+    A term missing from ``doc_freq`` counts as in one document; a count is capped at
+    ``doc_count``.
+
+    Example:
+        >>> [round(x, 2) for x in idfs_of(["car", "new"], 1_000, {"car": 300})]
+        [1.2, 6.5]
+    """
     n = max(doc_count, 1)
-    weights = {}
-    for t in terms:
-        df = min(max(doc_freq.get(t, 0), 1), n)
-        weights[t] = math.log(1.0 + (n - df + 0.5) / (df + 0.5)) * k1p
-    for i, tokens in enumerate(docs):
-        counts = Counter(tokens)
-        norm = base + slope * len(tokens)
-        out[i] = sum(w * counts[t] / (counts[t] + norm) for t, w in weights.items() if counts[t])
+    dfs = (min(max(doc_freq.get(t, 0), 1), n) for t in terms)
+    return [math.log(1.0 + (n - df + 0.5) / (df + 0.5)) for df in dfs]
+
+
+def bm25_of_counts(
+    lengths: npt.NDArray[np.int64],
+    counts: npt.NDArray[np.float64],
+    idfs: Sequence[float],
+    average_length: float,
+    *,
+    k1: float = 1.5,
+    b: float = 0.75,
+) -> npt.NDArray[np.float64]:
+    """BM25 scores of documents from their lengths and query-term counts (:func:`term_counts`).
+
+    ``idfs``: each term's (column's) inverse document frequency. The terms are added in
+    column order, each document's as :class:`BM25Index` adds them.
+
+    Example:
+        >>> lengths, counts = np.array([4, 2]), np.array([[1.0, 0.0], [0.0, 2.0]])
+        >>> [round(s, 3) for s in bm25_of_counts(lengths, counts, [2.0, 1.0], 3.0).tolist()]
+        [1.739, 1.6]
+    """
+    k1p = k1 + 1.0
+    norm = k1 * (1.0 - b) + (k1 * b / (average_length or 1.0)) * lengths
+    out = np.zeros(len(lengths))
+    for j, idf in enumerate(idfs):
+        tf = counts[:, j]
+        out += (idf * k1p) * tf / (tf + norm)
     return out
 
 

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from marsys_mem.retrieval import bm25
-from marsys_mem.retrieval.bm25 import STOP_WORDS, BM25Index, stem, tokenize
+from marsys_mem.retrieval.bm25 import STOP_WORDS, BM25Index, stem, term_counts, tokenize
 
 
 def test_tokenize_lowercases_drops_stop_words_and_stems():
@@ -362,3 +362,20 @@ def test_warm_makes_a_big_indexs_common_words_ready_and_changes_no_result(monkey
     for query in ["hello weather", "term1 movie friend", "work home"]:
         assert idx.search(query, 20) == plain.search(query, 20)
     assert idx.warm(min_postings=100) == 0  # made already
+
+
+def test_term_counts_count_as_tokenize_does() -> None:
+    texts = [
+        "Clara's car isn't parked; don't PARK it at the cities' café, naïve résumé",
+        "",
+        "the a an it's I",
+        "Ünïcödé CARS São Paulo's 4 5_6 x y",
+        "cars car CAR Car's parking parked parks",
+    ]
+    terms = ["car", "park", "city", "dont", "4", "paulo", "absent"]
+    lengths, counts = term_counts(texts, terms)
+    for i, text in enumerate(texts):
+        tokens = tokenize(text)
+        assert lengths[i] == len(tokens)
+        assert counts[i].tolist() == [float(tokens.count(t)) for t in terms]
+    assert term_counts([], terms)[1].shape == (0, len(terms))

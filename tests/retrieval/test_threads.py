@@ -164,3 +164,35 @@ def test_positions_are_the_same_for_a_few_slots_of_a_big_index_as_for_many():
         assert unique.tolist() == expected.tolist()
         spare = np.append(unique, -1)
         assert spare[where].tolist() == slots.tolist()
+
+
+def test_links_made_at_once_equal_links_added_one_by_one() -> None:
+    rng = random.Random(5)
+    for n in (0, 1, 2, 40, 300):
+        ids = [f"m{i}" for i in rng.sample(range(10 * n + 1), n)]
+        threads = [rng.choice("abcde") for _ in ids]
+        linked = [rng.random() > 0.3 for _ in ids]
+        for chain in (None, linked):
+            made = ThreadLinks.of(ids, threads, chain)
+            added = ThreadLinks()
+            for i, mid in enumerate(ids):
+                added.add(mid, threads[i], linked=True if chain is None else chain[i])
+            slots = added.slots(ids)
+            assert made.slots(ids).tolist() == slots.tolist()
+            for back in (False, True):
+                assert made.walk(slots, 3, forward=back).tolist() == (
+                    added.walk(slots, 3, forward=back).tolist()
+                )
+            assert made.thread_numbers(slots).tolist() == added.thread_numbers(slots).tolist()
+            # and later adds and removals go on the same way
+            for links in (made, added):
+                links.add("new", "a")
+                links.remove(ids[0]) if ids else None
+            assert made.before("new", 4) == added.before("new", 4)
+
+
+def test_links_made_at_once_refuse_an_id_twice() -> None:
+    with pytest.raises(ValueError, match="twice"):
+        ThreadLinks.of(["a", "b", "a"], ["t", "t", "t"])
+    with pytest.raises(ValueError, match="length"):
+        ThreadLinks.of(["a"], ["t", "u"])
