@@ -17,8 +17,9 @@ from the store with their exact cosines (``ScoreAround``: the turns before and a
 hit in its thread, as the in-process thread links have them), and the keyword side is
 scored with BM25 on the host from the database's document frequencies of the query's
 words (``CountMatches``). A hybrid search after the forward pass: the dense search, then
-the dense hits' turns, while a helper thread counts the words and asks for the keyword
-page; then the keyword hits' other turns, and the hits it keeps.
+the dense hits' turns (parsed, and their query words counted, while the keyword side is
+still read), while a helper thread counts the words and asks for the keyword page and
+its hits' turns; then the ranking, and the hits it keeps, validated from the rows read.
 """
 
 from __future__ import annotations
@@ -225,7 +226,8 @@ class Found:
             ``dense``: most keyword candidates and context turns are among them).
         keyword: the BM25 score of every candidate (0.0: no query term).
         messages: every candidate's message by id, in the key's order (oldest first): a
-            :class:`Turn` when ``light`` (load the hits to return), else the message.
+            :class:`Turn` when ``light`` (the hits to return are made of ``stored``), else
+            the message.
         floor: the cosine a candidate missing from ``cosines`` is given, the lowest of
             them (``None``: the search returned every vector the key has, so such a
             candidate has none).

@@ -91,10 +91,10 @@ class Ranking(BaseModel):
             the others are ranked on their own scores and their thread's, without
             neighbours. ``None`` (the default): around every candidate, as the in-process
             ranker does (where reading them costs nothing). Fewer turns read is faster
-            and finds less: on ``benchmarks/bench_scale.py``'s 100k-message store, 30
-            read about 3x fewer turns, searched in half the time (hybrid p50 26.9 ms
-            instead of 53.9; at 1M 38.3 instead of 73.0) and found 0.733 of the evidence
-            turns instead of 0.758 (``candidates=50`` instead: 0.639).
+            and finds less: on a 100k-message store of ``benchmarks/bench_scale.py``'s
+            corpus, 30 read about 3x fewer turns, searched in 21.4 ms instead of 30.4
+            (hybrid p50; at 1M 26.8 instead of 41.0) and found 0.736 of the evidence
+            turns instead of 0.773 (50: 24.2 ms and 0.745).
         k1: BM25 term-frequency saturation.
         b: BM25 length normalisation (0 to 1).
         thread_key: the metadata field naming a message's conversation thread (messages

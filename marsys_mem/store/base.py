@@ -419,9 +419,9 @@ class ScoreAround:
     ``key``, ``ids``, ``before``, ``after`` and ``thread`` returns, in the same order,
     each with the cosine of its ``model`` vector to ``vector`` (as :class:`ScoreVectors`
     scores it). One query where a ranker would otherwise load messages and then score
-    them: it parses only what it ranks, and loads the hits it keeps. ``alone``: more ids
-    whose own rows are returned too, without the turns around them (in the same order:
-    the key's).
+    them: it parses only what it ranks, and validates the hits it keeps from their rows.
+    ``alone``: more ids whose own rows are returned too, without the turns around them
+    (in the same order: the key's).
     """
 
     key: Key
