@@ -212,6 +212,7 @@ class BM25Index:
         "_last_terms",
         "_len_array",
         "_lengths",
+        "_pending",
         "_postings",
         "_slots",
         "_total_length",
@@ -234,9 +235,12 @@ class BM25Index:
         self._free: list[int] = []
         self._total_length = 0
         # numpy mirrors for long postings lists: slot -> length, term -> (slots, tfs),
-        # the latter built lazily and dropped when the term's postings change
+        # the latter built lazily, the documents added since kept aside until the term's
+        # next use (_pending: term -> [(slot, tf)], merged in then: a common word's arrays
+        # are not built again after every add), dropped when a document leaves
         self._len_array: npt.NDArray[np.float64] = np.zeros(64)
         self._arrays: dict[str, tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]] = {}
+        self._pending: dict[str, list[tuple[int, int]]] = {}
         # term -> each of its documents' share of a score, for the weights of one
         # (generation, k1, b): a big index's common words are in many queries, and the share
         # costs more to work out than to add up
@@ -323,8 +327,8 @@ class BM25Index:
         postings = self._postings
         arrays = self._arrays
         for term, tf in counts.items():
-            if arrays:
-                arrays.pop(term, None)
+            if term in arrays:
+                self._pending.setdefault(term, []).append((slot, tf))
             plist = postings.get(term)
             if plist is None:
                 postings[term] = {slot: tf}
@@ -342,6 +346,7 @@ class BM25Index:
         for term in self._doc_terms[slot]:
             if arrays:
                 arrays.pop(term, None)
+                self._pending.pop(term, None)
             plist = postings[term]
             del plist[slot]
             if not plist:
@@ -363,6 +368,7 @@ class BM25Index:
         self._free.clear()
         self._total_length = 0
         self._arrays.clear()
+        self._pending.clear()
         self._contributions = ((-1, 0.0, 0.0), {})
         self._generation += 1
         self._last = None
@@ -711,6 +717,14 @@ class BM25Index:
     def _term_arrays(self, term: str) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
         """A term's documents (slots, ascending) and its frequency in each."""
         cached = self._arrays.get(term)
+        more = self._pending.pop(term, None) if cached is not None else None
+        if more and cached is not None:  # documents added since: merged in, slots in order
+            added = np.array(more, dtype=np.intp)
+            added = added[np.argsort(added[:, 0], kind="stable")]
+            at = np.searchsorted(cached[0], added[:, 0])
+            slots = np.insert(cached[0], at, added[:, 0])
+            tfs = np.insert(cached[1], at, added[:, 1].astype(np.float64))
+            cached = self._arrays[term] = (slots, tfs)
         if cached is None:
             plist = self._postings[term]
             n = len(plist)

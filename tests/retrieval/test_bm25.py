@@ -379,3 +379,43 @@ def test_term_counts_count_as_tokenize_does() -> None:
         assert lengths[i] == len(tokens)
         assert counts[i].tolist() == [float(tokens.count(t)) for t in terms]
     assert term_counts([], terms)[1].shape == (0, len(terms))
+
+
+def test_searches_between_writes_merge_a_words_new_documents_and_stay_exact(monkeypatch):
+    """A word's arrays, once made, take the documents added since at its next use (into
+    freed slots too, out of order) instead of being made again from its postings; a
+    removal drops them. Every search equals scoring every document, ties by slot."""
+    monkeypatch.setattr(bm25, "_BOUNDED_FROM", 0)
+    rng = random.Random(3)
+    vocab = [f"w{i}" for i in range(120)]
+    weights = [1.0 / (i + 1) for i in range(len(vocab))]
+
+    def text() -> str:
+        return " ".join(rng.choices(vocab, weights, k=rng.randint(3, 12)))
+
+    idx = BM25Index()
+    idx.add_many((f"d{i}", text()) for i in range(1500))
+    idx.warm(min_postings=1)
+    idx.add("first", "w0 w0 w7")
+    assert "w0" in idx._arrays  # kept; the new document waits aside
+    assert idx._pending["w0"] == [(idx.slot_of("first"), 2)]
+    idx.search("w0 w7", 3)
+    assert "w0" not in idx._pending
+    made = dict(idx._arrays)
+    queries = ["w0 w1 w70", "w2 w100", "w0 w3 w4 w119", "w1 w50"]
+    for step in range(300):
+        if step % 7 == 3:
+            idx.remove(rng.choice(list(idx)))
+        idx.add(f"n{step}", text())
+        query = queries[step % len(queries)]
+        k = (1, 5, 40)[step % 3]
+        expected = sorted(idx.scores(query).items(), key=lambda kv: (-kv[1], idx.slot_of(kv[0])))
+        assert idx.search(query, k) == expected[:k], (step, query, k)
+        for term in idx._query_terms(query):
+            slots, tfs = idx._term_arrays(term)
+            plist = idx._postings[term]
+            assert slots.tolist() == sorted(plist)
+            assert tfs.tolist() == [float(plist[s]) for s in slots.tolist()]
+    assert idx._arrays["w0"][0] is not made["w0"][0]  # merged into, not the first made
+    idx.clear()
+    assert not idx._pending
