@@ -203,6 +203,7 @@ class BM25Index:
 
     __slots__ = (
         "_arrays",
+        "_bounds",
         "_contributions",
         "_doc_terms",
         "_free",
@@ -245,6 +246,9 @@ class BM25Index:
         # (generation, k1, b): a big index's common words are in many queries, and the share
         # costs more to work out than to add up
         self._contributions: tuple[tuple[int, float, float], _Shares] = ((-1, 0.0, 0.0), {})
+        # term -> bounds of its shares that outlive adds (not removals), for MaxScore
+        # between writes: see _Bound
+        self._bounds: dict[str, _Bound] = {}
         # the last query's scores of every slot, reused while the index is unchanged (a
         # hybrid search asks for the best documents, then for its candidates' scores)
         self._generation = 0
@@ -326,9 +330,18 @@ class BM25Index:
         self._total_length += len(terms)
         postings = self._postings
         arrays = self._arrays
+        bounds = self._bounds
+        if bounds:
+            _, base, slope = self._weights()
+            average = self._total_length / len(self._slots)
         for term, tf in counts.items():
             if term in arrays:
                 self._pending.setdefault(term, []).append((slot, tf))
+            bound = bounds.get(term) if bounds else None
+            if bound is not None:  # its part of a share, in the bound's terms (see _Bound)
+                part = tf / (tf + base + slope * len(terms)) * max(1.0, bound[2] / average) * _HIGH
+                if part > bound[3]:
+                    bounds[term] = (*bound[:3], part, bound[4])
             plist = postings.get(term)
             if plist is None:
                 postings[term] = {slot: tf}
@@ -347,6 +360,9 @@ class BM25Index:
             if arrays:
                 arrays.pop(term, None)
                 self._pending.pop(term, None)
+            bound = self._bounds.get(term)
+            if bound is not None:  # its k-th largest shares may have gone, not its largest
+                self._bounds[term] = (*bound[:4], {})
             plist = postings[term]
             del plist[slot]
             if not plist:
@@ -369,6 +385,7 @@ class BM25Index:
         self._total_length = 0
         self._arrays.clear()
         self._pending.clear()
+        self._bounds.clear()
         self._contributions = ((-1, 0.0, 0.0), {})
         self._generation += 1
         self._last = None
@@ -600,8 +617,9 @@ class BM25Index:
         ``None`` where looking the candidates up would cost more than scoring every
         document (:meth:`_accumulate`).
         """
-        parts = {t: self._contribution(t) for t in terms}
-        size = {t: len(parts[t][0]) for t in terms}
+        arrays = {t: self._term_arrays(t)[0] for t in terms}
+        size = {t: len(arrays[t]) for t in terms}
+        largest = {t: self._largest_share(t) for t in terms}
         # a candidate looked up costs about two postings added up per term (and a slot of
         # the index a sixteenth): the candidates stop at half of what breaks even, the
         # rarest terms' (looked up before it is known) at a quarter
@@ -613,14 +631,14 @@ class BM25Index:
         while seed < len(by_size) and held + size[by_size[seed]] <= even // 4:
             held += size[by_size[seed]]
             seed += 1
-        found = _union([parts[t][0] for t in by_size[:seed]])
+        found = _union([arrays[t] for t in by_size[:seed]])
         values = self._looked_up(terms, found)
         if len(found) >= k:
             floor = max(floor, float(np.partition(values, len(values) - k)[len(values) - k]))
-        rest = sorted(by_size[seed:], key=lambda t: parts[t][2])
+        rest = sorted(by_size[seed:], key=largest.__getitem__)
         bound = 0.0
         for i, term in enumerate(rest):
-            bound += parts[term][2]
+            bound += largest[term]
             if bound * (1.0 + 1e-9) >= floor:  # rounding in the sums: a margin
                 essential = rest[i:]
                 break
@@ -628,21 +646,53 @@ class BM25Index:
             return found, values
         if held + sum(size[t] for t in essential) > budget:
             return None
-        found = _union([found, *(parts[t][0] for t in essential)])
+        found = _union([found, *(arrays[t] for t in essential)])
         return found, self._looked_up(terms, found)
 
     def _kth_share(self, term: str, k: int) -> float:
-        """The ``k``-th largest share of ``term`` (it has at least ``k`` documents).
+        """At most the ``k``-th largest share of ``term`` (it has at least ``k`` documents).
 
         Each of those ``k`` documents scores at least its share: a floor for the ``k``-th
-        best score. Cached with the shares.
+        best score. Exact while the shares are current (cached with them); after adds, the
+        bound's (:class:`_Bound`), scaled down to hold whatever the adds changed.
         """
+        if not self._current(term):
+            bound = self._bounds.get(term)
+            if bound is not None and bound[:2] == (self.k1, self.b):
+                part = bound[4].get(k)  # none known: 0.0, rather than work every share out
+                if part is None:
+                    return 0.0
+                return self._weight(term) * part * min(1.0, self._scale(bound)) * _LOW
         _, shares, _ = self._contribution(term)
         kept = self._contributions[1][term][2]
         kth = kept.get(k)
         if kth is None:
             kth = kept[k] = float(np.partition(shares, len(shares) - k)[len(shares) - k])
+            bound = self._bounds.get(term)
+            if bound is not None and bound[2] == self.average_length:
+                bound[4][k] = kth / self._weight(term)
         return kth
+
+    def _largest_share(self, term: str) -> float:
+        """At least the largest share of ``term``: exact while current, else its bound's."""
+        if not self._current(term):
+            bound = self._bounds.get(term)
+            if bound is not None and bound[:2] == (self.k1, self.b):
+                return self._weight(term) * bound[3] * max(1.0, self._scale(bound)) * _HIGH
+        return self._contribution(term)[2]
+
+    def _current(self, term: str) -> bool:
+        """Whether ``term``'s shares are cached for the index as it is."""
+        held, cache = self._contributions
+        return held == (self._generation, self.k1, self.b) and term in cache
+
+    def _weight(self, term: str) -> float:
+        """``idf * (k1 + 1)`` of ``term`` now: its shares are this times their part."""
+        return self._idf(len(self._postings[term])) * (self.k1 + 1.0)
+
+    def _scale(self, bound: _Bound) -> float:
+        """How the mean length changed since ``bound`` was made (now / then)."""
+        return self.average_length / bound[2] if bound[2] else 1.0
 
     def _looked_up(self, terms: list[str], slots: npt.NDArray[np.intp]) -> npt.NDArray[np.float64]:
         """The scores of the documents in ``slots`` (``>= 0``), each term's postings searched.
@@ -652,12 +702,31 @@ class BM25Index:
         """
         out = np.zeros(len(slots))
         for term in terms:
-            holders, shares, _ = self._contribution(term)
+            if self._current(term):
+                holders, shares, _ = self._contribution(term)
+            else:  # after a write: only these documents' shares, worked out as there
+                holders, tfs = self._term_arrays(term)
+                shares = None
             at = np.searchsorted(holders, slots)
             np.minimum(at, len(holders) - 1, out=at)
             hit = holders[at] == slots
-            out[hit] += shares[at[hit]]
+            if shares is not None:
+                out[hit] += shares[at[hit]]
+            else:
+                out[hit] += self._shares(term, tfs[at[hit]], slots[hit])
         return out
+
+    def _shares(
+        self, term: str, tfs: npt.NDArray[np.float64], slots: npt.NDArray[np.intp]
+    ) -> npt.NDArray[np.float64]:
+        """``term``'s share of the score of the documents in ``slots`` (``tfs``: its counts).
+
+        The operations of :meth:`_contribution`, element by element: the same values.
+        """
+        k1p, base, slope = self._weights()
+        w = self._idf(len(self._postings[term])) * k1p
+        shares: npt.NDArray[np.float64] = w * tfs / (tfs + base + slope * self._len_array[slots])
+        return shares
 
     def _floor(self, terms: list[str], k: int, matched: int) -> float | None:
         """A score the ``k``-th best of the ``matched`` documents reaches, for a cheap cut.
@@ -708,10 +777,18 @@ class BM25Index:
         slots, tfs = self._term_arrays(term)
         got = cache.get(term)
         if got is None:
-            k1p, base, slope = self._weights()
-            w = self._idf(len(slots)) * k1p
-            shares = w * tfs / (tfs + base + slope * self._len_array[slots])
+            shares = self._shares(term, tfs, slots)
             got = cache[term] = (shares, float(shares.max()), {})
+            if len(self._ids) >= _BOUNDED_FROM:  # bounds for the searches between writes
+                average = self.average_length
+                old = self._bounds.get(term)
+                kept: dict[int, float] = {}
+                if old is not None and old[:2] == (self.k1, self.b) and old[2]:
+                    # the k-th largest parts known, as floors in this mean length's terms
+                    low = min(1.0, average / old[2]) * _LOW
+                    kept = {k: part * low for k, part in old[4].items()}
+                largest = got[1] / self._weight(term) * _HIGH
+                self._bounds[term] = (self.k1, self.b, average, largest, kept)
         return slots, got[0], got[1]
 
     def _term_arrays(self, term: str) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
@@ -738,6 +815,21 @@ class BM25Index:
 
 
 _Accumulated = tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]
+_Bound = tuple[float, float, float, float, dict[int, float]]
+"""What bounds a term's shares between writes: ``(k1, b, mean length, largest part, k-th
+largest parts by k)``, a part being a share over the term's ``idf * (k1 + 1)`` as of that
+mean length. A share is its term's weight now times its part, and a part grows with the
+mean length, by at most their ratio (``tf / (tf + c + d / mean)``): so the largest share
+now is at most the weight times the largest part times ``max(1, now / then)``, and the
+``k``-th largest at least the weight times the ``k``-th largest part times ``min(1, now /
+then)`` (documents added only add shares). An add widens the largest part by its own; a
+removal forgets the ``k``-th largest (the largest still bounds). Made again with the
+shares, keeping the ``k``-th largest parts known, each scaled down by ``min(1, now /
+then)`` into the new mean length's terms."""
+
+_HIGH = 1.0 + 1e-12
+_LOW = 1.0 - 1e-12
+"""Margins for rounding in a bound (the cut keeps its own, 1e-9)."""
 _Shares = dict[str, tuple[npt.NDArray[np.float64], float, dict[int, float]]]
 """term -> (each of its documents' share of a score, the largest, the k-th largest by k)"""
 

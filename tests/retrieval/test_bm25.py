@@ -3,6 +3,7 @@ import random
 import statistics
 import time
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -384,7 +385,9 @@ def test_term_counts_count_as_tokenize_does() -> None:
 def test_searches_between_writes_merge_a_words_new_documents_and_stay_exact(monkeypatch):
     """A word's arrays, once made, take the documents added since at its next use (into
     freed slots too, out of order) instead of being made again from its postings; a
-    removal drops them. Every search equals scoring every document, ties by slot."""
+    removal drops them. Between writes a search bounds its work by bounds of the shares
+    that outlive adds, and works out only its candidates' shares. Every search equals
+    scoring every document, ties by slot."""
     monkeypatch.setattr(bm25, "_BOUNDED_FROM", 0)
     rng = random.Random(3)
     vocab = [f"w{i}" for i in range(120)]
@@ -403,19 +406,32 @@ def test_searches_between_writes_merge_a_words_new_documents_and_stay_exact(monk
     assert "w0" not in idx._pending
     made = dict(idx._arrays)
     queries = ["w0 w1 w70", "w2 w100", "w0 w3 w4 w119", "w1 w50"]
+    for query in queries:  # each word's shares once, and so the bounds they leave
+        for k in (1, 5, 40):
+            idx.search(query, k)
+    stale = 0
     for step in range(300):
         if step % 7 == 3:
             idx.remove(rng.choice(list(idx)))
-        idx.add(f"n{step}", text())
+        # now and then a short document of one word many times: its largest share rises
+        idx.add(f"n{step}", text() if step % 5 else " ".join([f"w{step % 6}"] * 4))
         query = queries[step % len(queries)]
         k = (1, 5, 40)[step % 3]
         expected = sorted(idx.scores(query).items(), key=lambda kv: (-kv[1], idx.slot_of(kv[0])))
         assert idx.search(query, k) == expected[:k], (step, query, k)
+        stale += idx._contributions[0][0] != idx.generation  # no share worked out again
         for term in idx._query_terms(query):
             slots, tfs = idx._term_arrays(term)
+            if not idx._current(term):  # the bounds hold for the shares as they are now
+                shares = np.sort(idx._shares(term, tfs, slots))[::-1]
+                assert idx._largest_share(term) >= shares[0], (step, term)
+                for kk in (1, 5, 40):
+                    if kk <= len(shares):
+                        assert idx._kth_share(term, kk) <= shares[kk - 1], (step, term, kk)
             plist = idx._postings[term]
             assert slots.tolist() == sorted(plist)
             assert tfs.tolist() == [float(plist[s]) for s in slots.tolist()]
     assert idx._arrays["w0"][0] is not made["w0"][0]  # merged into, not the first made
+    assert stale > 100  # most searches between writes bound by the bounds, not the shares
     idx.clear()
     assert not idx._pending
