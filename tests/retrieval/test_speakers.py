@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from marsys_mem import Message
 from marsys_mem.patterns import RAGMemory
+from marsys_mem.retrieval import speakers
 from marsys_mem.retrieval.embeddings import HashingEmbedder
 from marsys_mem.retrieval.speakers import SpeakerNames, speaker_of
 
@@ -138,3 +139,46 @@ def test_same_name_agrees_with_difflib():
             ratio = difflib.SequenceMatcher(None, word, name).ratio()
             fuzzy = min(len(word), len(name)) >= 4 and word[0] == name[0] and ratio >= FUZZY
             assert same_name(word, name) == (word == name or fuzzy)
+
+
+def _addressed_by_regex(text: str) -> list[str]:
+    """What observe counted before it went faster: every match of both patterns, in order."""
+    words = []
+    for pattern in (speakers._GREETING, speakers._LAST_WORD):
+        for found in pattern.finditer(text):
+            if found.group(1)[0].isupper():
+                words.append(found.group(1))
+    return words
+
+
+# greetings, names, the endings the last word may have, and characters that lower() or
+# IGNORECASE treat apart (the Kelvin sign, a long s, a dotted capital I)
+_PIECES = st.sampled_from(
+    [
+        "hi", "Hey", "THANK YOU", "thank  you", "oh", "no", "bye", "Kate", "KATE", "ana",
+        "Ana", "Bo", "Zoe", "Émile", "\u212aate", "\u017fam", "\u0130van", " ", "  ", ",",
+        ", ", "!", "?", ".", "...", "\n", "\t", "\u00a0", "\u2003", "'", "\u2019", "x",
+        "I'm", "I am", "my name is", "call me",
+    ]
+)  # fmt: skip
+
+
+@given(st.lists(_PIECES, max_size=12).map("".join))
+def test_addressed_words_are_the_patterns_matches(text):
+    assert speakers._addressed(text) == _addressed_by_regex(text)
+    cued = any(cue in text for cue in speakers._INTRO_CUES)
+    assert cued or not speakers._INTRO.search(text)
+
+
+def test_addressed_words_on_chat_turns():
+    texts = [t for _, t in CHAT] + [
+        "See you soon, Kate!\n",
+        "see you soon,Kate. ?",
+        "Kate",
+        "bye Ana ,Kate",
+        "hello ÉMILE, hi Ana",
+        "ok  Kate!!  ",
+        "ok Kate\n\n",
+    ]
+    for text in texts:
+        assert speakers._addressed(text) == _addressed_by_regex(text), text
